@@ -1,0 +1,104 @@
+"""One file's source in, converted source and findings out: parse, transform, check.
+
+No file system here: this is what the engine runs per file and what tests and notebooks
+call with a string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Union
+
+import libcst as cst
+
+from ampify.findings import FileStatus, Finding
+from ampify.options import Options
+from ampify.registry import transforms_for
+from ampify.transforms.base import TransformResult, Verdict
+from ampify.transforms.imports import ImportMap
+
+
+@dataclass
+class Conversion:
+    """The result of converting one source text."""
+
+    status: FileStatus
+    reason: str = ""
+    findings: List[Finding] = field(default_factory=list)
+    #: the converted source, in the same type (str or bytes) that was given; None unless changed
+    converted: Optional[Union[str, bytes]] = None
+
+
+class ConversionError(Exception):
+    """The source cannot be converted at all (it does not parse or decode); the message says why."""
+
+
+def convert_source(
+    source: Union[str, bytes], options: Optional[Options] = None, filename: str = "<source>"
+) -> Conversion:
+    """Convert one module's source. Bytes keep their encoding, BOM and newlines exactly."""
+    options = options or Options()
+    raw = source if isinstance(source, bytes) else source.encode("utf-8")
+    transforms = [t for t in transforms_for(options) if t.may_apply(raw, options)]
+    if not transforms:
+        return Conversion(FileStatus.NOT_APPLICABLE, "no TensorFlow or PyTorch training code")
+
+    module = _parse(source)
+    imports = ImportMap.from_module(module)
+    results: List[TransformResult] = []
+    for transform in transforms:
+        if not transform.concerns(imports, options):
+            continue
+        result = transform.apply(module, imports, options)
+        results.append(result)
+        if result.module is not module:
+            module = result.module
+            imports = ImportMap.from_module(module)
+
+    findings = sorted(
+        (f for r in results for f in r.findings), key=lambda f: (f.line, f.column, f.code)
+    )
+    new_source: Union[str, bytes] = module.bytes if isinstance(source, bytes) else module.code
+    if new_source != source:
+        _check_compiles(new_source, filename)
+        return Conversion(FileStatus.CHANGED, "", findings, new_source)
+    status, reason = _unchanged_status(results)
+    return Conversion(status, reason, findings)
+
+
+def _parse(source: Union[str, bytes]) -> cst.Module:
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else "syntax error"
+        raise ConversionError(
+            f"not valid Python 3 (line {error.raw_line}: {first_line})"
+        ) from None
+    except (UnicodeDecodeError, LookupError, SyntaxError) as error:
+        raise ConversionError(f"cannot decode the file: {error}") from None
+
+
+def _check_compiles(new_source: Union[str, bytes], filename: str) -> None:
+    try:
+        compile(new_source, filename, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as error:
+        # A transform produced code that does not compile: a bug in ampify. Never write it.
+        raise ConversionError(f"ampify's output does not compile, file left untouched: {error}") from None
+
+
+_PRECEDENCE = [
+    (Verdict.UNCONVERTED, FileStatus.UNCONVERTED),
+    (Verdict.ALREADY_MIXED_PRECISION, FileStatus.ALREADY_MIXED_PRECISION),
+    (Verdict.NOT_APPLICABLE, FileStatus.NOT_APPLICABLE),
+    (Verdict.NOTHING_TO_DO, FileStatus.NOT_APPLICABLE),
+    (Verdict.CONVERTED, FileStatus.ALREADY_MIXED_PRECISION),
+]
+
+
+def _unchanged_status(results: List[TransformResult]):
+    """The status of a file that no transform changed, and the reason the user is shown."""
+    for verdict, status in _PRECEDENCE:
+        for result in results:
+            if result.verdict is verdict:
+                return status, result.reason
+    return FileStatus.NOT_APPLICABLE, "no TensorFlow or PyTorch training code"

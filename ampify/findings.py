@@ -1,0 +1,75 @@
+"""Findings and per-file results: the data every other part of ampify passes along.
+
+A transform never prints; it returns findings. The reporter renders them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+
+class Severity(str, enum.Enum):
+    """How much a finding matters to the user."""
+
+    INFO = "info"  # a change that was made
+    WARNING = "warning"  # something left alone or unsafe: the user must look
+    ERROR = "error"  # the file could not be handled
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One change made, or one pattern that could not be converted, at a place in a file."""
+
+    code: str
+    message: str
+    line: int = 0
+    column: int = 0
+    severity: Severity = Severity.INFO
+
+    def render(self, path: str) -> str:
+        """`path:line:col: CODE message`, the form editors and CI logs understand."""
+        return f"{path}:{self.line}:{self.column}: {self.code} {self.message}"
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["severity"] = self.severity.value
+        return data
+
+
+class FileStatus(str, enum.Enum):
+    """What happened to one file, as counted in the closing summary."""
+
+    CHANGED = "changed"
+    ALREADY_MIXED_PRECISION = "already mixed precision"
+    NOT_APPLICABLE = "not applicable"
+    UNCONVERTED = "unconverted"  # training code found, but it could not be converted safely
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+@dataclass
+class FileResult:
+    """The outcome for one file: status, reason, findings, and (when changed) both versions."""
+
+    path: str
+    status: FileStatus
+    reason: str = ""
+    findings: List[Finding] = field(default_factory=list)
+    original: Optional[bytes] = None
+    converted: Optional[bytes] = None
+    written: bool = False
+
+    @property
+    def warnings(self) -> List[Finding]:
+        return [f for f in self.findings if f.severity is not Severity.INFO]
+
+    def to_json(self) -> dict:
+        return {
+            "path": self.path,
+            "status": self.status.value,
+            "reason": self.reason,
+            "written": self.written,
+            "findings": [f.to_json() for f in self.findings],
+        }

@@ -1,0 +1,29 @@
+"""User-facing options that change what the transforms write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BACKENDS = ("native", "apex")
+DTYPES = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Options every transform receives; defaults are what `ampify PATH` does."""
+
+    # PyTorch: "native" (torch.autocast + torch.amp.GradScaler) or "apex" (NVIDIA apex amp).
+    backend: str = "native"
+    # PyTorch native: reduced-precision dtype; bfloat16 needs no loss scaling, so no scaler.
+    dtype: str = "float16"
+    # TF1: set TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE=1 before TF is imported,
+    # without which GPUs older than Volta silently skip the rewrite.
+    tf_ignore_performance: bool = True
+    # apex: the opt_level passed to amp.initialize.
+    apex_opt_level: str = "O1"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")

@@ -1,0 +1,1 @@
+"""`ampify verify`: run a patched script and prove that mixed precision engaged."""

@@ -1,0 +1,59 @@
+"""The contract between the engine and a transform."""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+from typing import List
+
+import libcst as cst
+
+from ampify.findings import Finding
+from ampify.options import Options
+from ampify.transforms.imports import ImportMap
+
+
+class Verdict(str, enum.Enum):
+    """What a transform concluded about one module."""
+
+    CONVERTED = "converted"  # the module was rewritten
+    NOTHING_TO_DO = "nothing to do"  # the framework is used, but there is no training code here
+    ALREADY_MIXED_PRECISION = "already mixed precision"
+    NOT_APPLICABLE = "not applicable"  # e.g. TF2/Keras code for the TF1 graph rewrite
+    UNCONVERTED = "unconverted"  # training code found, nothing could be converted safely
+
+
+@dataclass
+class TransformResult:
+    """A transform's output: the (possibly new) module, its verdict, and its findings."""
+
+    module: cst.Module
+    verdict: Verdict
+    findings: List[Finding] = field(default_factory=list)
+    reason: str = ""
+
+
+class Transform(abc.ABC):
+    """One rewrite, e.g. "wrap TF1 optimizers with the mixed precision graph rewrite"."""
+
+    #: short name used in reports and the registry
+    name: str = ""
+    #: one line on what it does
+    description: str = ""
+
+    @abc.abstractmethod
+    def may_apply(self, source: bytes, options: Options) -> bool:
+        """Cheapest test, on the raw bytes before any parse: could this file concern us at all?
+
+        A False here means the file is reported as not applicable without a LibCST parse, so
+        it must never be False for a file the transform would change or warn about.
+        """
+
+    @abc.abstractmethod
+    def concerns(self, imports: ImportMap, options: Options) -> bool:
+        """Cheap test: should this transform look at a module with these imports?"""
+
+    @abc.abstractmethod
+    def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
+        """Rewrite `module`; never raise for unusual code, report it as a finding instead."""

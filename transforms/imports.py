@@ -1,0 +1,100 @@
+"""Resolve the names a module imports, once per file, for every transform to share.
+
+`import tensorflow.compat.v1 as tf` makes `tf.train.AdamOptimizer` resolve to
+`tensorflow.compat.v1.train.AdamOptimizer`; `from torch import optim` makes `optim.SGD`
+resolve to `torch.optim.SGD`. Shadowing by later assignments is ignored on purpose: training
+scripts do not rebind `tf` or `torch`, and a full scope analysis would cost more than the parse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Set
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+
+def dotted_name(node: cst.CSTNode) -> Optional[str]:
+    """`a.b.c` for a Name/Attribute chain, else None."""
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        return get_full_name_for_node(node)
+    return None
+
+
+@dataclass
+class ImportMap:
+    """Local name -> fully qualified name, for every import anywhere in a module."""
+
+    aliases: Dict[str, str] = field(default_factory=dict)
+    #: every module path imported (`torch.nn`, `tensorflow.compat.v1`, `apex.amp` ...)
+    modules: Set[str] = field(default_factory=set)
+    #: modules imported with `from X import *`
+    star_modules: Set[str] = field(default_factory=set)
+
+    @classmethod
+    def from_module(cls, module: cst.Module) -> "ImportMap":
+        collector = _ImportCollector()
+        module.visit(collector)
+        return collector.result
+
+    def uses(self, top_level: str) -> bool:
+        """Does the module import `top_level` (e.g. "torch") or anything under it?"""
+        return any(m == top_level or m.startswith(top_level + ".") for m in self.modules)
+
+    def resolve(self, node: cst.CSTNode) -> Optional[str]:
+        """The fully qualified name of a Name/Attribute chain, or None when not imported."""
+        name = dotted_name(node)
+        if name is None:
+            return None
+        return self.resolve_dotted(name)
+
+    def resolve_dotted(self, name: str) -> Optional[str]:
+        head, _, rest = name.partition(".")
+        target = self.aliases.get(head)
+        if target is None:
+            return None
+        return f"{target}.{rest}" if rest else target
+
+    def local_names_for(self, qualified: str) -> Set[str]:
+        """Local names bound to exactly `qualified` (e.g. {"tf"} for "tensorflow")."""
+        return {local for local, target in self.aliases.items() if target == qualified}
+
+
+class _ImportCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.result = ImportMap()
+
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            full = get_full_name_for_node(alias.name)
+            if not full:
+                continue
+            self.result.modules.add(full)
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                self.result.aliases[alias.asname.name.value] = full
+            else:
+                head = full.split(".")[0]
+                self.result.aliases.setdefault(head, head)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.relative or node.module is None:
+            return
+        module = get_full_name_for_node(node.module)
+        if not module:
+            return
+        self.result.modules.add(module)
+        if isinstance(node.names, cst.ImportStar):
+            self.result.star_modules.add(module)
+            return
+        for alias in node.names:
+            name = get_full_name_for_node(alias.name)
+            if not name:
+                continue
+            full = f"{module}.{name}"
+            # `from torch import nn` imports a module too, as far as `uses()` is concerned.
+            self.result.modules.add(full)
+            local = name
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local = alias.asname.name.value
+            self.result.aliases[local] = full

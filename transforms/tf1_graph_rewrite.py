@@ -1,0 +1,26 @@
+"""Wrap TF1 optimizers with enable_mixed_precision_graph_rewrite.
+
+Work in progress: this transform does not convert anything yet.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ampify.options import Options
+from ampify.transforms.base import Transform, TransformResult, Verdict
+from ampify.transforms.imports import ImportMap
+
+
+class TF1GraphRewrite(Transform):
+    name = "tf1-graph-rewrite"
+    description = "Wrap TF1 optimizers with enable_mixed_precision_graph_rewrite."
+
+    def may_apply(self, source: bytes, options: Options) -> bool:
+        return False
+
+    def concerns(self, imports: ImportMap, options: Options) -> bool:
+        return False
+
+    def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
+        return TransformResult(module, Verdict.NOTHING_TO_DO)
