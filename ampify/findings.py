@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
+from typing import List
 
 
 class Severity(str, enum.Enum):
@@ -57,9 +57,9 @@ class FileResult:
     status: FileStatus
     reason: str = ""
     findings: List[Finding] = field(default_factory=list)
-    original: Optional[bytes] = None
-    converted: Optional[bytes] = None
     written: bool = False
+    #: unified diff of the change, filled in --diff mode only
+    diff: str = ""
 
     @property
     def warnings(self) -> List[Finding]:

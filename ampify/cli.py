@@ -1,0 +1,164 @@
+"""The `ampify` command: a thin layer over discover -> run -> report.
+
+`ampify PATH...` rewrites in place, `--diff` prints a diff, `--check` exits 1 when a file would
+change. `ampify verify SCRIPT` is handed to `ampify.verify`.
+Exit codes (as ruff and black): 0 nothing to do or all done; 1 changes needed (with --check),
+a file failed, or training code could not be converted; 2 usage error.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ampify import __version__
+from ampify.config import ConfigError, load_config
+from ampify.discover import discover
+from ampify.engine import FileTask, Mode
+from ampify.findings import FileResult, FileStatus
+from ampify.options import BACKENDS, DTYPES, Options
+from ampify.report import render_file, render_summary, summarize, write_json_report
+from ampify.runner import default_jobs, run_tasks
+
+#: a progress bar only pays off from this many files on
+PROGRESS_THRESHOLD = 50
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ampify {__version__}")
+        raise typer.Exit()
+
+
+@app.command(
+    help="Rewrite TensorFlow 1.x and PyTorch training scripts under PATH to train in automatic mixed "
+    "precision. `ampify verify SCRIPT` runs a rewritten script and proves that mixed precision engaged."
+)
+def rewrite(
+    paths: List[Path] = typer.Argument(..., exists=True, metavar="PATH...", help="Files or folders to convert."),
+    diff: bool = typer.Option(False, "--diff", help="Print a unified diff; write nothing."),
+    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when any file would change."),
+    exclude: List[str] = typer.Option([], "--exclude", metavar="GLOB", help="Skip paths matching GLOB (.gitignore syntax); repeatable."),
+    no_gitignore: bool = typer.Option(False, "--no-gitignore", help="Also convert files .gitignore excludes."),
+    jobs: Optional[int] = typer.Option(None, "-j", "--jobs", min=1, help="Worker processes (default: all cores)."),
+    report: Optional[Path] = typer.Option(None, "--report", metavar="FILE.json", help="Write every result and finding as JSON."),
+    backend: Optional[str] = typer.Option(None, "--backend", help=f"PyTorch target: {' or '.join(BACKENDS)} (default native)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=f"PyTorch reduced precision: {' or '.join(DTYPES)} (default float16)."),
+    no_tf_ignore_performance: bool = typer.Option(
+        False, "--no-tf-ignore-performance",
+        help="TF1: do not set TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE=1 (pre-Volta GPUs then skip the rewrite).",
+    ),
+    verify: List[Path] = typer.Option([], "--verify", metavar="SCRIPT", help="After rewriting, run `ampify verify` on SCRIPT; repeatable."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Also list files that were not applicable."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print only problems and the summary."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+) -> None:
+    try:
+        config = load_config(paths)
+    except ConfigError as error:
+        _usage_error(str(error))
+    try:
+        options = Options(
+            backend=backend or config.backend or "native",
+            dtype=dtype or config.dtype or "float16",
+            tf_ignore_performance=False if no_tf_ignore_performance else (
+                config.tf_ignore_performance if config.tf_ignore_performance is not None else True
+            ),
+        )
+    except ValueError as error:
+        _usage_error(str(error))
+    if verify and (diff or check):
+        _usage_error("--verify runs the rewritten script, so it cannot be combined with --diff or --check")
+
+    mode = Mode.DIFF if diff else Mode.CHECK if check else Mode.WRITE
+    respect_gitignore = not no_gitignore and config.respect_gitignore is not False
+    found = discover(paths, [*config.exclude, *exclude], respect_gitignore)
+    tasks = [FileTask(candidate, options, mode) for candidate in found.candidates]
+    results: List[FileResult] = [FileResult(path, FileStatus.SKIPPED, reason) for path, reason in found.skipped]
+
+    interrupted = False
+    try:
+        results.extend(_run_with_progress(tasks, jobs or config.jobs or default_jobs()))
+    except KeyboardInterrupt:
+        interrupted = True
+    results.sort(key=lambda r: r.path)
+
+    # In --diff mode stdout carries nothing but the patch; everything else goes to stderr.
+    out = sys.stderr if diff else sys.stdout
+    for result in results:
+        if result.diff:
+            sys.stdout.write(result.diff)
+        lines = render_file(result, verbose)
+        if quiet:
+            lines = [line for line in lines if _is_problem(result, line)]
+        for line in lines:
+            print(line, file=sys.stderr if result.status is FileStatus.FAILED else out)
+    summary = summarize(results)
+    print(render_summary(summary, wrote=mode is Mode.WRITE, interrupted=interrupted), file=out)
+    if report is not None:
+        write_json_report(report, results, summary, options, mode.value, interrupted)
+
+    if interrupted:
+        raise typer.Exit(130)
+    code = _exit_code(results, mode)
+    if verify:
+        code = max(code, _verify_after_rewrite(verify))
+    raise typer.Exit(code)
+
+
+def _is_problem(result: FileResult, line: str) -> bool:
+    if result.status in (FileStatus.FAILED, FileStatus.SKIPPED, FileStatus.UNCONVERTED):
+        return True
+    return " warning: " in line or " error: " in line
+
+
+def _exit_code(results: List[FileResult], mode: Mode) -> int:
+    if any(r.status in (FileStatus.FAILED, FileStatus.UNCONVERTED) for r in results):
+        return 1
+    if mode is Mode.CHECK and any(r.status is FileStatus.CHANGED for r in results):
+        return 1
+    return 0
+
+
+def _run_with_progress(tasks: List[FileTask], jobs: int) -> List[FileResult]:
+    if not sys.stderr.isatty() or len(tasks) < PROGRESS_THRESHOLD:
+        return list(run_tasks(tasks, jobs))
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True,
+    ) as progress:
+        bar = progress.add_task("ampify", total=len(tasks))
+        return list(run_tasks(tasks, jobs, on_result=lambda _: progress.advance(bar)))
+
+
+def _verify_after_rewrite(scripts: List[Path]) -> int:
+    from ampify.verify.report import combined_exit_code, render_results
+    from ampify.verify.runner import verify_script
+
+    results = [verify_script(script) for script in scripts]
+    print(render_results(results, as_json=False, show_output=False))
+    return combined_exit_code(results)
+
+
+def _usage_error(message: str) -> None:
+    print(f"ampify: error: {message}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Entry point: `ampify verify ...` goes to the verifier, anything else rewrites."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] == "verify":
+        from ampify.verify.cli import main as verify_main
+
+        sys.exit(verify_main(args[1:]))
+    command = typer.main.get_command(app)
+    command.main(args=args, prog_name="ampify")

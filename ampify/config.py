@@ -1,0 +1,90 @@
+"""Defaults from the target repository's `pyproject.toml`, under `[tool.ampify]`."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python < 3.11 only
+    import tomli as tomllib
+
+from ampify.options import BACKENDS, DTYPES
+
+
+class ConfigError(Exception):
+    """`[tool.ampify]` is malformed; the message names the file and the key."""
+
+
+@dataclass
+class Config:
+    """Settings from `[tool.ampify]`; None means "not set there"."""
+
+    source: Optional[Path] = None
+    exclude: List[str] = field(default_factory=list)
+    jobs: Optional[int] = None
+    backend: Optional[str] = None
+    dtype: Optional[str] = None
+    tf_ignore_performance: Optional[bool] = None
+    respect_gitignore: Optional[bool] = None
+
+
+_KEYS = {
+    "exclude": list,
+    "jobs": int,
+    "backend": str,
+    "dtype": str,
+    "tf-ignore-performance": bool,
+    "respect-gitignore": bool,
+}
+
+
+def find_pyproject(paths: Sequence[Path]) -> Optional[Path]:
+    """The nearest pyproject.toml at or above the first path given (as ruff and black do)."""
+    if not paths:
+        return None
+    start = paths[0].resolve()
+    folder = start if start.is_dir() else start.parent
+    for candidate in [folder, *folder.parents]:
+        pyproject = candidate / "pyproject.toml"
+        if pyproject.is_file():
+            return pyproject
+    return None
+
+
+def load_config(paths: Sequence[Path]) -> Config:
+    """Read `[tool.ampify]` from the nearest pyproject.toml; an empty Config when none."""
+    pyproject = find_pyproject(paths)
+    if pyproject is None:
+        return Config()
+    try:
+        document = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"{pyproject}: cannot read [tool.ampify]: {error}") from None
+    table = document.get("tool", {}).get("ampify")
+    if table is None:
+        return Config(source=pyproject)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{pyproject}: [tool.ampify] must be a table")
+    config = Config(source=pyproject)
+    for key, value in table.items():
+        expected = _KEYS.get(key)
+        if expected is None:
+            raise ConfigError(
+                f"{pyproject}: unknown key {key!r} in [tool.ampify] (known: {', '.join(sorted(_KEYS))})"
+            )
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise ConfigError(f"{pyproject}: [tool.ampify] {key} must be a {expected.__name__}")
+        setattr(config, key.replace("-", "_"), value)
+    if not all(isinstance(item, str) for item in config.exclude):
+        raise ConfigError(f"{pyproject}: [tool.ampify] exclude must be a list of strings")
+    if config.jobs is not None and config.jobs < 1:
+        raise ConfigError(f"{pyproject}: [tool.ampify] jobs must be at least 1")
+    if config.backend is not None and config.backend not in BACKENDS:
+        raise ConfigError(f"{pyproject}: [tool.ampify] backend must be one of {', '.join(BACKENDS)}")
+    if config.dtype is not None and config.dtype not in DTYPES:
+        raise ConfigError(f"{pyproject}: [tool.ampify] dtype must be one of {', '.join(DTYPES)}")
+    return config

@@ -1,0 +1,149 @@
+"""Find the Python files to convert under the paths the user named.
+
+Directories are walked recursively for `*.py`; common junk folders are skipped; inside a git
+checkout `.gitignore` is honoured (through `git ls-files`, which knows every ignore rule git
+knows); `--exclude` globs use .gitignore syntax. Symlinks are never followed out of the tree,
+and a file reached twice (through a link) is converted once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence, Set
+
+import pathspec
+
+#: folders never walked into (the user can still name a file inside one explicitly)
+JUNK_DIRS = frozenset(
+    {
+        ".git", ".hg", ".svn", ".venv", "venv", "site-packages", "build", "dist", "__pycache__",
+        ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", "node_modules", ".eggs",
+        ".ipynb_checkpoints",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A file to convert: where it really is, and how to show it to the user."""
+
+    path: Path
+    display: str
+
+
+@dataclass
+class Discovery:
+    candidates: List[Candidate] = field(default_factory=list)
+    #: (display path, reason) for entries that were seen but will not be read
+    skipped: List[tuple] = field(default_factory=list)
+
+
+def discover(
+    paths: Sequence[Path], excludes: Sequence[str] = (), respect_gitignore: bool = True
+) -> Discovery:
+    """The files under `paths`, in a stable order, with the ones skipped and why."""
+    exclude_spec = pathspec.PathSpec.from_lines("gitwildmatch", excludes) if excludes else None
+    result = Discovery()
+    seen: Set[Path] = set()
+    for root in paths:
+        if root.is_dir() and not root.is_symlink():
+            base = root.resolve()
+            names = _walk_python_files(root, respect_gitignore)
+            for relative in names:
+                if exclude_spec is not None and exclude_spec.match_file(relative):
+                    continue
+                _add(result, seen, root / relative, _display(root, relative), boundary=base)
+        elif root.is_dir():
+            # A symlinked folder named on the command line is the user's explicit choice.
+            for relative in _walk_python_files(root, respect_gitignore):
+                if exclude_spec is None or not exclude_spec.match_file(relative):
+                    _add(result, seen, root / relative, _display(root, relative), boundary=root.resolve())
+        else:
+            # A file named explicitly is converted whatever its extension, but the
+            # excludes still apply, as with ruff and black.
+            if exclude_spec is not None and exclude_spec.match_file(str(root)):
+                continue
+            _add(result, seen, root, str(root), boundary=None)
+    return result
+
+
+def _display(root: Path, relative: str) -> str:
+    return os.path.normpath(os.path.join(str(root), relative))
+
+
+def _add(result: Discovery, seen: Set[Path], path: Path, display: str, boundary: Optional[Path]) -> None:
+    if path.is_symlink():
+        try:
+            real = path.resolve(strict=True)
+        except (OSError, RuntimeError):
+            result.skipped.append((display, "broken symlink or symlink loop"))
+            return
+        if boundary is not None and not _is_within(real, boundary):
+            result.skipped.append((display, "symlink points outside the tree, not followed"))
+            return
+        if not real.is_file():
+            result.skipped.append((display, "symlink to something that is not a file"))
+            return
+    else:
+        real = path.resolve()
+        if not path.exists():
+            result.skipped.append((display, "no such file"))
+            return
+    if real in seen:
+        return
+    seen.add(real)
+    result.candidates.append(Candidate(real if path.is_symlink() else path, display))
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    try:
+        path.relative_to(folder)
+        return True
+    except ValueError:
+        return False
+
+
+def _walk_python_files(root: Path, respect_gitignore: bool) -> List[str]:
+    """Relative paths of `*.py` files under `root`, junk folders pruned, gitignore applied."""
+    tracked_or_unignored = _git_visible_files(root) if respect_gitignore else None
+    found: List[str] = []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if d not in JUNK_DIRS and not d.endswith(".egg-info"))
+        rel_folder = os.path.relpath(folder, root)
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            relative = name if rel_folder == "." else os.path.join(rel_folder, name)
+            if tracked_or_unignored is not None and relative not in tracked_or_unignored:
+                continue
+            found.append(relative)
+    return found
+
+
+def _git_visible_files(root: Path) -> Optional[Set[str]]:
+    """Files git does not ignore under `root` (relative to it), or None outside a checkout."""
+    try:
+        inside = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
+            capture_output=True, text=True, timeout=30,
+        )
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return None
+        listing = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."],
+            capture_output=True, timeout=120,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if listing.returncode != 0:
+        return None
+    return set(_decode_git_paths(listing.stdout.split(b"\0")))
+
+
+def _decode_git_paths(raw: Iterable[bytes]) -> Iterable[str]:
+    for item in raw:
+        if item:
+            yield os.path.normpath(os.fsdecode(item))

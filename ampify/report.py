@@ -1,0 +1,102 @@
+"""Render results for people (terminal lines, closing summary) and machines (JSON)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List
+
+from ampify import __version__
+from ampify.findings import FileResult, FileStatus, Finding, Severity
+from ampify.options import Options
+
+#: statuses that get a line of their own even without --verbose
+_STATUS_LINES = {
+    FileStatus.FAILED: "failed",
+    FileStatus.SKIPPED: "skipped",
+    FileStatus.UNCONVERTED: "not converted",
+    FileStatus.ALREADY_MIXED_PRECISION: "already mixed precision",
+}
+
+
+def render_finding(path: str, finding: Finding) -> str:
+    """`path:line:col: CODE message`, with `warning:` before the message of a warning."""
+    if finding.severity is Severity.INFO:
+        return finding.render(path)
+    return f"{path}:{finding.line}:{finding.column}: {finding.code} {finding.severity.value}: {finding.message}"
+
+
+def render_file(result: FileResult, verbose: bool = False) -> List[str]:
+    """The lines one file contributes to the terminal report."""
+    lines = []
+    label = _STATUS_LINES.get(result.status)
+    if label is None and verbose and result.status is FileStatus.NOT_APPLICABLE:
+        label = "not applicable"
+    if label is not None:
+        lines.append(f"{result.path}: {label}" + (f": {result.reason}" if result.reason else ""))
+    lines.extend(render_finding(result.path, f) for f in result.findings)
+    return lines
+
+
+@dataclass
+class Summary:
+    scanned: int
+    by_status: Dict[str, int]
+    changes: int
+    warnings: int
+
+    @property
+    def changed(self) -> int:
+        return self.by_status.get(FileStatus.CHANGED.value, 0)
+
+    def count(self, status: FileStatus) -> int:
+        return self.by_status.get(status.value, 0)
+
+
+def summarize(results: Iterable[FileResult]) -> Summary:
+    results = list(results)
+    counts = Counter(r.status.value for r in results)
+    changes = sum(1 for r in results for f in r.findings if f.severity is Severity.INFO)
+    warnings = sum(1 for r in results for f in r.findings if f.severity is not Severity.INFO)
+    return Summary(len(results), {s.value: counts.get(s.value, 0) for s in FileStatus}, changes, warnings)
+
+
+def render_summary(summary: Summary, wrote: bool, interrupted: bool = False) -> str:
+    """The closing line(s): what was scanned and what happened to it."""
+    changed_word = "changed" if wrote else "would be changed"
+    parts = [
+        f"{summary.changed} {changed_word}",
+        f"{summary.count(FileStatus.ALREADY_MIXED_PRECISION)} already mixed precision",
+        f"{summary.count(FileStatus.NOT_APPLICABLE)} not applicable",
+        f"{summary.count(FileStatus.UNCONVERTED)} not converted",
+        f"{summary.count(FileStatus.SKIPPED)} skipped",
+        f"{summary.count(FileStatus.FAILED)} failed",
+    ]
+    files = "file" if summary.scanned == 1 else "files"
+    head = "interrupted after" if interrupted else "scanned"
+    text = f"ampify: {head} {summary.scanned} {files}: " + ", ".join(parts)
+    text += f"; {summary.changes} change{'s' if summary.changes != 1 else ''}"
+    text += f", {summary.warnings} warning{'s' if summary.warnings != 1 else ''}"
+    return text
+
+
+def write_json_report(
+    path: Path, results: List[FileResult], summary: Summary, options: Options, mode: str, interrupted: bool
+) -> None:
+    """Every file's result and every finding, for CI dashboards and scripts."""
+    document = {
+        "ampify_version": __version__,
+        "mode": mode,
+        "interrupted": interrupted,
+        "options": asdict(options),
+        "summary": {
+            "scanned": summary.scanned,
+            **summary.by_status,
+            "changes": summary.changes,
+            "warnings": summary.warnings,
+        },
+        "files": [r.to_json() for r in sorted(results, key=lambda r: r.path)],
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

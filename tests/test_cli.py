@@ -1,0 +1,264 @@
+"""The `ampify` command end to end, in a subprocess, on real folder trees."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ampify.convert import convert_source
+
+TF1_SCRIPT = textwrap.dedent(
+    '''\
+    """Train a tiny regression model."""
+    import numpy as np
+    import tensorflow.compat.v1 as tf
+
+    tf.disable_v2_behavior()
+    x = tf.placeholder(tf.float32, [None, 4])
+    y = tf.placeholder(tf.float32, [None, 1])
+    w = tf.get_variable("w", [4, 1])
+    loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
+    train_op = tf.train.AdamOptimizer(0.01).minimize(loss)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        sess.run(train_op, {x: np.ones((2, 4)), y: np.ones((2, 1))})
+    '''
+)
+
+NOT_TRAINING = "import os\n\nprint(os.getcwd())\n"
+
+
+def run_ampify(*args, cwd=None, user=None):
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    return subprocess.run(
+        [sys.executable, "-m", "ampify", *map(str, args)],
+        capture_output=True, text=True, cwd=cwd, env=env, user=user, timeout=300,
+    )
+
+
+def expected_conversion(source: bytes) -> bytes:
+    conversion = convert_source(source)
+    assert conversion.converted is not None, conversion
+    return conversion.converted
+
+
+def make_tree(root: Path, files: dict) -> None:
+    for relative, content in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+
+
+def snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def test_rewrites_a_tree_in_place_and_says_what_it_did(tmp_path):
+    make_tree(tmp_path, {"train.py": TF1_SCRIPT, "pkg/util.py": NOT_TRAINING, "pkg/model/train2.py": TF1_SCRIPT})
+    result = run_ampify(tmp_path)
+    assert result.returncode == 0, result.stderr
+    expected = expected_conversion(TF1_SCRIPT.encode())
+    assert (tmp_path / "train.py").read_bytes() == expected
+    assert (tmp_path / "pkg/model/train2.py").read_bytes() == expected
+    assert (tmp_path / "pkg/util.py").read_text() == NOT_TRAINING
+    assert b"enable_mixed_precision_graph_rewrite" in expected
+    train = os.path.join(str(tmp_path), "train.py")
+    assert f"{train}:10:" in result.stdout and "AMP101" in result.stdout
+    assert "scanned 3 files: 2 changed, 0 already mixed precision, 1 not applicable" in result.stdout
+
+    again = run_ampify(tmp_path)
+    assert again.returncode == 0
+    assert "0 changed, 2 already mixed precision" in again.stdout
+    assert (tmp_path / "train.py").read_bytes() == expected
+
+
+def test_diff_writes_nothing_and_the_diff_applies(tmp_path):
+    make_tree(tmp_path, {"train.py": TF1_SCRIPT})
+    result = run_ampify("--diff", "train.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "train.py").read_text() == TF1_SCRIPT
+    assert result.stdout.startswith("--- a/train.py\n+++ b/train.py\n")
+    assert "AMP101" in result.stderr and "AMP101" not in result.stdout
+    patch = subprocess.run(["patch", "-p1"], input=result.stdout, text=True, cwd=tmp_path, capture_output=True)
+    assert patch.returncode == 0, patch.stdout + patch.stderr
+    assert (tmp_path / "train.py").read_bytes() == expected_conversion(TF1_SCRIPT.encode())
+
+
+def test_check_exits_1_when_a_file_would_change_and_writes_nothing(tmp_path):
+    make_tree(tmp_path, {"train.py": TF1_SCRIPT, "other.py": NOT_TRAINING})
+    result = run_ampify("--check", tmp_path)
+    assert result.returncode == 1
+    assert "1 would be changed" in result.stdout
+    assert (tmp_path / "train.py").read_text() == TF1_SCRIPT
+    assert run_ampify(tmp_path).returncode == 0
+    assert run_ampify("--check", tmp_path).returncode == 0
+
+
+def test_usage_errors_exit_2(tmp_path):
+    assert run_ampify(tmp_path / "missing.py").returncode == 2
+    (tmp_path / "a.py").write_text(TF1_SCRIPT)
+    bad_backend = run_ampify("--backend", "mxnet", tmp_path)
+    assert bad_backend.returncode == 2 and "backend must be one of" in bad_backend.stderr
+    assert (tmp_path / "a.py").read_text() == TF1_SCRIPT
+
+
+def test_gitignore_excludes_junk_folders_and_symlinks(tmp_path):
+    outside = tmp_path / "outside"
+    repo = tmp_path / "repo"
+    make_tree(outside, {"elsewhere.py": TF1_SCRIPT})
+    make_tree(
+        repo,
+        {
+            ".gitignore": "generated/\n*_ignored.py\n",
+            "train.py": TF1_SCRIPT,
+            "generated/train.py": TF1_SCRIPT,
+            "also_ignored.py": TF1_SCRIPT,
+            "legacy/old_train.py": TF1_SCRIPT,
+            "venv/lib/train.py": TF1_SCRIPT,
+            ".venv/train.py": TF1_SCRIPT,
+            "build/train.py": TF1_SCRIPT,
+            "__pycache__/train.py": TF1_SCRIPT,
+        },
+    )
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "link_out.py").symlink_to(outside / "elsewhere.py")
+    (repo / "loop.py").symlink_to(repo / "loop.py")
+    (repo / "dir_link").symlink_to(outside, target_is_directory=True)
+    before = snapshot(repo)
+
+    result = run_ampify("--exclude", "legacy/", "--report", tmp_path / "r.json", repo)
+    assert result.returncode == 0, result.stdout + result.stderr
+    after = snapshot(repo)
+    changed = {name for name in after if after[name] != before[name]}
+    assert changed == {"train.py"}
+    assert (outside / "elsewhere.py").read_text() == TF1_SCRIPT
+    report = json.loads((tmp_path / "r.json").read_text())
+    by_path = {os.path.relpath(f["path"], repo): f for f in report["files"]}
+    assert by_path["link_out.py"]["status"] == "skipped"
+    assert "outside the tree" in by_path["link_out.py"]["reason"]
+    assert by_path["loop.py"]["status"] == "skipped"
+    assert set(by_path) == {"train.py", "link_out.py", "loop.py"}
+
+    # --no-gitignore brings the ignored files back, but never the junk folders.
+    result = run_ampify("--no-gitignore", "--check", repo)
+    assert "3 would be changed" in result.stdout
+
+
+def test_json_report_lists_every_file_and_finding(tmp_path):
+    make_tree(tmp_path, {"train.py": TF1_SCRIPT, "other.py": NOT_TRAINING, "broken.py": "import tensorflow as tf\ndef f(:\n"})
+    report_path = tmp_path / "report.json"
+    result = run_ampify("--report", report_path, tmp_path)
+    assert result.returncode == 1  # broken.py failed
+    report = json.loads(report_path.read_text())
+    files = {Path(f["path"]).name: f for f in report["files"]}
+    assert files["train.py"]["status"] == "changed" and files["train.py"]["written"] is True
+    assert files["other.py"]["status"] == "not applicable"
+    assert files["broken.py"]["status"] == "failed" and "not valid Python 3" in files["broken.py"]["reason"]
+    codes = [f["code"] for f in files["train.py"]["findings"]]
+    assert "AMP101" in codes
+    assert all(f["line"] > 0 for f in files["train.py"]["findings"])
+    assert report["summary"]["scanned"] == 3 and report["summary"]["changed"] == 1
+    assert report["summary"]["failed"] == 1
+
+
+def test_bad_inputs_fail_alone_with_one_line_each_and_stay_byte_for_byte(tmp_path):
+    latin1_crlf = TF1_SCRIPT.replace('"""Train a tiny regression model."""', '# -*- coding: latin-1 -*-\n# caf\xe9 model')
+    latin1_crlf = latin1_crlf.replace("\n", "\r\n").encode("latin-1")
+    bad = {
+        "py2.py": "import tensorflow as tf\nprint 'training'\nopt = tf.train.AdamOptimizer(0.1)\n",
+        "syntax.py": "import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1\n",
+        "binary.py": b"\x00\x01tensorflow\xff\xfe\x00Optimizer\x89PNG",
+        "unreadable.py": TF1_SCRIPT,
+        "bad_encoding.py": b"# -*- coding: no-such-codec -*-\nimport tensorflow as tf\n",
+    }
+    make_tree(tmp_path, {**bad, "good.py": TF1_SCRIPT, "latin1_crlf.py": latin1_crlf})
+    (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")
+    os.chmod(tmp_path / "unreadable.py", 0)
+    (tmp_path / "exec_train.py").write_text("#!/usr/bin/env python\n" + TF1_SCRIPT)
+    os.chmod(tmp_path / "exec_train.py", 0o755)
+    before = {name: (tmp_path / name).read_bytes() for name in bad}
+
+    # As root every file is readable; run as `nobody` so that "no permission" is real.
+    user = None
+    if os.geteuid() == 0:
+        user = "nobody"
+        os.chmod(tmp_path, 0o777)
+        for path in tmp_path.iterdir():
+            if path.name != "unreadable.py" and not path.is_symlink():
+                os.chmod(path, 0o777 if path.name == "exec_train.py" else 0o666)
+    result = run_ampify(tmp_path, user=user)
+    assert result.returncode == 1
+    os.chmod(tmp_path / "unreadable.py", 0o644)
+    for name, content in before.items():
+        assert (tmp_path / name).read_bytes() == content, name
+    lines = (result.stdout + result.stderr).splitlines()
+    for name, reason in [
+        ("py2.py", "not valid Python 3"),
+        ("syntax.py", "not valid Python 3"),
+        ("binary.py", ""),
+        ("unreadable.py", "no permission"),
+        ("bad_encoding.py", "cannot decode"),
+        ("loop.py", "symlink loop"),
+    ]:
+        hits = [line for line in lines if line.startswith(os.path.join(str(tmp_path), name) + ": ")]
+        assert len(hits) == 1, (name, lines)
+        assert reason in hits[0], hits[0]
+    assert (tmp_path / "good.py").read_bytes() == expected_conversion(TF1_SCRIPT.encode())
+    converted = (tmp_path / "latin1_crlf.py").read_bytes()
+    assert converted == expected_conversion(latin1_crlf)
+    assert b"caf\xe9" in converted and converted.count(b"\r\n") == converted.count(b"\n")
+    compile(converted, "latin1_crlf.py", "exec")
+    mode = stat.S_IMODE((tmp_path / "exec_train.py").stat().st_mode)
+    assert mode & stat.S_IXUSR
+    assert b"enable_mixed_precision_graph_rewrite" in (tmp_path / "exec_train.py").read_bytes()
+
+
+def test_read_only_file_is_reported_not_clobbered(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(TF1_SCRIPT)
+    os.chmod(path, 0o444)
+    result = run_ampify(path)
+    assert result.returncode == 1
+    assert path.read_text() == TF1_SCRIPT
+    assert f"{path}: failed: file is read-only" in result.stderr
+
+
+def test_pyproject_defaults_and_bad_config(tmp_path):
+    make_tree(
+        tmp_path,
+        {
+            "pyproject.toml": '[tool.ampify]\nexclude = ["experiments/"]\njobs = 1\n',
+            "train.py": TF1_SCRIPT,
+            "experiments/train.py": TF1_SCRIPT,
+        },
+    )
+    result = run_ampify("--check", tmp_path)
+    assert "1 would be changed" in result.stdout, result.stdout
+    (tmp_path / "pyproject.toml").write_text("[tool.ampify]\nexlcude = []\n")
+    bad = run_ampify("--check", tmp_path)
+    assert bad.returncode == 2
+    assert "unknown key 'exlcude'" in bad.stderr and "pyproject.toml" in bad.stderr
+
+
+def test_workers_give_the_same_results_as_one_process(tmp_path):
+    files = {f"pkg{i % 3}/train_{i}.py": TF1_SCRIPT for i in range(12)}
+    files.update({f"pkg{i % 3}/util_{i}.py": NOT_TRAINING for i in range(12)})
+    for copy in ("one", "many"):
+        make_tree(tmp_path / copy, files)
+    one = run_ampify("-j", "1", "--report", tmp_path / "one.json", tmp_path / "one")
+    many = run_ampify("-j", "2", "--report", tmp_path / "many.json", tmp_path / "many")
+    assert one.returncode == many.returncode == 0
+    assert snapshot(tmp_path / "one") == snapshot(tmp_path / "many")
+
+    def statuses(report):
+        data = json.loads(report.read_text())
+        return sorted((Path(f["path"]).name, f["status"], len(f["findings"])) for f in data["files"])
+
+    assert statuses(tmp_path / "one.json") == statuses(tmp_path / "many.json")
