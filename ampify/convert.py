@@ -14,7 +14,7 @@ import libcst as cst
 from ampify.findings import FileStatus, Finding
 from ampify.options import Options
 from ampify.registry import transforms_for
-from ampify.transforms.base import TransformResult, Verdict
+from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms.imports import ImportMap
 
 
@@ -39,7 +39,7 @@ def convert_source(
     """Convert one module's source. Bytes keep their encoding, BOM and newlines exactly."""
     options = options or Options()
     raw = source if isinstance(source, bytes) else source.encode("utf-8")
-    transforms = [t for t in transforms_for(options) if t.may_apply(raw, options)]
+    transforms = transforms_that_may_apply(raw, options)
     if not transforms:
         return Conversion(FileStatus.NOT_APPLICABLE, "no TensorFlow or PyTorch training code")
 
@@ -64,6 +64,14 @@ def convert_source(
         return Conversion(FileStatus.CHANGED, "", findings, new_source)
     status, reason = _unchanged_status(results)
     return Conversion(status, reason, findings)
+
+
+def transforms_that_may_apply(raw: bytes, options: Options) -> List[Transform]:
+    """The transforms whose cheap byte test passes: an empty list means no LibCST parse at all.
+
+    The benchmark uses it to know which files ampify really has to parse.
+    """
+    return [t for t in transforms_for(options) if t.may_apply(raw, options)]
 
 
 def _parse(source: Union[str, bytes]) -> cst.Module:

@@ -55,7 +55,10 @@ def discover(
             for relative in names:
                 if exclude_spec is not None and exclude_spec.match_file(relative):
                     continue
-                _add(result, seen, root / relative, _display(root, relative), boundary=base)
+                # os.walk does not enter symlinked folders, so a regular file's real path is
+                # base/relative: no realpath (one lstat per path component) per file.
+                _add(result, seen, root / relative, _display(root, relative), boundary=base,
+                     real_if_not_link=base / relative)
         elif root.is_dir():
             # A symlinked folder named on the command line is the user's explicit choice.
             for relative in _walk_python_files(root, respect_gitignore):
@@ -74,7 +77,14 @@ def _display(root: Path, relative: str) -> str:
     return os.path.normpath(os.path.join(str(root), relative))
 
 
-def _add(result: Discovery, seen: Set[Path], path: Path, display: str, boundary: Optional[Path]) -> None:
+def _add(
+    result: Discovery,
+    seen: Set[Path],
+    path: Path,
+    display: str,
+    boundary: Optional[Path],
+    real_if_not_link: Optional[Path] = None,
+) -> None:
     if path.is_symlink():
         try:
             real = path.resolve(strict=True)
@@ -88,7 +98,7 @@ def _add(result: Discovery, seen: Set[Path], path: Path, display: str, boundary:
             result.skipped.append((display, "symlink to something that is not a file"))
             return
     else:
-        real = path.resolve()
+        real = real_if_not_link or path.resolve()
         if not path.exists():
             result.skipped.append((display, "no such file"))
             return

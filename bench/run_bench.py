@@ -1,0 +1,334 @@
+"""Benchmark ampify against LibCST's own codemod runner on the installed torch and tensorflow.
+
+One command, from the repository root:
+
+    .venv/bin/python bench/run_bench.py            # -j 2, figures to bench/last_run.json
+    .venv/bin/python bench/run_bench.py -j 4 --compare bench/results/baseline.json
+
+For each tree, with the same number of worker processes, it times (wall clock, each tool in a
+fresh interpreter, as a user would run it):
+  (a) `ampify TREE --check`, also with 1 worker and with 2 (scaling);
+  (c) `python -m libcst.tool codemod` with a no-op command (bench/noop_codemod.py), --no-format;
+  (d) a LibCST parse-only pass (bench/parse_only.py) over just the files ampify had to parse
+      (those whose cheap byte test, `may_apply`, passed for some transform);
+and, in this process, ampify's per-file cost on the parsed files against a bare
+`libcst.parse_module` of the same files, with a breakdown per transform.
+Nothing is written to the trees: ampify runs with --check, and LibCST writes back only the
+files a codemod changed (the no-op changes none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import libcst as cst
+
+from ampify.convert import _check_compiles, transforms_that_may_apply
+from ampify.discover import discover
+from ampify.options import Options
+from ampify.transforms.imports import ImportMap
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+TREES = ("torch", "tensorflow")
+
+#: the goals stated in the issue
+GOAL_SPEEDUP_VS_LIBCST = 5.0
+GOAL_MAX_RATIO_TO_PARSE = 1.5
+GOAL_SCALING_1_TO_2 = 1.7
+
+
+def locate_package(name: str) -> Optional[Path]:
+    """The source folder of an installed package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def run_timed(command: List[str], cwd: Optional[Path] = None, env: Optional[dict] = None):
+    """(wall seconds, CompletedProcess) of one command run to completion."""
+    start = time.perf_counter()
+    process = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    return time.perf_counter() - start, process
+
+
+def best_of(repeat: int, command: List[str], **kwargs):
+    """The fastest of `repeat` runs (the usual estimate of a command's own cost)."""
+    runs = [run_timed(command, **kwargs) for _ in range(max(1, repeat))]
+    return min(runs, key=lambda run: run[0])
+
+
+def time_ampify(tree: Path, jobs: int, repeat: int, expected_files: int, workdir: Path) -> dict:
+    report = workdir / f"ampify-{tree.name}-j{jobs}.json"
+    command = [sys.executable, "-m", "ampify", str(tree), "--check", "-q", "-j", str(jobs), "--report", str(report)]
+    seconds, process = best_of(repeat, command, cwd=workdir)
+    if process.returncode not in (0, 1) or not report.exists():
+        raise RuntimeError(f"ampify failed on {tree} (exit {process.returncode}):\n{process.stderr[-2000:]}")
+    summary = json.loads(report.read_text())["summary"]
+    if summary["scanned"] != expected_files:
+        raise RuntimeError(f"ampify scanned {summary['scanned']} files, discovery found {expected_files}")
+    return {"seconds": seconds, "jobs": jobs, "summary": summary}
+
+
+def libcst_config_dir(workdir: Path) -> Path:
+    """A folder set up as LibCST's docs say (`libcst.tool initialize`), pointing at bench/."""
+    folder = workdir / "libcst-project"
+    folder.mkdir(exist_ok=True)
+    subprocess.run([sys.executable, "-m", "libcst.tool", "initialize", str(folder)], check=True, capture_output=True)
+    import yaml  # LibCST depends on PyYAML
+
+    config_file = folder / ".libcst.codemod.yaml"
+    config = yaml.safe_load(config_file.read_text())
+    config["modules"] = ["bench"]
+    config["formatter"] = []
+    config_file.write_text(yaml.safe_dump(config))
+    return folder
+
+
+def time_libcst_noop(tree: Path, jobs: int, config_dir: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    command = [
+        sys.executable, "-m", "libcst.tool", "codemod", "noop_codemod.NoopCommand", str(tree),
+        "-j", str(jobs), "--no-format", "--hide-progress",
+    ]
+    seconds, process = run_timed(command, cwd=config_dir, env=env)
+    finished = re.search(r"Finished codemodding (\d+) files", process.stderr)
+    if finished is None:
+        raise RuntimeError(f"LibCST's runner did not finish on {tree}:\n{process.stderr[-2000:]}")
+    counts = {
+        {"Transformed": "transformed", "Skipped": "skipped", "Failed to codemod": "failed"}[label]: int(number)
+        for label, number in re.findall(r"- (Transformed|Skipped|Failed to codemod) (\d+) files", process.stderr)
+    }
+    return {"seconds": seconds, "jobs": jobs, "files": int(finished.group(1)), "counts": counts}
+
+
+def time_parse_only(paths: List[Path], jobs: int, repeat: int, workdir: Path, name: str) -> dict:
+    if not paths:
+        return {"seconds": None, "files": 0, "note": "ampify parsed no file of this tree"}
+    listing = workdir / f"parsed-{name}.txt"
+    listing.write_text("".join(f"{p}\n" for p in paths), encoding="utf-8")
+    command = [sys.executable, str(BENCH_DIR / "parse_only.py"), "-j", str(jobs), str(listing)]
+    seconds, process = best_of(repeat, command)
+    if process.returncode != 0:
+        raise RuntimeError(f"parse-only pass failed:\n{process.stderr[-2000:]}")
+    return {"seconds": seconds, "jobs": jobs, **json.loads(process.stdout.strip().splitlines()[-1])}
+
+
+def per_file_costs(paths: List[Path], options: Options) -> dict:
+    """In this process: parse-only vs ampify's whole per-file pipeline, and where time goes.
+
+    The stages mirror `convert_source`: parse, imports (once per file, again only after a
+    transform changed the module), each transform, the compile check of a changed result.
+    """
+    from ampify.convert import convert_source
+
+    if not paths:
+        return {"files": 0, "note": "ampify parsed no file of this tree"}
+    sources = [p.read_bytes() for p in paths]
+    convert_source(sources[0], options)  # warm caches (LibCST's parser config, imports)
+    parse_total = convert_total = 0.0
+    stages: Dict[str, float] = {"parse": 0.0, "imports": 0.0, "compile check": 0.0}
+    for raw in sources:
+        start = time.perf_counter()
+        try:
+            cst.parse_module(raw)
+        except Exception:  # noqa: BLE001 - files that do not parse cost what they cost
+            pass
+        parse_total += time.perf_counter() - start
+        start = time.perf_counter()
+        convert_source(raw, options)
+        convert_total += time.perf_counter() - start
+        _add_stage_costs(raw, options, stages)
+    return {
+        "files": len(paths),
+        "parse_only_seconds": parse_total,
+        "ampify_seconds": convert_total,
+        "ratio_to_parse": convert_total / parse_total if parse_total else None,
+        "stage_seconds": stages,
+    }
+
+
+def _add_stage_costs(raw: bytes, options: Options, stages: Dict[str, float]) -> None:
+    clock = time.perf_counter
+    start = clock()
+    try:
+        module = cst.parse_module(raw)
+    except Exception:  # noqa: BLE001
+        stages["parse"] += clock() - start
+        return
+    stages["parse"] += clock() - start
+    start = clock()
+    imports = ImportMap.from_module(module)
+    stages["imports"] += clock() - start
+    original = module
+    for transform in transforms_that_may_apply(raw, options):
+        start = clock()
+        if transform.concerns(imports, options):
+            try:
+                result = transform.apply(module, imports, options)
+            except Exception:  # noqa: BLE001 - the engine reports these; here only time counts
+                result = None
+            if result is not None and result.module is not module:
+                module = result.module
+                imports = ImportMap.from_module(module)
+        stages[transform.name] = stages.get(transform.name, 0.0) + clock() - start
+    if module is not original:
+        start = clock()
+        try:
+            _check_compiles(module.bytes, "<bench>")
+        except Exception:  # noqa: BLE001
+            pass
+        stages["compile check"] += clock() - start
+
+
+def bench_tree(name: str, tree: Path, jobs: int, repeat: int, workdir: Path, config_dir: Optional[Path]) -> dict:
+    options = Options()
+    candidates = discover([tree]).candidates
+    sizes = {c.path: c.path.stat().st_size for c in candidates}
+    parsed = [c.path for c in candidates if transforms_that_may_apply(c.path.read_bytes(), options)]
+    total_mb = sum(sizes.values()) / 1e6
+    parsed_mb = sum(sizes[p] for p in parsed) / 1e6
+    print(f"\n== {name}: {tree}\n   {len(candidates)} files, {total_mb:.1f} MB; "
+          f"{len(parsed)} files ({parsed_mb:.1f} MB) pass a transform's byte test and get parsed", flush=True)
+
+    result: dict = {"path": str(tree), "files": len(candidates), "mb": total_mb,
+                    "parsed_files": len(parsed), "parsed_mb": parsed_mb}
+    worker_counts = sorted({1, 2, jobs})
+    result["ampify"] = {}
+    for count in worker_counts:
+        run = time_ampify(tree, count, repeat, len(candidates), workdir)
+        run["files_per_s"] = len(candidates) / run["seconds"]
+        run["mb_per_s"] = total_mb / run["seconds"]
+        result["ampify"][str(count)] = run
+        print(f"   (a) ampify --check -j {count}: {run['seconds']:.2f} s, {run['files_per_s']:.0f} files/s, "
+              f"{run['mb_per_s']:.1f} MB/s", flush=True)
+    ampify_seconds = result["ampify"][str(jobs)]["seconds"]
+
+    if config_dir is not None:
+        noop = time_libcst_noop(tree, jobs, config_dir)
+        noop["files_per_s"] = noop["files"] / noop["seconds"]
+        noop["mb_per_s"] = total_mb / noop["seconds"]
+        result["libcst_noop"] = noop
+        result["speedup_vs_libcst"] = noop["seconds"] / ampify_seconds
+        print(f"   (c) LibCST no-op codemod -j {jobs}: {noop['seconds']:.2f} s over {noop['files']} files "
+              f"({noop['counts']}), {noop['files_per_s']:.0f} files/s, {noop['mb_per_s']:.2f} MB/s", flush=True)
+
+    floor = time_parse_only(parsed, jobs, repeat, workdir, name)
+    result["parse_only"] = floor
+    if floor["seconds"]:
+        floor["files_per_s"] = floor["files"] / floor["seconds"]
+        floor["mb_per_s"] = parsed_mb / floor["seconds"]
+        result["whole_run_ratio_to_parse_only"] = ampify_seconds / floor["seconds"]
+        print(f"   (d) LibCST parse-only -j {jobs}, the {floor['files']} parsed files: {floor['seconds']:.2f} s, "
+              f"{floor['files_per_s']:.0f} files/s, {floor['mb_per_s']:.2f} MB/s", flush=True)
+    else:
+        print(f"   (d) LibCST parse-only: n/a, {floor['note']}")
+
+    costs = per_file_costs(parsed, options)
+    result["per_file_on_parsed"] = costs
+    if costs.get("ratio_to_parse"):
+        stages = ", ".join(f"{k} {v:.2f} s" for k, v in costs["stage_seconds"].items())
+        print(f"   per file, parsed files only, 1 process: ampify {costs['ampify_seconds']:.2f} s vs parse "
+              f"{costs['parse_only_seconds']:.2f} s = {costs['ratio_to_parse']:.2f}x  [{stages}]", flush=True)
+
+    one, two = result["ampify"]["1"]["seconds"], result["ampify"]["2"]["seconds"]
+    result["scaling_1_to_2"] = one / two
+    return result
+
+
+def goals(results: Dict[str, dict]) -> List[dict]:
+    """Each goal of the issue, per tree, with the measured figure and whether it is met."""
+    rows = []
+    for name, tree in results.items():
+        if "speedup_vs_libcst" in tree:
+            value = tree["speedup_vs_libcst"]
+            rows.append({"tree": name, "goal": f"ampify >= {GOAL_SPEEDUP_VS_LIBCST:g}x faster than LibCST no-op runner (c/a)",
+                         "value": value, "met": value >= GOAL_SPEEDUP_VS_LIBCST})
+        ratio = tree["per_file_on_parsed"].get("ratio_to_parse")
+        rows.append({"tree": name, "goal": f"on parsed files, ampify <= {GOAL_MAX_RATIO_TO_PARSE:g}x parse-only (per file)",
+                     "value": ratio, "met": None if ratio is None else ratio <= GOAL_MAX_RATIO_TO_PARSE})
+        value = tree["scaling_1_to_2"]
+        rows.append({"tree": name, "goal": f"2 workers >= {GOAL_SCALING_1_TO_2:g}x faster than 1",
+                     "value": value, "met": value >= GOAL_SCALING_1_TO_2})
+    return rows
+
+
+def print_goals(rows: List[dict]) -> None:
+    print("\nGoals:")
+    for row in rows:
+        verdict = "n/a (nothing parsed)" if row["met"] is None else ("MET" if row["met"] else "NOT MET")
+        value = "-" if row["value"] is None else f"{row['value']:.2f}x"
+        print(f"   {row['tree']:<11} {row['goal']:<62} {value:>8}  {verdict}")
+
+
+def print_comparison(old: dict, new: dict) -> None:
+    """Before/after figures of two bench JSON files."""
+    print(f"\nCompared with {old.get('_path', 'the earlier run')}:")
+    for name, tree in new["trees"].items():
+        before = old.get("trees", {}).get(name)
+        if not before:
+            continue
+        for label, key in (("ampify -j N", None), ("ampify -j 1", "1"), ("ampify -j 2", "2")):
+            jobs = key or str(new["jobs"])
+            old_run, new_run = before.get("ampify", {}).get(jobs), tree["ampify"].get(jobs)
+            if old_run and new_run:
+                change = new_run["seconds"] / old_run["seconds"]
+                print(f"   {name:<11} {label:<12} {old_run['seconds']:.2f} s -> {new_run['seconds']:.2f} s ({change:.2f}x)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="ampify vs LibCST's codemod runner on installed torch/tensorflow.")
+    parser.add_argument("-j", "--jobs", type=int, default=2, help="worker processes for every tool (default 2)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of ampify and of the parse-only pass; the best counts")
+    parser.add_argument("--trees", default=",".join(TREES), help="comma-separated installed packages to time")
+    parser.add_argument("--no-libcst-runner", action="store_true", help="skip (c), the slowest part")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "last_run.json", help="where the JSON figures go")
+    parser.add_argument("--compare", type=Path, help="an earlier JSON to compare with")
+    args = parser.parse_args(argv)
+
+    document = {
+        "machine": {"python": sys.version.split()[0], "platform": platform.platform(),
+                    "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()},
+        "jobs": args.jobs, "repeat": args.repeat, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "trees": {}, "missing": [],
+    }
+    print(f"ampify benchmark: {document['machine']}, -j {args.jobs}")
+    with tempfile.TemporaryDirectory(prefix="ampify-bench-") as tmp:
+        workdir = Path(tmp)
+        config_dir = None if args.no_libcst_runner else libcst_config_dir(workdir)
+        for name in [t for t in args.trees.split(",") if t]:
+            tree = locate_package(name)
+            if tree is None:
+                print(f"\n== {name}: NOT INSTALLED for {sys.executable}; skipped (install it to time it)")
+                document["missing"].append(name)
+                continue
+            document["trees"][name] = bench_tree(name, tree, args.jobs, args.repeat, workdir, config_dir)
+    document["goals"] = goals(document["trees"])
+    print_goals(document["goals"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"\nfigures written to {args.out}")
+    if args.compare:
+        old = json.loads(args.compare.read_text())
+        old["_path"] = str(args.compare)
+        print_comparison(old, document)
+    return 0 if document["trees"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
