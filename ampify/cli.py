@@ -83,7 +83,7 @@ def rewrite(
 
     interrupted = False
     try:
-        results.extend(_run_with_progress(tasks, jobs or config.jobs or default_jobs()))
+        _run_with_progress(tasks, jobs or config.jobs or default_jobs(), results)
     except KeyboardInterrupt:
         interrupted = True
     results.sort(key=lambda r: r.path)
@@ -125,9 +125,13 @@ def _exit_code(results: List[FileResult], mode: Mode) -> int:
     return 0
 
 
-def _run_with_progress(tasks: List[FileTask], jobs: int) -> List[FileResult]:
+def _run_with_progress(tasks: List[FileTask], jobs: int, results: List[FileResult]) -> None:
+    """Append each result to `results` as it comes, so that after a Ctrl-C the summary still
+    counts every file that was done (a KeyboardInterrupt propagates once the workers stopped)."""
     if not sys.stderr.isatty() or len(tasks) < PROGRESS_THRESHOLD:
-        return list(run_tasks(tasks, jobs))
+        for result in run_tasks(tasks, jobs):
+            results.append(result)
+        return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -136,7 +140,9 @@ def _run_with_progress(tasks: List[FileTask], jobs: int) -> List[FileResult]:
         console=Console(stderr=True), transient=True,
     ) as progress:
         bar = progress.add_task("ampify", total=len(tasks))
-        return list(run_tasks(tasks, jobs, on_result=lambda _: progress.advance(bar)))
+        for result in run_tasks(tasks, jobs):
+            results.append(result)
+            progress.advance(bar)
 
 
 def _verify_after_rewrite(scripts: List[Path]) -> int:

@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from typing import Callable, Iterator, List, Optional
 
 from ampify.engine import FileTask, process_file
@@ -38,13 +39,32 @@ def run_tasks(
     """Yield one FileResult per task, in completion order. KeyboardInterrupt propagates
     after the workers have stopped; results produced before it were already yielded."""
     if jobs <= 1 or len(tasks) < POOL_THRESHOLD:
+        yield from _run_in_process(tasks, on_result)
+    else:
+        yield from _run_in_pool(tasks, jobs, on_result)
+
+
+def _run_in_process(tasks, on_result) -> Iterator[FileResult]:
+    interrupted = False
+
+    def stop_on_ctrl_c(signum, frame):
+        # Finish the file in hand (its result is counted), then stop.
+        nonlocal interrupted
+        interrupted = True
+
+    previous_handler = _install_sigint_handler(stop_on_ctrl_c)
+    try:
         for task in tasks:
+            if interrupted:
+                break
             result = process_file(task)
             if on_result:
                 on_result(result)
             yield result
-        return
-    yield from _run_in_pool(tasks, jobs, on_result)
+    finally:
+        _restore_sigint_handler(previous_handler)
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 def _pool_context():
@@ -61,41 +81,72 @@ def _init_worker(stop_event) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _process_unless_stopped(task: FileTask) -> Optional[FileResult]:
-    if _stop_event is not None and _stop_event.is_set():
-        return None
-    return process_file(task)
+def _process_batch(tasks: List[FileTask]) -> List[Optional[FileResult]]:
+    """One worker's share of files; after a stop request the rest come back as None."""
+    return [None if _stop_event is not None and _stop_event.is_set() else process_file(task) for task in tasks]
+
+
+def _batches(tasks: List[FileTask], size: int) -> List[List[FileTask]]:
+    return [tasks[i : i + size] for i in range(0, len(tasks), size)]
 
 
 def _run_in_pool(tasks, jobs, on_result) -> Iterator[FileResult]:
     context = _pool_context()
     stop_event = context.Event()
     jobs = min(jobs, len(tasks))
-    chunksize = max(1, min(32, len(tasks) // (jobs * 8)))
+    batch_size = max(1, min(32, len(tasks) // (jobs * 8)))
     pool = context.Pool(jobs, initializer=_init_worker, initargs=(stop_event,))
     interrupted = False
+
+    def stop_on_ctrl_c(signum, frame):
+        # No exception here: one raised inside the pool's iterator or inside this generator
+        # would lose the results of files already written. Stop the workers, drain, then raise.
+        nonlocal interrupted
+        interrupted = True
+        stop_event.set()
+
+    previous_handler = _install_sigint_handler(stop_on_ctrl_c)
     finished = False
     try:
-        results = pool.imap_unordered(_process_unless_stopped, tasks, chunksize=chunksize)
+        # Batches rather than imap's chunksize: pool.imap_unordered with chunksize > 1 is a
+        # generator that dies on the first exception, and its pending results with it.
+        batches = pool.imap_unordered(_process_batch, _batches(tasks, batch_size))
         while True:
             try:
-                result = next(results)
+                batch = next(batches)
             except StopIteration:
                 break
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # no handler of ours (not the main thread)
                 interrupted = True
                 stop_event.set()
                 continue  # drain: the files in hand finish, the rest come back as None
-            if result is None:
-                continue
-            if on_result:
-                on_result(result)
-            yield result
+            for result in batch:
+                if result is None:
+                    continue
+                if on_result:
+                    on_result(result)
+                yield result
         finished = True
     finally:
         if not finished:
-            stop_event.set()  # the consumer went away (Ctrl-C while it handled a result)
+            stop_event.set()  # the consumer went away (or raised while it handled a result)
         pool.close()
         pool.join()
+        _restore_sigint_handler(previous_handler)
     if interrupted:
         raise KeyboardInterrupt
+
+
+def _install_sigint_handler(handler):
+    """Route Ctrl-C to `handler` while the pool runs; None where signals cannot be set."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        return signal.signal(signal.SIGINT, handler)
+    except (ValueError, OSError):
+        return None
+
+
+def _restore_sigint_handler(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
