@@ -2,7 +2,7 @@
 
 One command, from the repository root:
 
-    .venv/bin/python bench/run_bench.py            # -j 2, figures to bench/last_run.json
+    .venv/bin/python bench/run_bench.py            # -j 2, figures to bench/results/last_run.json
     .venv/bin/python bench/run_bench.py -j 4 --compare bench/results/baseline.json
 
 For each tree, with the same number of worker processes, it times (wall clock, each tool in a
@@ -297,7 +297,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs of ampify and of the parse-only pass; the best counts")
     parser.add_argument("--trees", default=",".join(TREES), help="comma-separated installed packages to time")
     parser.add_argument("--no-libcst-runner", action="store_true", help="skip (c), the slowest part")
-    parser.add_argument("--out", type=Path, default=BENCH_DIR / "last_run.json", help="where the JSON figures go")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "last_run.json", help="where the JSON figures go")
     parser.add_argument("--compare", type=Path, help="an earlier JSON to compare with")
     args = parser.parse_args(argv)
 
