@@ -24,7 +24,7 @@ Rule codes:
 
 from __future__ import annotations
 
-from typing import Dict, List, Set
+from typing import Dict, List
 
 import libcst as cst
 from libcst.metadata import PositionProvider
@@ -38,6 +38,7 @@ from ampify.transforms.tf1_module_header import (
     add_header_statements,
     choose_wrapper_spelling,
     env_var_already_set,
+    wrapper_callee_for,
 )
 from ampify.transforms.tf1_names import IGNORE_PERFORMANCE_ENV, normalise_tf_name
 from ampify.transforms.tf1_optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
@@ -85,16 +86,17 @@ class TF1GraphRewrite(Transform):
 class _WrapAndReplace(cst.CSTTransformer):
     """Wrap the planned optimizer constructions, swap the planned tf.gradients calls."""
 
-    def __init__(self, wrap_ids: Set[int], replacements: Dict[int, cst.BaseExpression], callee: str):
-        self.wrap_ids = wrap_ids
+    def __init__(self, callees: Dict[int, str], replacements: Dict[int, cst.BaseExpression]):
+        #: id of an optimizer construction -> the wrapper's spelling there
+        self.callees = callees
         self.replacements = replacements
-        self.callee = cst.parse_expression(callee)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if id(original_node) in self.replacements:
             return self.replacements[id(original_node)]
-        if id(original_node) in self.wrap_ids:
-            return cst.Call(func=self.callee.deep_clone(), args=[cst.Arg(updated_node)])
+        callee = self.callees.get(id(original_node))
+        if callee is not None:
+            return cst.Call(func=cst.parse_expression(callee), args=[cst.Arg(updated_node)])
         return updated_node
 
 
@@ -186,12 +188,11 @@ class _GraphRewrite:
         if not to_wrap:
             return self._unconverted()
 
-        spelling = choose_wrapper_spelling(self.module)
-        rewriter = _WrapAndReplace({id(s.call) for s in to_wrap}, plan.replacements, spelling.callee)
-        new_module = self.module.visit(rewriter)
+        callees, added_import = self._wrapper_callees(to_wrap)
+        new_module = self.module.visit(_WrapAndReplace(callees, plan.replacements))
         set_env = self.options.tf_ignore_performance and not env_var_already_set(self.module.code)
         new_module, index = add_header_statements(
-            new_module, set_env_var=set_env, added_import=spelling.added_import
+            new_module, set_env_var=set_env, added_import=added_import
         )
         if set_env:
             line = self._line_of_statement(index)
@@ -213,6 +214,28 @@ class _GraphRewrite:
             f"wrapped {wrapped} optimizer{'s' if wrapped != 1 else ''} with the mixed precision "
             "graph rewrite",
         )
+
+    def _wrapper_callees(self, to_wrap: List[OptimizerSite]):
+        """The wrapper's spelling for each site, and the module-level import to add, if any.
+
+        A site inside a function that imports TensorFlow itself uses that import, so a
+        deliberately lazy import stays lazy; every other site uses the module's own alias.
+        """
+        callees: Dict[int, str] = {}
+        needs_module_spelling = []
+        for site in to_wrap:
+            local = wrapper_callee_for(site.function_imports)
+            if local is not None:
+                callees[id(site.call)] = local
+            else:
+                needs_module_spelling.append(site)
+        added_import = None
+        if needs_module_spelling:
+            spelling = choose_wrapper_spelling(self.module)
+            added_import = spelling.added_import
+            for site in needs_module_spelling:
+                callees[id(site.call)] = spelling.callee
+        return callees, added_import
 
     def _unconverted(self) -> TransformResult:
         warnings = [f for f in self.findings if f.severity is not Severity.INFO]

@@ -14,6 +14,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from ampify.transforms.imports import dotted_name
+from ampify.transforms.tf1_module_header import import_aliases
 from ampify.transforms.tf1_names import (
     MIXED_PRECISION_IDENTIFIERS,
     MIXED_PRECISION_POLICY_FUNCTIONS,
@@ -41,6 +42,8 @@ class OptimizerSite:
     in_loop: bool
     already_wrapped: bool  # directly inside a mixed precision wrapper call
     assigned_to: Tuple[str, ...] = ()  # dotted names it is assigned to, if any
+    #: imports made inside the enclosing functions (`import tensorflow as tf` in a def)
+    function_imports: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -89,6 +92,7 @@ class _Surveyor(cst.CSTVisitor):
         self.survey = ModuleSurvey()
         self._scopes: List[int] = [0]
         self._loop_depth: List[int] = [0]
+        self._function_imports: List[Dict[str, str]] = [{}]
         self._mixed_precision_arg_ids: Set[int] = set()
         self._with_session_ids: Dict[int, Tuple[int, int]] = {}
         self._assigned: Dict[int, Tuple[str, ...]] = {}
@@ -97,10 +101,20 @@ class _Surveyor(cst.CSTVisitor):
     def _enter_scope(self, node: cst.CSTNode) -> None:
         self._scopes.append(id(node))
         self._loop_depth.append(0)
+        self._function_imports.append(dict(self._function_imports[-1]))
 
     def _leave_scope(self) -> None:
         self._scopes.pop()
         self._loop_depth.pop()
+        self._function_imports.pop()
+
+    def visit_Import(self, node: cst.Import) -> None:
+        if len(self._scopes) > 1:
+            self._function_imports[-1].update(import_aliases(node))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if len(self._scopes) > 1:
+            self._function_imports[-1].update(import_aliases(node))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._enter_scope(node)
@@ -234,6 +248,7 @@ class _Surveyor(cst.CSTVisitor):
                     in_loop=self._loop_depth[-1] > 0,
                     already_wrapped=id(node) in self._mixed_precision_arg_ids,
                     assigned_to=self._assigned.get(id(node), ()),
+                    function_imports=self._function_imports[-1],
                 )
             )
             if kind in (TF1, MIXED):
