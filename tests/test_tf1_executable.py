@@ -11,6 +11,7 @@ optimizer's compute_gradients, the only place where the loss is scaled.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -21,7 +22,9 @@ import pytest
 
 from ampify.convert import convert_source
 
-pytest.importorskip("tensorflow")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed"
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "tf1"
 
