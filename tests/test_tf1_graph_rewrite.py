@@ -217,3 +217,54 @@ def test_apply_reports_internal_errors_instead_of_raising(monkeypatch):
     assert result.verdict is Verdict.UNCONVERTED
     assert result.module is source
     assert [f.code for f in result.findings] == ["AMP100"]
+
+
+def test_class_passed_to_a_local_function_is_wrapped_where_instantiated():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        def build(loss, opt_cls, lr=0.1):
+            return opt_cls(lr).minimize(loss)
+        def model_fn(loss):
+            return build(loss, tf.train.AdamOptimizer)
+        """
+    )
+    assert "enable_mixed_precision_graph_rewrite(opt_cls(lr))" in conversion.converted
+    assert "AMP118" not in codes(conversion)
+
+
+def test_class_handed_to_another_module_is_warned():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        import trainer
+        x = tf.placeholder(tf.float32)
+        trainer.fit(x, optimizer_cls=tf.train.AdamOptimizer)
+        """
+    )
+    assert conversion.status is FileStatus.UNCONVERTED
+    assert [(f.code, f.line) for f in conversion.findings] == [("AMP118", 4)]
+
+
+def test_class_default_with_or_is_an_optimizer_class():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        def make(lr, optimizer_cls=None):
+            optimizer_cls = optimizer_cls or tf.train.AdamOptimizer
+            return optimizer_cls(lr)
+        """
+    )
+    assert "enable_mixed_precision_graph_rewrite(optimizer_cls(lr))" in conversion.converted
+
+
+def test_tf_gradients_alone_in_tf2_code_is_still_not_applicable():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        @tf.function
+        def hvp(f, x):
+            return tf.gradients(f(x), x)
+        """
+    )
+    assert conversion.status is FileStatus.NOT_APPLICABLE

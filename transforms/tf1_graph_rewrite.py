@@ -19,6 +19,7 @@ Rule codes:
   AMP115 warning  apply_gradients with gradients not traceable to compute_gradients
   AMP116 warning  an `*Optimizer` class from another module: not wrapped
   AMP117 warning  optimizer built inside TensorFlow (optimize_loss, canned Estimators)
+  AMP118 warning  an optimizer class handed to code outside this file: not wrapped
   AMP100 error    internal error: the file was left unchanged
 """
 
@@ -318,6 +319,18 @@ class _GraphRewrite:
                     f"{display} builds its optimizer inside TensorFlow, so it cannot be wrapped "
                     "here: pass an optimizer instance (optimizer=tf.compat.v1.train.AdamOptimizer"
                     "(...)) and run ampify again",
+                    line,
+                    column,
+                )
+            )
+
+        for shown, callee, line, column in self.survey.classes_handed_off:
+            self.findings.append(
+                _warning(
+                    "AMP118",
+                    f"optimizer class {shown} is passed to {callee}, which builds the optimizer "
+                    "where ampify cannot see: it is not wrapped; build the optimizer here and pass "
+                    "the instance, or wrap it where it is built",
                     line,
                     column,
                 )

@@ -182,7 +182,28 @@ TF1_STYLE_MARKERS = (
     "tensorflow.train.Supervisor",
     "tensorflow.train.get_or_create_global_step",
     "tensorflow.train.get_global_step",
-    "tensorflow.gradients",
+)
+
+#: Callees that may take an optimizer CLASS as an argument without handing it to other code.
+CLASS_ARGUMENT_IS_LOCAL = frozenset(
+    {
+        "isinstance",
+        "issubclass",
+        "super",
+        "functools.partial",
+        "getattr",
+        "hasattr",
+        "setattr",
+        "callable",
+        "type",
+        "id",
+        "dir",
+        "vars",
+        "print",
+        "repr",
+        "str",
+        "format",
+    }
 )
 
 #: Canned Estimators and helpers that build their optimizer inside TensorFlow.

@@ -50,6 +50,8 @@ class _BindingCollector(cst.CSTVisitor):
     def __init__(self) -> None:
         self.assignments: list = []  # (target dotted name, value)
         self.classes: list = []  # ClassDef nodes
+        self.functions: Dict[str, list] = {}  # name -> FunctionDef nodes
+        self.calls: list = []
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
@@ -69,6 +71,31 @@ class _BindingCollector(cst.CSTVisitor):
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.classes.append(node)
 
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.setdefault(node.name.value, []).append(node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+
+    def bind_call_arguments(self) -> None:
+        """`build(tf.train.AdamOptimizer)` binds the class to `build`'s parameter, file-wide."""
+        for call in self.calls:
+            func = call.func
+            name = func.value if isinstance(func, cst.Name) else (
+                func.attr.value if isinstance(func, cst.Attribute) else None
+            )
+            for definition in self.functions.get(name or "", ()):
+                params = [p.name.value for p in definition.params.params]
+                if isinstance(func, cst.Attribute) and params[:1] in (["self"], ["cls"]):
+                    params = params[1:]  # a method called on its instance or class
+                by_name = params + [p.name.value for p in definition.params.kwonly_params]
+                positional = [a for a in call.args if a.keyword is None and not a.star]
+                for param, arg in zip(params, positional):
+                    self.assignments.append((param, arg.value))
+                for arg in call.args:
+                    if arg.keyword is not None and arg.keyword.value in by_name:
+                        self.assignments.append((arg.keyword.value, arg.value))
+
 
 class OptimizerClassifier:
     """Classifies callees of one module as TF1 optimizer classes, Keras ones, or neither."""
@@ -81,6 +108,9 @@ class OptimizerClassifier:
         self.local_optimizer_classes: Dict[str, cst.ClassDef] = {}
         collector = _BindingCollector()
         module.visit(collector)
+        collector.bind_call_arguments()
+        #: names of every function or method the file defines
+        self.defined_functions = set(collector.functions)
         #: names of every class the file defines
         self.defined_classes = {cls.name.value for cls in collector.classes}
         self._learn(collector)
@@ -127,6 +157,9 @@ class OptimizerClassifier:
             if name in self.local_optimizer_classes:
                 return TF1
             return self.class_names.get(name) if name else None
+        if isinstance(node, cst.BooleanOperation):
+            # `optimizer_cls or tf.train.AdamOptimizer`
+            return _combine([self.class_kind(node.left), self.class_kind(node.right)])
         if isinstance(node, cst.IfExp):
             return _combine([self.class_kind(node.body), self.class_kind(node.orelse)])
         if isinstance(node, (cst.Dict,)):

@@ -21,7 +21,9 @@ from ampify.transforms.tf1_names import (
     MIXED_PRECISION_STRINGS,
     NGC_AUTO_MIXED_PRECISION_STRINGS,
     NOT_FOREIGN_OPTIMIZER_MODULES,
+    CLASS_ARGUMENT_IS_LOCAL,
     OPTIMIZER_BUILT_INSIDE_TF,
+    TF1_OPTIMIZER_CLASS_FACTORIES,
     SESSION_CONSTRUCTORS,
     is_tf1_optimizer_class,
     is_tf1_style_marker,
@@ -71,6 +73,8 @@ class ModuleSurvey:
     sessions: List[SessionSite] = field(default_factory=list)
     foreign_optimizer_calls: List[ForeignOptimizerCall] = field(default_factory=list)
     built_inside_tf: List[Tuple[str, int, int]] = field(default_factory=list)
+    #: (class as written, callee as written, line, column): a class handed to code elsewhere
+    classes_handed_off: List[Tuple[str, str, int, int]] = field(default_factory=list)
     #: first mixed precision marker: (what, line)
     mixed_precision_marker: Optional[Tuple[str, int]] = None
     ngc_auto_mixed_precision: bool = False
@@ -234,6 +238,8 @@ class _Surveyor(cst.CSTVisitor):
             self._record_session(node)
         if resolved in OPTIMIZER_BUILT_INSIDE_TF:
             self._check_built_inside(node, resolved)
+        elif last not in MIXED_PRECISION_IDENTIFIERS:
+            self._check_classes_handed_off(node, resolved)
         kind = self.classifier.instance_kind(node)
         position = self._position(node).start
         if kind is not None:
@@ -268,6 +274,21 @@ class _Surveyor(cst.CSTVisitor):
             return not resolved.startswith(NOT_FOREIGN_OPTIMIZER_MODULES)
         # A class this file defines (and that is no TF optimizer) is not "foreign".
         return not (isinstance(func, cst.Name) and func.value in self.classifier.defined_classes)
+
+    def _check_classes_handed_off(self, node: cst.Call, resolved: Optional[str]) -> None:
+        """An optimizer CLASS passed to code outside this file is instantiated out of reach."""
+        callee = resolved or dotted_name(node.func) or ""
+        if callee in CLASS_ARGUMENT_IS_LOCAL or callee in TF1_OPTIMIZER_CLASS_FACTORIES:
+            return
+        last = callee.rsplit(".", 1)[-1]
+        if resolved is None and last in self.classifier.defined_functions:
+            return  # a function of this file: its parameter is bound to the class
+        for arg in node.args:
+            if self.classifier.class_kind(arg.value) == TF1:
+                position = self._position(arg.value).start
+                self.survey.classes_handed_off.append(
+                    (_code(arg.value), _code(node.func), position.line, position.column)
+                )
 
     def _record_session(self, node: cst.Call) -> None:
         position = self._position(node).start
