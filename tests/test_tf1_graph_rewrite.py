@@ -268,3 +268,24 @@ def test_tf_gradients_alone_in_tf2_code_is_still_not_applicable():
         """
     )
     assert conversion.status is FileStatus.NOT_APPLICABLE
+
+
+def test_optimizer_built_where_a_session_from_elsewhere_runs_is_warned():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        class Model(object):
+            def __init__(self, sess):
+                self.sess = sess
+            def train(self, loss):
+                op = tf.train.AdamOptimizer(0.1).minimize(loss)
+                self.sess.run(op)
+        def build_then_run(loss):
+            op = tf.train.AdamOptimizer(0.1).minimize(loss)
+            with tf.Session() as sess:
+                sess.run(op)
+        """
+    )
+    warnings = [f for f in conversion.findings if f.severity is Severity.WARNING]
+    assert [(f.code, f.line) for f in warnings] == [("AMP113", 6)]
+    assert "self.sess, line 7" in warnings[0].message

@@ -46,9 +46,9 @@ from ampify.transforms.tf1_optimizer_classes import KERAS, MIXED, TF1, Optimizer
 from ampify.transforms.tf1_survey import ModuleSurvey, OptimizerSite, survey_module
 
 NOT_APPLICABLE_REASON = (
-    "TensorFlow 2 style code (no Session, graph, Estimator or tf.train / tf.compat.v1 "
-    "optimizer): the TF1 mixed precision graph rewrite does not apply; for Keras use "
-    "tf.keras.mixed_precision.set_global_policy('mixed_float16') (and a "
+    "no TF1 graph training code (no Session, graph, Estimator or tf.train / tf.compat.v1 "
+    "optimizer): the TF1 mixed precision graph rewrite does not apply; for TensorFlow 2 / "
+    "Keras code use tf.keras.mixed_precision.set_global_policy('mixed_float16') (and a "
     "tf.keras.mixed_precision.LossScaleOptimizer in custom training loops)"
 )
 
@@ -337,6 +337,7 @@ class _GraphRewrite:
             )
 
     def _report_sessions_before(self, to_wrap: List[OptimizerSite]) -> None:
+        warned_scopes = set()
         for session in self.survey.sessions:
             for site in to_wrap:
                 if session.encloses is not None:
@@ -346,6 +347,7 @@ class _GraphRewrite:
                 else:
                     before = session.line < site.line and session.scope in (0, site.scope)
                 if before:
+                    warned_scopes.add(site.scope)
                     self.findings.append(
                         _warning(
                             "AMP113",
@@ -358,3 +360,28 @@ class _GraphRewrite:
                         )
                     )
                     break
+        self._report_sessions_from_elsewhere(to_wrap, warned_scopes)
+
+    def _report_sessions_from_elsewhere(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
+        """A function that builds an optimizer and runs a Session it did not create (DCGAN's
+        `self.sess`): if that Session was created first, it never gets the rewrite."""
+        scopes_with_sessions = {session.scope for session in self.survey.sessions}
+        for site in to_wrap:
+            run = self.survey.session_runs.get(site.scope)
+            if site.scope == 0 or run is None or site.scope in scopes_with_sessions:
+                continue
+            if site.scope in warned_scopes:
+                continue
+            warned_scopes.add(site.scope)
+            shown, line = run
+            self.findings.append(
+                _warning(
+                    "AMP113",
+                    f"{site.display} is built in a function that runs a Session created elsewhere "
+                    f"({shown}, line {line}): if that Session was created before this line, it "
+                    "does not get the mixed precision graph rewrite (nothing runs in float16); "
+                    "create the Session after building the optimizer",
+                    site.line,
+                    site.column,
+                )
+            )

@@ -143,6 +143,11 @@ SESSION_CONSTRUCTORS = frozenset(
     }
 )
 
+#: Ops whose `.run()` runs in the default Session (one created somewhere else).
+RUN_ON_DEFAULT_SESSION = frozenset(
+    {"tensorflow.global_variables_initializer", "tensorflow.initialize_all_variables"}
+)
+
 #: `tf.gradients`, normalised.
 TF_GRADIENTS = frozenset({"tensorflow.gradients"})
 #: tf.gradients keyword -> compute_gradients keyword, for the keywords both understand.

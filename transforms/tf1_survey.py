@@ -23,6 +23,7 @@ from ampify.transforms.tf1_names import (
     NOT_FOREIGN_OPTIMIZER_MODULES,
     CLASS_ARGUMENT_IS_LOCAL,
     OPTIMIZER_BUILT_INSIDE_TF,
+    RUN_ON_DEFAULT_SESSION,
     TF1_OPTIMIZER_CLASS_FACTORIES,
     SESSION_CONSTRUCTORS,
     is_tf1_optimizer_class,
@@ -71,6 +72,9 @@ class ForeignOptimizerCall:
 class ModuleSurvey:
     optimizers: List[OptimizerSite] = field(default_factory=list)
     sessions: List[SessionSite] = field(default_factory=list)
+    #: scope id -> (session as written, line) of the first `sess.run(...)` on a Session the
+    #: scope did not create (a parameter, `self.sess`, the default Session)
+    session_runs: Dict[int, Tuple[str, int]] = field(default_factory=dict)
     foreign_optimizer_calls: List[ForeignOptimizerCall] = field(default_factory=list)
     built_inside_tf: List[Tuple[str, int, int]] = field(default_factory=list)
     #: (class as written, callee as written, line, column): a class handed to code elsewhere
@@ -236,6 +240,8 @@ class _Surveyor(cst.CSTVisitor):
                     self.survey.wrapped_names.add(name)
         if resolved in SESSION_CONSTRUCTORS:
             self._record_session(node)
+        elif last == "run" and isinstance(node.func, cst.Attribute):
+            self._record_session_run(node.func.value)
         if resolved in OPTIMIZER_BUILT_INSIDE_TF:
             self._check_built_inside(node, resolved)
         elif last not in MIXED_PRECISION_IDENTIFIERS:
@@ -289,6 +295,20 @@ class _Surveyor(cst.CSTVisitor):
                 self.survey.classes_handed_off.append(
                     (_code(arg.value), _code(node.func), position.line, position.column)
                 )
+
+    def _record_session_run(self, receiver: cst.BaseExpression) -> None:
+        """`sess.run(...)`, `self.sess.run(...)`, `tf.global_variables_initializer().run()`."""
+        name = dotted_name(receiver)
+        if name is not None:
+            if self.resolve_name(receiver) is not None or "sess" not in name.lower():
+                return
+            shown = name
+        elif isinstance(receiver, cst.Call) and self.resolve_name(receiver.func) in RUN_ON_DEFAULT_SESSION:
+            shown = "the default Session"
+        else:
+            return
+        line = self._position(receiver).start.line
+        self.survey.session_runs.setdefault(self._scopes[-1], (shown, line))
 
     def _record_session(self, node: cst.Call) -> None:
         position = self._position(node).start
