@@ -211,7 +211,7 @@ def test_apply_reports_internal_errors_instead_of_raising(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(module, "plan_gradients_rewrites", broken)
+    monkeypatch.setattr(module, "add_header_statements", broken)
     source = cst.parse_module("import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\n")
     result = TF1GraphRewrite().apply(source, ImportMap.from_module(source), Options())
     assert result.verdict is Verdict.UNCONVERTED
@@ -289,3 +289,10 @@ def test_optimizer_built_where_a_session_from_elsewhere_runs_is_warned():
     warnings = [f for f in conversion.findings if f.severity is Severity.WARNING]
     assert [(f.code, f.line) for f in warnings] == [("AMP113", 6)]
     assert "self.sess, line 7" in warnings[0].message
+
+
+def test_may_apply_skips_tensorflow_files_without_training_code():
+    model_only = b"import tensorflow as tf\ndef net(x):\n    return tf.nn.relu(tf.matmul(x, x))\n"
+    assert not TF1GraphRewrite().may_apply(model_only, Options())
+    chosen_by_getattr = b"import tensorflow as tf\nopt = getattr(tf.train, name)(0.1)\n"
+    assert TF1GraphRewrite().may_apply(chosen_by_getattr, Options())

@@ -89,6 +89,9 @@ def _check(source: str) -> None:
         return  # not for the transform: the engine reports unparsable files
     result = TF1GraphRewrite().apply(module, ImportMap.from_module(module), Options())
     assert not [f for f in result.findings if f.code == "AMP100"], result.findings
+    if result.module.code != source or result.findings:
+        # may_apply must never skip a file the transform would change or warn about.
+        assert TF1GraphRewrite().may_apply(source.encode("utf-8"), Options())
     try:
         compile(source, "<in>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError):

@@ -34,14 +34,13 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms.imports import ImportMap
-from ampify.transforms.tf1_gradients_rewrite import plan_gradients_rewrites
+from ampify.transforms.tf1_gradients_rewrite import GradientsPlan, plan_gradients_rewrites
 from ampify.transforms.tf1_module_header import (
     add_header_statements,
     choose_wrapper_spelling,
-    env_var_already_set,
     wrapper_callee_for,
 )
-from ampify.transforms.tf1_names import IGNORE_PERFORMANCE_ENV, normalise_tf_name
+from ampify.transforms.tf1_names import IGNORE_PERFORMANCE_ENV, MAY_APPLY_MARKERS, normalise_tf_name
 from ampify.transforms.tf1_optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
 from ampify.transforms.tf1_survey import ModuleSurvey, OptimizerSite, survey_module
 
@@ -58,9 +57,11 @@ class TF1GraphRewrite(Transform):
     description = "Wrap TF1 optimizers with enable_mixed_precision_graph_rewrite."
 
     def may_apply(self, source: bytes, options: Options) -> bool:
-        # Every file this transform changes or reports on imports tensorflow; TF2 files must
-        # still be parsed to be reported as not applicable with the reason why.
-        return b"tensorflow" in source
+        # Every file this transform changes or reports on imports tensorflow and names an
+        # optimizer, the `train` module, apply_gradients, a Session or a mixed precision API
+        # (see MAY_APPLY_MARKERS); TF2 training files name their Keras optimizer, so they are
+        # still parsed and reported as not applicable with the reason why.
+        return b"tensorflow" in source and any(marker in source for marker in MAY_APPLY_MARKERS)
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
         return imports.uses("tensorflow")
@@ -111,7 +112,9 @@ class _GraphRewrite:
     def __init__(self, module: cst.Module, imports: ImportMap, options: Options):
         self.options = options
         self.imports = imports
-        self.wrapper = cst.MetadataWrapper(module)
+        # No defensive deep copy: the module is freshly parsed (every node appears once) and is
+        # only read here; the copy alone cost as much as a whole walk on big files.
+        self.wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
         self.module = self.wrapper.module
         self.original = module
         self.classifier = OptimizerClassifier(self.module, self.resolve)
@@ -147,9 +150,7 @@ class _GraphRewrite:
                     )
                 )
         if self.survey.tf1_style:
-            plan = plan_gradients_rewrites(
-                self.wrapper,
-                self.resolve,
+            plan = self._plan_gradients(
                 rewrite=False,
                 why_not_rewritten="the file already uses mixed precision, so ampify leaves it unchanged",
                 keras_optimizer_names=self._keras_names(),
@@ -161,6 +162,11 @@ class _GraphRewrite:
             self.findings,
             f"already uses mixed precision ({what} at line {line})",
         )
+
+    def _plan_gradients(self, **kwargs) -> GradientsPlan:
+        if not self.survey.has_apply_gradients:
+            return GradientsPlan()  # nothing is applied, so nothing can bypass loss scaling
+        return plan_gradients_rewrites(self.wrapper, self.resolve, **kwargs)
 
     # -- TF1 graph code ------------------------------------------------------------------------
     def _tf1_sites(self) -> List[OptimizerSite]:
@@ -175,9 +181,7 @@ class _GraphRewrite:
         to_wrap = [s for s in self._tf1_sites() if not s.already_wrapped]
         self._report_optimizer_sites(to_wrap)
         self._report_sessions_before(to_wrap)
-        plan = plan_gradients_rewrites(
-            self.wrapper,
-            self.resolve,
+        plan = self._plan_gradients(
             rewrite=bool(to_wrap),
             why_not_rewritten=(
                 "the optimizer is not built in this file, so ampify cannot tell whether it is "
@@ -191,7 +195,7 @@ class _GraphRewrite:
 
         callees, added_import = self._wrapper_callees(to_wrap)
         new_module = self.module.visit(_WrapAndReplace(callees, plan.replacements))
-        set_env = self.options.tf_ignore_performance and not env_var_already_set(self.module.code)
+        set_env = self.options.tf_ignore_performance and not self.survey.mentions_ignore_performance_env
         new_module, index = add_header_statements(
             new_module, set_env_var=set_env, added_import=added_import
         )

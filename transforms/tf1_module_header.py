@@ -220,8 +220,3 @@ def add_header_statements(
             body[index] = anchor.with_changes(leading_lines=())
     body[index:index] = statements
     return module.with_changes(body=body), index
-
-
-def env_var_already_set(source_code: str) -> bool:
-    """The env var is mentioned already (set by hand or by an earlier run)."""
-    return IGNORE_PERFORMANCE_ENV in source_code

@@ -102,6 +102,30 @@ WRAPPER_FUNCTION = "enable_mixed_precision_graph_rewrite"
 #: The environment variable that stops pre-Volta GPUs from silently skipping the rewrite.
 IGNORE_PERFORMANCE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE"
 
+#: Bytes of which a file must contain one (besides b"tensorflow") for the transform to parse it.
+#: Each rule needs one of them: an optimizer class or instance (`Optimizer`, `optimizer`,
+#: Keras `optimizers`), a class fetched from the train/contrib module (`.train`, `train import`,
+#: `contrib`), apply_gradients, a Session, a mixed precision API, optimize_loss, a canned
+#: Estimator (`Classifier`, `Regressor`), or TF2 training (`GradientTape`, `.fit(`).
+MAY_APPLY_MARKERS = (
+    b"ptimizer",
+    b".train",
+    b"train import",
+    b"contrib",
+    b"apply_gradients",
+    b"Session",
+    b"mixed_precision",
+    b"LossScale",
+    b"mixed_float16",
+    b"mixed_bfloat16",
+    b"TF_ENABLE_AUTO_MIXED_PRECISION",
+    b"optimize_loss",
+    b"Classifier",
+    b"Regressor",
+    b"GradientTape",
+    b".fit(",
+)
+
 #: Identifiers (last attribute or bare name) that mean a file already uses mixed precision.
 MIXED_PRECISION_IDENTIFIERS = frozenset(
     {

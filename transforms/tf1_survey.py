@@ -16,6 +16,7 @@ from libcst.metadata import PositionProvider
 from ampify.transforms.imports import dotted_name
 from ampify.transforms.tf1_module_header import import_aliases
 from ampify.transforms.tf1_names import (
+    IGNORE_PERFORMANCE_ENV,
     MIXED_PRECISION_IDENTIFIERS,
     MIXED_PRECISION_POLICY_FUNCTIONS,
     MIXED_PRECISION_STRINGS,
@@ -85,6 +86,10 @@ class ModuleSurvey:
     #: dotted names passed to a mixed precision wrapper (`opt` in `enable_...(opt)`)
     wrapped_names: Set[str] = field(default_factory=set)
     tf1_style: bool = False
+    #: some `.apply_gradients(...)` is called (else the tf.gradients analysis is skipped)
+    has_apply_gradients: bool = False
+    #: TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE appears in a string already
+    mentions_ignore_performance_env: bool = False
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -198,6 +203,8 @@ class _Surveyor(cst.CSTVisitor):
             return
         if isinstance(value, bytes):
             return
+        if IGNORE_PERFORMANCE_ENV in value:
+            self.survey.mentions_ignore_performance_env = True
         if value in MIXED_PRECISION_STRINGS:
             self._mark_mixed_precision(value, node)
             if value in NGC_AUTO_MIXED_PRECISION_STRINGS:
@@ -240,6 +247,8 @@ class _Surveyor(cst.CSTVisitor):
                     self.survey.wrapped_names.add(name)
         if resolved in SESSION_CONSTRUCTORS:
             self._record_session(node)
+        elif last == "apply_gradients":
+            self.survey.has_apply_gradients = True
         elif last == "run" and isinstance(node.func, cst.Attribute):
             self._record_session_run(node.func.value)
         if resolved in OPTIMIZER_BUILT_INSIDE_TF:
