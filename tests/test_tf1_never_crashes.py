@@ -79,7 +79,8 @@ def tf1_programs(draw):
         body = "\n".join(draw(st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=5)))
         indented = "\n".join("    " + line for line in body.splitlines())
         pieces.append(draw(st.sampled_from(WRAPPERS)).format(body=body, indented=indented))
-    return TF1_PREFIX + "\n".join(pieces) + "\n"
+    prefix = draw(st.sampled_from([TF1_PREFIX, "import tensorflow as tf\n"]))
+    return prefix + "\n".join(pieces) + "\n"
 
 
 def _check(source: str) -> None:
