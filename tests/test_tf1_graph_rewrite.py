@@ -296,3 +296,24 @@ def test_may_apply_skips_tensorflow_files_without_training_code():
     assert not TF1GraphRewrite().may_apply(model_only, Options())
     chosen_by_getattr = b"import tensorflow as tf\nopt = getattr(tf.train, name)(0.1)\n"
     assert TF1GraphRewrite().may_apply(chosen_by_getattr, Options())
+
+
+def test_gradients_from_a_helper_given_the_optimizer_are_traced():
+    # tensorflow/models research/slim train_image_classifier.py
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        from deployment import model_deploy
+        def main(clones, lr, variables_to_train, global_step):
+            optimizer = tf.train.MomentumOptimizer(lr, momentum=0.9)
+            total_loss, clones_gradients = model_deploy.optimize_clones(
+                clones, optimizer, var_list=variables_to_train)
+            return optimizer.apply_gradients(clones_gradients, global_step=global_step)
+        def other(clones, optimizer, helper):
+            grads = helper.compute(clones)
+            return optimizer.apply_gradients(grads)
+        """
+    )
+    assert [(f.code, f.line) for f in conversion.findings if f.severity is Severity.WARNING] == [
+        ("AMP115", 10)
+    ]
