@@ -165,3 +165,31 @@ def test_wrapper_only_bert_script_would_skip_loss_scaling(tmp_path):
     _assert_trains(_losses(result.stdout))
     assert "AMPIFY_RUNNER session with graph rewrite" in result.stderr
     assert "AMPIFY_RUNNER loss-scale compute_gradients" not in result.stderr
+
+
+SESSION_FIRST = '''\
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+tf.disable_v2_behavior()
+sess = tf.Session()
+
+x = tf.placeholder(tf.float32, [None, 8])
+loss = tf.reduce_mean(tf.square(tf.layers.dense(x, 8)))
+train_op = tf.train.AdamOptimizer(0.01).minimize(loss)
+sess.run(tf.global_variables_initializer())
+for step in range(12):
+    _, value = sess.run([train_op, loss], {x: np.ones((4, 8), np.float32)})
+    print("step %d loss %.6f" % (step, value))
+'''
+
+
+def test_session_created_before_the_wrapper_is_warned_and_really_gets_no_rewrite(tmp_path):
+    conversion = convert_source(SESSION_FIRST, filename="session_first.py")
+    warnings = [(f.code, f.line) for f in conversion.findings if f.code == "AMP113"]
+    assert warnings == [("AMP113", 5)]
+    result = _run(tmp_path, "session_first.py", conversion.converted)
+    # The warning is a true positive: the loss is scaled, but nothing runs in float16.
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" in result.stderr
+    assert "AMPIFY_RUNNER session with graph rewrite" not in result.stderr
+    assert _converted_nodes(result.stderr) == 0
