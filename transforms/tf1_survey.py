@@ -30,7 +30,7 @@ from ampify.transforms.tf1_names import (
     is_tf1_optimizer_class,
     is_tf1_style_marker,
 )
-from ampify.transforms.tf1_optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier, Resolver
+from ampify.transforms.tf1_optimizer_classes import MIXED, TF1, OptimizerClassifier, Resolver
 
 
 @dataclass
@@ -362,5 +362,3 @@ def survey_module(
     wrapper.visit(surveyor)
     return surveyor.survey
 
-
-__all__ = ["ModuleSurvey", "OptimizerSite", "SessionSite", "survey_module", "TF1", "KERAS", "MIXED"]
