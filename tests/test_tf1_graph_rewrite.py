@@ -317,3 +317,19 @@ def test_gradients_from_a_helper_given_the_optimizer_are_traced():
     assert [(f.code, f.line) for f in conversion.findings if f.severity is Severity.WARNING] == [
         ("AMP115", 10)
     ]
+
+
+def test_local_optimizer_that_wraps_another_is_not_wrapped_itself():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        class GradientAccumulationOptimizer(tf.train.Optimizer):
+            def __init__(self, opt, steps, name="Accumulate"):
+                super(GradientAccumulationOptimizer, self).__init__(False, name)
+                self._opt = opt
+        opt = GradientAccumulationOptimizer(tf.train.AdamOptimizer(0.1), 4)
+        """
+    )
+    out = conversion.converted
+    assert out.count("enable_mixed_precision_graph_rewrite(") == 1
+    assert "GradientAccumulationOptimizer(tf.compat.v1.train.experimental." in out

@@ -44,6 +44,22 @@ def _combine(kinds: Iterable[Optional[str]]) -> Optional[str]:
     return MIXED
 
 
+def _wraps_another_optimizer(cls: cst.ClassDef) -> bool:
+    """Does this class take an optimizer in `__init__` (`opt`, `optimizer`, `base_optimizer`)?
+
+    Such a class wraps an optimizer the way SyncReplicasOptimizer does; wrapping it as well
+    as its inner optimizer would scale the loss twice.
+    """
+    for statement in cls.body.body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__":
+            params = statement.params
+            for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+                name = param.name.value.lower()
+                if name in ("opt", "optimizer") or name.endswith(("_opt", "_optimizer")):
+                    return True
+    return False
+
+
 class _BindingCollector(cst.CSTVisitor):
     """Every `target = value`, parameter default and class definition, file-wide."""
 
@@ -125,6 +141,8 @@ class OptimizerClassifier:
             for cls in collector.classes:
                 if cls.name.value in self.local_optimizer_classes:
                     continue
+                if _wraps_another_optimizer(cls):
+                    continue  # e.g. a gradient-accumulation wrapper: its inner one is wrapped
                 if any(self._is_tf1_base(base.value) for base in cls.bases if base.keyword is None):
                     self.local_optimizer_classes[cls.name.value] = cls
                     changed = True
