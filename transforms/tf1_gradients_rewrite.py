@@ -94,6 +94,18 @@ class _References(cst.CSTVisitor):
             self.labels.add(id(node))
         elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "compute_gradients":
             self.labels.add(FROM_COMPUTE_GRADIENTS)
+        else:
+            # `model_deploy.optimize_clones(clones, optimizer)`: a helper handed the optimizer
+            # computes the gradients with it (see _from_helper_given).
+            for arg in node.args:
+                name = dotted_name(arg.value)
+                if name:
+                    self.labels.add(_from_helper_given(name))
+
+
+def _from_helper_given(optimizer_name: str) -> Tuple[str, str]:
+    """Label of values computed by a call that was handed `optimizer_name`."""
+    return ("helper given", optimizer_name)
 
 
 def _target_names(target: cst.BaseExpression) -> Set[str]:
@@ -351,7 +363,12 @@ def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer
     apply_labels = [(apply, _labels_of(apply.grads, taint, resolve)) for apply in flow.apply_calls]
 
     for apply, labels in apply_labels:
-        if not labels and apply.receiver_name not in keras_optimizer_names:
+        traced = {
+            label
+            for label in labels
+            if not isinstance(label, tuple) or label == _from_helper_given(apply.receiver_name or "")
+        }
+        if not traced and apply.receiver_name not in keras_optimizer_names:
             plan.findings.append(
                 Finding(
                     CODE_UNTRACEABLE_APPLY,

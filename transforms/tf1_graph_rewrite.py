@@ -19,12 +19,13 @@ Rule codes:
   AMP115 warning  apply_gradients with gradients not traceable to compute_gradients
   AMP116 warning  an `*Optimizer` class from another module: not wrapped
   AMP117 warning  optimizer built inside TensorFlow (optimize_loss, canned Estimators)
+  AMP118 warning  an optimizer class handed to code outside this file: not wrapped
   AMP100 error    internal error: the file was left unchanged
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Set
+from typing import Dict, List
 
 import libcst as cst
 from libcst.metadata import PositionProvider
@@ -33,20 +34,20 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms.imports import ImportMap
-from ampify.transforms.tf1_gradients_rewrite import plan_gradients_rewrites
+from ampify.transforms.tf1_gradients_rewrite import GradientsPlan, plan_gradients_rewrites
 from ampify.transforms.tf1_module_header import (
     add_header_statements,
     choose_wrapper_spelling,
-    env_var_already_set,
+    wrapper_callee_for,
 )
-from ampify.transforms.tf1_names import IGNORE_PERFORMANCE_ENV, normalise_tf_name
+from ampify.transforms.tf1_names import IGNORE_PERFORMANCE_ENV, MAY_APPLY_MARKERS, normalise_tf_name
 from ampify.transforms.tf1_optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
 from ampify.transforms.tf1_survey import ModuleSurvey, OptimizerSite, survey_module
 
 NOT_APPLICABLE_REASON = (
-    "TensorFlow 2 style code (no Session, graph, Estimator or tf.train / tf.compat.v1 "
-    "optimizer): the TF1 mixed precision graph rewrite does not apply; for Keras use "
-    "tf.keras.mixed_precision.set_global_policy('mixed_float16') (and a "
+    "no TF1 graph training code (no Session, graph, Estimator or tf.train / tf.compat.v1 "
+    "optimizer): the TF1 mixed precision graph rewrite does not apply; for TensorFlow 2 / "
+    "Keras code use tf.keras.mixed_precision.set_global_policy('mixed_float16') (and a "
     "tf.keras.mixed_precision.LossScaleOptimizer in custom training loops)"
 )
 
@@ -56,9 +57,11 @@ class TF1GraphRewrite(Transform):
     description = "Wrap TF1 optimizers with enable_mixed_precision_graph_rewrite."
 
     def may_apply(self, source: bytes, options: Options) -> bool:
-        # Every file this transform changes or reports on imports tensorflow; TF2 files must
-        # still be parsed to be reported as not applicable with the reason why.
-        return b"tensorflow" in source
+        # Every file this transform changes or reports on imports tensorflow and names an
+        # optimizer, the `train` module, apply_gradients, a Session or a mixed precision API
+        # (see MAY_APPLY_MARKERS); TF2 training files name their Keras optimizer, so they are
+        # still parsed and reported as not applicable with the reason why.
+        return b"tensorflow" in source and any(marker in source for marker in MAY_APPLY_MARKERS)
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
         return imports.uses("tensorflow")
@@ -85,16 +88,17 @@ class TF1GraphRewrite(Transform):
 class _WrapAndReplace(cst.CSTTransformer):
     """Wrap the planned optimizer constructions, swap the planned tf.gradients calls."""
 
-    def __init__(self, wrap_ids: Set[int], replacements: Dict[int, cst.BaseExpression], callee: str):
-        self.wrap_ids = wrap_ids
+    def __init__(self, callees: Dict[int, str], replacements: Dict[int, cst.BaseExpression]):
+        #: id of an optimizer construction -> the wrapper's spelling there
+        self.callees = callees
         self.replacements = replacements
-        self.callee = cst.parse_expression(callee)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if id(original_node) in self.replacements:
             return self.replacements[id(original_node)]
-        if id(original_node) in self.wrap_ids:
-            return cst.Call(func=self.callee.deep_clone(), args=[cst.Arg(updated_node)])
+        callee = self.callees.get(id(original_node))
+        if callee is not None:
+            return cst.Call(func=cst.parse_expression(callee), args=[cst.Arg(updated_node)])
         return updated_node
 
 
@@ -108,7 +112,9 @@ class _GraphRewrite:
     def __init__(self, module: cst.Module, imports: ImportMap, options: Options):
         self.options = options
         self.imports = imports
-        self.wrapper = cst.MetadataWrapper(module)
+        # No defensive deep copy: the module is freshly parsed (every node appears once) and is
+        # only read here; the copy alone cost as much as a whole walk on big files.
+        self.wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
         self.module = self.wrapper.module
         self.original = module
         self.classifier = OptimizerClassifier(self.module, self.resolve)
@@ -144,9 +150,7 @@ class _GraphRewrite:
                     )
                 )
         if self.survey.tf1_style:
-            plan = plan_gradients_rewrites(
-                self.wrapper,
-                self.resolve,
+            plan = self._plan_gradients(
                 rewrite=False,
                 why_not_rewritten="the file already uses mixed precision, so ampify leaves it unchanged",
                 keras_optimizer_names=self._keras_names(),
@@ -158,6 +162,11 @@ class _GraphRewrite:
             self.findings,
             f"already uses mixed precision ({what} at line {line})",
         )
+
+    def _plan_gradients(self, **kwargs) -> GradientsPlan:
+        if not self.survey.has_apply_gradients:
+            return GradientsPlan()  # nothing is applied, so nothing can bypass loss scaling
+        return plan_gradients_rewrites(self.wrapper, self.resolve, **kwargs)
 
     # -- TF1 graph code ------------------------------------------------------------------------
     def _tf1_sites(self) -> List[OptimizerSite]:
@@ -172,9 +181,7 @@ class _GraphRewrite:
         to_wrap = [s for s in self._tf1_sites() if not s.already_wrapped]
         self._report_optimizer_sites(to_wrap)
         self._report_sessions_before(to_wrap)
-        plan = plan_gradients_rewrites(
-            self.wrapper,
-            self.resolve,
+        plan = self._plan_gradients(
             rewrite=bool(to_wrap),
             why_not_rewritten=(
                 "the optimizer is not built in this file, so ampify cannot tell whether it is "
@@ -186,12 +193,11 @@ class _GraphRewrite:
         if not to_wrap:
             return self._unconverted()
 
-        spelling = choose_wrapper_spelling(self.module)
-        rewriter = _WrapAndReplace({id(s.call) for s in to_wrap}, plan.replacements, spelling.callee)
-        new_module = self.module.visit(rewriter)
-        set_env = self.options.tf_ignore_performance and not env_var_already_set(self.module.code)
+        callees, added_import = self._wrapper_callees(to_wrap)
+        new_module = self.module.visit(_WrapAndReplace(callees, plan.replacements))
+        set_env = self.options.tf_ignore_performance and not self.survey.mentions_ignore_performance_env
         new_module, index = add_header_statements(
-            new_module, set_env_var=set_env, added_import=spelling.added_import
+            new_module, set_env_var=set_env, added_import=added_import
         )
         if set_env:
             line = self._line_of_statement(index)
@@ -213,6 +219,28 @@ class _GraphRewrite:
             f"wrapped {wrapped} optimizer{'s' if wrapped != 1 else ''} with the mixed precision "
             "graph rewrite",
         )
+
+    def _wrapper_callees(self, to_wrap: List[OptimizerSite]):
+        """The wrapper's spelling for each site, and the module-level import to add, if any.
+
+        A site inside a function that imports TensorFlow itself uses that import, so a
+        deliberately lazy import stays lazy; every other site uses the module's own alias.
+        """
+        callees: Dict[int, str] = {}
+        needs_module_spelling = []
+        for site in to_wrap:
+            local = wrapper_callee_for(site.function_imports)
+            if local is not None:
+                callees[id(site.call)] = local
+            else:
+                needs_module_spelling.append(site)
+        added_import = None
+        if needs_module_spelling:
+            spelling = choose_wrapper_spelling(self.module)
+            added_import = spelling.added_import
+            for site in needs_module_spelling:
+                callees[id(site.call)] = spelling.callee
+        return callees, added_import
 
     def _unconverted(self) -> TransformResult:
         warnings = [f for f in self.findings if f.severity is not Severity.INFO]
@@ -300,7 +328,20 @@ class _GraphRewrite:
                 )
             )
 
+        for shown, callee, line, column in self.survey.classes_handed_off:
+            self.findings.append(
+                _warning(
+                    "AMP118",
+                    f"optimizer class {shown} is passed to {callee}, which builds the optimizer "
+                    "where ampify cannot see: it is not wrapped; build the optimizer here and pass "
+                    "the instance, or wrap it where it is built",
+                    line,
+                    column,
+                )
+            )
+
     def _report_sessions_before(self, to_wrap: List[OptimizerSite]) -> None:
+        warned_scopes = set()
         for session in self.survey.sessions:
             for site in to_wrap:
                 if session.encloses is not None:
@@ -310,6 +351,7 @@ class _GraphRewrite:
                 else:
                     before = session.line < site.line and session.scope in (0, site.scope)
                 if before:
+                    warned_scopes.add(site.scope)
                     self.findings.append(
                         _warning(
                             "AMP113",
@@ -322,3 +364,28 @@ class _GraphRewrite:
                         )
                     )
                     break
+        self._report_sessions_from_elsewhere(to_wrap, warned_scopes)
+
+    def _report_sessions_from_elsewhere(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
+        """A function that builds an optimizer and runs a Session it did not create (DCGAN's
+        `self.sess`): if that Session was created first, it never gets the rewrite."""
+        scopes_with_sessions = {session.scope for session in self.survey.sessions}
+        for site in to_wrap:
+            run = self.survey.session_runs.get(site.scope)
+            if site.scope == 0 or run is None or site.scope in scopes_with_sessions:
+                continue
+            if site.scope in warned_scopes:
+                continue
+            warned_scopes.add(site.scope)
+            shown, line = run
+            self.findings.append(
+                _warning(
+                    "AMP113",
+                    f"{site.display} is built in a function that runs a Session created elsewhere "
+                    f"({shown}, line {line}): if that Session was created before this line, it "
+                    "does not get the mixed precision graph rewrite (nothing runs in float16); "
+                    "create the Session after building the optimizer",
+                    site.line,
+                    site.column,
+                )
+            )

@@ -41,28 +41,47 @@ class _ModuleLevelImports(cst.CSTVisitor):
         return False
 
     def visit_Import(self, node: cst.Import) -> None:
+        self.aliases.update(import_aliases(node))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self.aliases.update(import_aliases(node))
+
+
+def import_aliases(node) -> Dict[str, str]:
+    """Local name -> module path bound by one `import` / `from ... import` statement."""
+    aliases: Dict[str, str] = {}
+    if isinstance(node, cst.Import):
         for alias in node.names:
             full = get_full_name_for_node(alias.name)
             if not full:
                 continue
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                self.aliases[alias.asname.name.value] = full
+                aliases[alias.asname.name.value] = full
             else:
                 head = full.split(".")[0]
-                self.aliases.setdefault(head, head)
+                aliases.setdefault(head, head)
+        return aliases
+    if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+        return aliases
+    module = get_full_name_for_node(node.module)
+    for alias in node.names:
+        name = get_full_name_for_node(alias.name)
+        if not (module and name):
+            continue
+        local = name
+        if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+            local = alias.asname.name.value
+        aliases[local] = f"{module}.{name}"
+    return aliases
 
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
-            return
-        module = get_full_name_for_node(node.module)
-        for alias in node.names:
-            name = get_full_name_for_node(alias.name)
-            if not (module and name):
-                continue
-            local = name
-            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                local = alias.asname.name.value
-            self.aliases[local] = f"{module}.{name}"
+
+def wrapper_callee_for(aliases: Dict[str, str]) -> Optional[str]:
+    """The wrapper spelled through one of these aliases, or None when none reaches it."""
+    for target, path in WRAPPER_PATH_FROM_MODULE:
+        for local in sorted(aliases):
+            if aliases[local] == target:
+                return f"{local}.{path}"
+    return None
 
 
 class _BoundNames(cst.CSTVisitor):
@@ -85,11 +104,9 @@ def module_level_aliases(module: cst.Module) -> Dict[str, str]:
 
 def choose_wrapper_spelling(module: cst.Module) -> WrapperSpelling:
     """The wrapper's callee text for this module, adding `import tensorflow as X` if needed."""
-    aliases = module_level_aliases(module)
-    for target, path in WRAPPER_PATH_FROM_MODULE:
-        for local in sorted(aliases):
-            if aliases[local] == target:
-                return WrapperSpelling(f"{local}.{path}")
+    callee = wrapper_callee_for(module_level_aliases(module))
+    if callee is not None:
+        return WrapperSpelling(callee)
     used = _BoundNames()
     module.visit(used)
     for candidate in _ADDED_ALIAS_CANDIDATES:
@@ -180,10 +197,11 @@ def add_header_statements(
     """Insert `import os`, the env var and the wrapper's import before the first TF import.
 
     Returns the new module and the index where the statements went. Comments and blank lines
-    above the first TF import move above the inserted statements, so a header block stays put.
+    above the first TF import move above the inserted statements, so a header block stays put;
+    without a module-level TF import they go right after the docstring / __future__ imports.
     """
     body = list(module.body)
-    index, _ = insertion_index(body)
+    index, before_tf_import = insertion_index(body)
     new_lines: List[str] = []
     if set_env_var:
         if not any(_imports_os_module(statement) for statement in body[:index]):
@@ -194,7 +212,7 @@ def add_header_statements(
     if not new_lines:
         return module, index
     statements = [cst.parse_statement(line + "\n") for line in new_lines]
-    if index < len(body):
+    if index < len(body) and before_tf_import:
         anchor = body[index]
         leading = getattr(anchor, "leading_lines", ())
         if leading:
@@ -202,8 +220,3 @@ def add_header_statements(
             body[index] = anchor.with_changes(leading_lines=())
     body[index:index] = statements
     return module.with_changes(body=body), index
-
-
-def env_var_already_set(source_code: str) -> bool:
-    """The env var is mentioned already (set by hand or by an earlier run)."""
-    return IGNORE_PERFORMANCE_ENV in source_code

@@ -102,6 +102,30 @@ WRAPPER_FUNCTION = "enable_mixed_precision_graph_rewrite"
 #: The environment variable that stops pre-Volta GPUs from silently skipping the rewrite.
 IGNORE_PERFORMANCE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE"
 
+#: Bytes of which a file must contain one (besides b"tensorflow") for the transform to parse it.
+#: Each rule needs one of them: an optimizer class or instance (`Optimizer`, `optimizer`,
+#: Keras `optimizers`), a class fetched from the train/contrib module (`.train`, `train import`,
+#: `contrib`), apply_gradients, a Session, a mixed precision API, optimize_loss, a canned
+#: Estimator (`Classifier`, `Regressor`), or TF2 training (`GradientTape`, `.fit(`).
+MAY_APPLY_MARKERS = (
+    b"ptimizer",
+    b".train",
+    b"train import",
+    b"contrib",
+    b"apply_gradients",
+    b"Session",
+    b"mixed_precision",
+    b"LossScale",
+    b"mixed_float16",
+    b"mixed_bfloat16",
+    b"TF_ENABLE_AUTO_MIXED_PRECISION",
+    b"optimize_loss",
+    b"Classifier",
+    b"Regressor",
+    b"GradientTape",
+    b".fit(",
+)
+
 #: Identifiers (last attribute or bare name) that mean a file already uses mixed precision.
 MIXED_PRECISION_IDENTIFIERS = frozenset(
     {
@@ -143,6 +167,11 @@ SESSION_CONSTRUCTORS = frozenset(
     }
 )
 
+#: Ops whose `.run()` runs in the default Session (one created somewhere else).
+RUN_ON_DEFAULT_SESSION = frozenset(
+    {"tensorflow.global_variables_initializer", "tensorflow.initialize_all_variables"}
+)
+
 #: `tf.gradients`, normalised.
 TF_GRADIENTS = frozenset({"tensorflow.gradients"})
 #: tf.gradients keyword -> compute_gradients keyword, for the keywords both understand.
@@ -182,7 +211,28 @@ TF1_STYLE_MARKERS = (
     "tensorflow.train.Supervisor",
     "tensorflow.train.get_or_create_global_step",
     "tensorflow.train.get_global_step",
-    "tensorflow.gradients",
+)
+
+#: Callees that may take an optimizer CLASS as an argument without handing it to other code.
+CLASS_ARGUMENT_IS_LOCAL = frozenset(
+    {
+        "isinstance",
+        "issubclass",
+        "super",
+        "functools.partial",
+        "getattr",
+        "hasattr",
+        "setattr",
+        "callable",
+        "type",
+        "id",
+        "dir",
+        "vars",
+        "print",
+        "repr",
+        "str",
+        "format",
+    }
 )
 
 #: Canned Estimators and helpers that build their optimizer inside TensorFlow.

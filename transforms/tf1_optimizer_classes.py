@@ -44,12 +44,30 @@ def _combine(kinds: Iterable[Optional[str]]) -> Optional[str]:
     return MIXED
 
 
+def _wraps_another_optimizer(cls: cst.ClassDef) -> bool:
+    """Does this class take an optimizer in `__init__` (`opt`, `optimizer`, `base_optimizer`)?
+
+    Such a class wraps an optimizer the way SyncReplicasOptimizer does; wrapping it as well
+    as its inner optimizer would scale the loss twice.
+    """
+    for statement in cls.body.body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__":
+            params = statement.params
+            for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+                name = param.name.value.lower()
+                if name in ("opt", "optimizer") or name.endswith(("_opt", "_optimizer")):
+                    return True
+    return False
+
+
 class _BindingCollector(cst.CSTVisitor):
     """Every `target = value`, parameter default and class definition, file-wide."""
 
     def __init__(self) -> None:
         self.assignments: list = []  # (target dotted name, value)
         self.classes: list = []  # ClassDef nodes
+        self.functions: Dict[str, list] = {}  # name -> FunctionDef nodes
+        self.calls: list = []
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
@@ -69,6 +87,31 @@ class _BindingCollector(cst.CSTVisitor):
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.classes.append(node)
 
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.setdefault(node.name.value, []).append(node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+
+    def bind_call_arguments(self) -> None:
+        """`build(tf.train.AdamOptimizer)` binds the class to `build`'s parameter, file-wide."""
+        for call in self.calls:
+            func = call.func
+            name = func.value if isinstance(func, cst.Name) else (
+                func.attr.value if isinstance(func, cst.Attribute) else None
+            )
+            for definition in self.functions.get(name or "", ()):
+                params = [p.name.value for p in definition.params.params]
+                if isinstance(func, cst.Attribute) and params[:1] in (["self"], ["cls"]):
+                    params = params[1:]  # a method called on its instance or class
+                by_name = params + [p.name.value for p in definition.params.kwonly_params]
+                positional = [a for a in call.args if a.keyword is None and not a.star]
+                for param, arg in zip(params, positional):
+                    self.assignments.append((param, arg.value))
+                for arg in call.args:
+                    if arg.keyword is not None and arg.keyword.value in by_name:
+                        self.assignments.append((arg.keyword.value, arg.value))
+
 
 class OptimizerClassifier:
     """Classifies callees of one module as TF1 optimizer classes, Keras ones, or neither."""
@@ -81,6 +124,9 @@ class OptimizerClassifier:
         self.local_optimizer_classes: Dict[str, cst.ClassDef] = {}
         collector = _BindingCollector()
         module.visit(collector)
+        collector.bind_call_arguments()
+        #: names of every function or method the file defines
+        self.defined_functions = set(collector.functions)
         #: names of every class the file defines
         self.defined_classes = {cls.name.value for cls in collector.classes}
         self._learn(collector)
@@ -95,6 +141,8 @@ class OptimizerClassifier:
             for cls in collector.classes:
                 if cls.name.value in self.local_optimizer_classes:
                     continue
+                if _wraps_another_optimizer(cls):
+                    continue  # e.g. a gradient-accumulation wrapper: its inner one is wrapped
                 if any(self._is_tf1_base(base.value) for base in cls.bases if base.keyword is None):
                     self.local_optimizer_classes[cls.name.value] = cls
                     changed = True
@@ -127,6 +175,9 @@ class OptimizerClassifier:
             if name in self.local_optimizer_classes:
                 return TF1
             return self.class_names.get(name) if name else None
+        if isinstance(node, cst.BooleanOperation):
+            # `optimizer_cls or tf.train.AdamOptimizer`
+            return _combine([self.class_kind(node.left), self.class_kind(node.right)])
         if isinstance(node, cst.IfExp):
             return _combine([self.class_kind(node.body), self.class_kind(node.orelse)])
         if isinstance(node, (cst.Dict,)):

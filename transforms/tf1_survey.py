@@ -14,18 +14,23 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from ampify.transforms.imports import dotted_name
+from ampify.transforms.tf1_module_header import import_aliases
 from ampify.transforms.tf1_names import (
+    IGNORE_PERFORMANCE_ENV,
     MIXED_PRECISION_IDENTIFIERS,
     MIXED_PRECISION_POLICY_FUNCTIONS,
     MIXED_PRECISION_STRINGS,
     NGC_AUTO_MIXED_PRECISION_STRINGS,
     NOT_FOREIGN_OPTIMIZER_MODULES,
+    CLASS_ARGUMENT_IS_LOCAL,
     OPTIMIZER_BUILT_INSIDE_TF,
+    RUN_ON_DEFAULT_SESSION,
+    TF1_OPTIMIZER_CLASS_FACTORIES,
     SESSION_CONSTRUCTORS,
     is_tf1_optimizer_class,
     is_tf1_style_marker,
 )
-from ampify.transforms.tf1_optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier, Resolver
+from ampify.transforms.tf1_optimizer_classes import MIXED, TF1, OptimizerClassifier, Resolver
 
 
 @dataclass
@@ -41,6 +46,8 @@ class OptimizerSite:
     in_loop: bool
     already_wrapped: bool  # directly inside a mixed precision wrapper call
     assigned_to: Tuple[str, ...] = ()  # dotted names it is assigned to, if any
+    #: imports made inside the enclosing functions (`import tensorflow as tf` in a def)
+    function_imports: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -66,14 +73,23 @@ class ForeignOptimizerCall:
 class ModuleSurvey:
     optimizers: List[OptimizerSite] = field(default_factory=list)
     sessions: List[SessionSite] = field(default_factory=list)
+    #: scope id -> (session as written, line) of the first `sess.run(...)` on a Session the
+    #: scope did not create (a parameter, `self.sess`, the default Session)
+    session_runs: Dict[int, Tuple[str, int]] = field(default_factory=dict)
     foreign_optimizer_calls: List[ForeignOptimizerCall] = field(default_factory=list)
     built_inside_tf: List[Tuple[str, int, int]] = field(default_factory=list)
+    #: (class as written, callee as written, line, column): a class handed to code elsewhere
+    classes_handed_off: List[Tuple[str, str, int, int]] = field(default_factory=list)
     #: first mixed precision marker: (what, line)
     mixed_precision_marker: Optional[Tuple[str, int]] = None
     ngc_auto_mixed_precision: bool = False
     #: dotted names passed to a mixed precision wrapper (`opt` in `enable_...(opt)`)
     wrapped_names: Set[str] = field(default_factory=set)
     tf1_style: bool = False
+    #: some `.apply_gradients(...)` is called (else the tf.gradients analysis is skipped)
+    has_apply_gradients: bool = False
+    #: TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE appears in a string already
+    mentions_ignore_performance_env: bool = False
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -89,6 +105,7 @@ class _Surveyor(cst.CSTVisitor):
         self.survey = ModuleSurvey()
         self._scopes: List[int] = [0]
         self._loop_depth: List[int] = [0]
+        self._function_imports: List[Dict[str, str]] = [{}]
         self._mixed_precision_arg_ids: Set[int] = set()
         self._with_session_ids: Dict[int, Tuple[int, int]] = {}
         self._assigned: Dict[int, Tuple[str, ...]] = {}
@@ -97,10 +114,20 @@ class _Surveyor(cst.CSTVisitor):
     def _enter_scope(self, node: cst.CSTNode) -> None:
         self._scopes.append(id(node))
         self._loop_depth.append(0)
+        self._function_imports.append(dict(self._function_imports[-1]))
 
     def _leave_scope(self) -> None:
         self._scopes.pop()
         self._loop_depth.pop()
+        self._function_imports.pop()
+
+    def visit_Import(self, node: cst.Import) -> None:
+        if len(self._scopes) > 1:
+            self._function_imports[-1].update(import_aliases(node))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if len(self._scopes) > 1:
+            self._function_imports[-1].update(import_aliases(node))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._enter_scope(node)
@@ -176,6 +203,8 @@ class _Surveyor(cst.CSTVisitor):
             return
         if isinstance(value, bytes):
             return
+        if IGNORE_PERFORMANCE_ENV in value:
+            self.survey.mentions_ignore_performance_env = True
         if value in MIXED_PRECISION_STRINGS:
             self._mark_mixed_precision(value, node)
             if value in NGC_AUTO_MIXED_PRECISION_STRINGS:
@@ -218,8 +247,14 @@ class _Surveyor(cst.CSTVisitor):
                     self.survey.wrapped_names.add(name)
         if resolved in SESSION_CONSTRUCTORS:
             self._record_session(node)
+        elif last == "apply_gradients":
+            self.survey.has_apply_gradients = True
+        elif last == "run" and isinstance(node.func, cst.Attribute):
+            self._record_session_run(node.func.value)
         if resolved in OPTIMIZER_BUILT_INSIDE_TF:
             self._check_built_inside(node, resolved)
+        elif last not in MIXED_PRECISION_IDENTIFIERS:
+            self._check_classes_handed_off(node, resolved)
         kind = self.classifier.instance_kind(node)
         position = self._position(node).start
         if kind is not None:
@@ -234,6 +269,7 @@ class _Surveyor(cst.CSTVisitor):
                     in_loop=self._loop_depth[-1] > 0,
                     already_wrapped=id(node) in self._mixed_precision_arg_ids,
                     assigned_to=self._assigned.get(id(node), ()),
+                    function_imports=self._function_imports[-1],
                 )
             )
             if kind in (TF1, MIXED):
@@ -253,6 +289,35 @@ class _Surveyor(cst.CSTVisitor):
             return not resolved.startswith(NOT_FOREIGN_OPTIMIZER_MODULES)
         # A class this file defines (and that is no TF optimizer) is not "foreign".
         return not (isinstance(func, cst.Name) and func.value in self.classifier.defined_classes)
+
+    def _check_classes_handed_off(self, node: cst.Call, resolved: Optional[str]) -> None:
+        """An optimizer CLASS passed to code outside this file is instantiated out of reach."""
+        callee = resolved or dotted_name(node.func) or ""
+        if callee in CLASS_ARGUMENT_IS_LOCAL or callee in TF1_OPTIMIZER_CLASS_FACTORIES:
+            return
+        last = callee.rsplit(".", 1)[-1]
+        if resolved is None and last in self.classifier.defined_functions:
+            return  # a function of this file: its parameter is bound to the class
+        for arg in node.args:
+            if self.classifier.class_kind(arg.value) == TF1:
+                position = self._position(arg.value).start
+                self.survey.classes_handed_off.append(
+                    (_code(arg.value), _code(node.func), position.line, position.column)
+                )
+
+    def _record_session_run(self, receiver: cst.BaseExpression) -> None:
+        """`sess.run(...)`, `self.sess.run(...)`, `tf.global_variables_initializer().run()`."""
+        name = dotted_name(receiver)
+        if name is not None:
+            if self.resolve_name(receiver) is not None or "sess" not in name.lower():
+                return
+            shown = name
+        elif isinstance(receiver, cst.Call) and self.resolve_name(receiver.func) in RUN_ON_DEFAULT_SESSION:
+            shown = "the default Session"
+        else:
+            return
+        line = self._position(receiver).start.line
+        self.survey.session_runs.setdefault(self._scopes[-1], (shown, line))
 
     def _record_session(self, node: cst.Call) -> None:
         position = self._position(node).start
@@ -297,5 +362,3 @@ def survey_module(
     wrapper.visit(surveyor)
     return surveyor.survey
 
-
-__all__ = ["ModuleSurvey", "OptimizerSite", "SessionSite", "survey_module", "TF1", "KERAS", "MIXED"]
