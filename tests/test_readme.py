@@ -1,0 +1,40 @@
+"""The README's promises: its two commands are the ones CI and users run, and they work."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands():
+    return re.findall(r"```bash\n(.+?)\n```", (ROOT / "README.md").read_text(), flags=re.S)
+
+
+def test_readme_opens_with_the_install_and_the_test_command():
+    commands = readme_commands()
+    assert len(commands) >= 2
+    install, test = commands[0], commands[1]
+    assert "pip install ." in install and "ampify --diff examples/" in install
+    assert "'.[test]'" in test and "--no-deps tf-keras==2.21.0" in test and "pytest" in test
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert readme_commands()[1] in ci_lines
+
+
+def test_the_example_command_prints_a_diff_for_every_example_and_writes_nothing(tmp_path):
+    examples = sorted((ROOT / "examples").glob("*.py"))
+    before = {p: p.read_bytes() for p in examples}
+    result = subprocess.run(
+        [sys.executable, "-m", "ampify", "--diff", "examples/"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    for path in examples:
+        assert f"+++ b/examples/{path.name}" in result.stdout, path.name
+        assert path.read_bytes() == before[path]
