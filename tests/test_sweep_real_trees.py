@@ -1,6 +1,6 @@
 """ampify over real installed code nobody here wrote: the stdlib, torch and tensorflow.
 
-What it covers (bounded for CI, about a minute on 2 cores): per tree, a deterministic sample
+What it covers (bounded for CI: about a minute on 2 cores with the TF1 transform): per tree, a deterministic sample
 (SAMPLE_SIZE files chosen by a hash of the relative path), plus up to TRAINING_LIKE files
 that look like training code (the ones the transforms really parse and rewrite), plus for the
 stdlib every file of `lib2to3/tests/data` and the stdlib's own bad-syntax/bad-coding test
@@ -30,8 +30,8 @@ from typing import Dict, List, Optional
 
 import pytest
 
-SAMPLE_SIZE = 250
-TRAINING_LIKE = 40
+SAMPLE_SIZE = 150
+TRAINING_LIKE = 30
 TRAINING_MARKERS = (b".backward(", b".minimize(", b"apply_gradients", b"GradScaler", b"autocast(", b".step(")
 ALLOWED = {"changed", "already mixed precision", "not applicable", "unconverted", "skipped", "failed"}
 #: reasons a file may legitimately fail: the input itself is not Python 3 or not readable
@@ -162,9 +162,13 @@ def sweep(tmp_path: Path, root: Path, relatives: List[str], hostile: Dict[str, b
         else:
             assert data == copy_bytes[path], f"{path} is {entry['status']} but its bytes changed"
 
-    # 3. a second run changes nothing.
-    again = run_ampify(copies, "--check", report=tmp_path / "again.json")
-    assert [p for p, e in again.items() if e["status"] == "changed"] == []
+    # 3. a second run over what was rewritten changes nothing (the other files are the same
+    #    bytes as in step 2, and conversion is deterministic).
+    rewritten = [p for p, e in written.items() if e["status"] == "changed"]
+    if rewritten:
+        again = run_ampify(rewritten, "--check", report=tmp_path / "again.json")
+        assert len(again) == len(rewritten)
+        assert [p for p, e in again.items() if e["status"] != "already mixed precision"] == []
 
     counts: Dict[str, int] = {}
     for entry in written.values():
