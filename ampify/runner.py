@@ -1,7 +1,7 @@
 """Run `process_file` over many files: in-process for a few, a worker pool for many.
 
-Workers are forked once and take files in chunks, so start-up is paid per worker, not per
-file. Ctrl-C stops cleanly: workers finish the file in hand (a write is never cut), skip the
+Workers are forked once and take files in batches (largest files first, see `_batches`), so
+start-up is paid per worker, not per file. Ctrl-C stops cleanly: workers finish the file in hand (a write is never cut), skip the
 rest, and the caller still gets every result that was produced.
 """
 
@@ -86,15 +86,46 @@ def _process_batch(tasks: List[FileTask]) -> List[Optional[FileResult]]:
     return [None if _stop_event is not None and _stop_event.is_set() else process_file(task) for task in tasks]
 
 
-def _batches(tasks: List[FileTask], size: int) -> List[List[FileTask]]:
-    return [tasks[i : i + size] for i in range(0, len(tasks), size)]
+#: a batch closes at this many files or this many bytes, whichever comes first
+BATCH_MAX_FILES = 32
+BATCH_MAX_BYTES = 256 * 1024
+
+
+def _file_size(task: FileTask) -> int:
+    try:
+        return os.stat(task.candidate.path).st_size
+    except OSError:
+        return 0  # the worker reports what is wrong with it
+
+
+def _batches(tasks: List[FileTask], jobs: int) -> List[List[FileTask]]:
+    """Batches of files, largest first, small files grouped, big files alone.
+
+    Parse time grows with file size, and real trees keep their biggest files together (e.g.
+    TensorFlow's generated `gen_*_ops.py`, 0.6 MB each). Fixed-size batches in tree order
+    gave one worker all of them while the other sat idle; largest-first with a byte budget
+    per batch leaves only small files for the end, so the workers finish together.
+    """
+    max_files = max(1, min(BATCH_MAX_FILES, len(tasks) // (jobs * 8)))
+    sized = sorted(((_file_size(task), index, task) for index, task in enumerate(tasks)), key=lambda t: (-t[0], t[1]))
+    batches: List[List[FileTask]] = []
+    current: List[FileTask] = []
+    current_bytes = 0
+    for size, _, task in sized:
+        if current and (len(current) >= max_files or current_bytes + size > BATCH_MAX_BYTES):
+            batches.append(current)
+            current, current_bytes = [], 0
+        current.append(task)
+        current_bytes += size
+    if current:
+        batches.append(current)
+    return batches
 
 
 def _run_in_pool(tasks, jobs, on_result) -> Iterator[FileResult]:
     context = _pool_context()
     stop_event = context.Event()
     jobs = min(jobs, len(tasks))
-    batch_size = max(1, min(32, len(tasks) // (jobs * 8)))
     pool = context.Pool(jobs, initializer=_init_worker, initargs=(stop_event,))
     interrupted = False
 
@@ -110,7 +141,7 @@ def _run_in_pool(tasks, jobs, on_result) -> Iterator[FileResult]:
     try:
         # Batches rather than imap's chunksize: pool.imap_unordered with chunksize > 1 is a
         # generator that dies on the first exception, and its pending results with it.
-        batches = pool.imap_unordered(_process_batch, _batches(tasks, batch_size))
+        batches = pool.imap_unordered(_process_batch, _batches(tasks, jobs))
         while True:
             try:
                 batch = next(batches)

@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -60,11 +61,17 @@ def locate_package(name: str) -> Optional[Path]:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_timed(command: List[str], cwd: Optional[Path] = None, env: Optional[dict] = None):
-    """(wall seconds, CompletedProcess) of one command run to completion."""
+    """(wall seconds, CompletedProcess, CPU seconds of the command and its workers)."""
+    cpu = _children_cpu()
     start = time.perf_counter()
     process = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
-    return time.perf_counter() - start, process
+    return time.perf_counter() - start, process, _children_cpu() - cpu
 
 
 def best_of(repeat: int, command: List[str], **kwargs):
@@ -73,16 +80,26 @@ def best_of(repeat: int, command: List[str], **kwargs):
     return min(runs, key=lambda run: run[0])
 
 
+def warn_if_busy() -> float:
+    """The 1-minute load average; a busy machine makes wall-clock figures, scaling above
+    all, meaningless, so say so (the CPU-second figures are less affected)."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > 0.5:
+        print(f"   WARNING: load average {load:.1f} before this tree: other processes compete for the "
+              "CPUs; wall-clock figures and scaling are unreliable", flush=True)
+    return load
+
+
 def time_ampify(tree: Path, jobs: int, repeat: int, expected_files: int, workdir: Path) -> dict:
     report = workdir / f"ampify-{tree.name}-j{jobs}.json"
     command = [sys.executable, "-m", "ampify", str(tree), "--check", "-q", "-j", str(jobs), "--report", str(report)]
-    seconds, process = best_of(repeat, command, cwd=workdir)
+    seconds, process, cpu = best_of(repeat, command, cwd=workdir)
     if process.returncode not in (0, 1) or not report.exists():
         raise RuntimeError(f"ampify failed on {tree} (exit {process.returncode}):\n{process.stderr[-2000:]}")
     summary = json.loads(report.read_text())["summary"]
     if summary["scanned"] != expected_files:
         raise RuntimeError(f"ampify scanned {summary['scanned']} files, discovery found {expected_files}")
-    return {"seconds": seconds, "jobs": jobs, "summary": summary}
+    return {"seconds": seconds, "cpu_seconds": cpu, "jobs": jobs, "summary": summary}
 
 
 def libcst_config_dir(workdir: Path) -> Path:
@@ -106,7 +123,7 @@ def time_libcst_noop(tree: Path, jobs: int, config_dir: Path) -> dict:
         sys.executable, "-m", "libcst.tool", "codemod", "noop_codemod.NoopCommand", str(tree),
         "-j", str(jobs), "--no-format", "--hide-progress",
     ]
-    seconds, process = run_timed(command, cwd=config_dir, env=env)
+    seconds, process, cpu = run_timed(command, cwd=config_dir, env=env)
     finished = re.search(r"Finished codemodding (\d+) files", process.stderr)
     if finished is None:
         raise RuntimeError(f"LibCST's runner did not finish on {tree}:\n{process.stderr[-2000:]}")
@@ -114,7 +131,7 @@ def time_libcst_noop(tree: Path, jobs: int, config_dir: Path) -> dict:
         {"Transformed": "transformed", "Skipped": "skipped", "Failed to codemod": "failed"}[label]: int(number)
         for label, number in re.findall(r"- (Transformed|Skipped|Failed to codemod) (\d+) files", process.stderr)
     }
-    return {"seconds": seconds, "jobs": jobs, "files": int(finished.group(1)), "counts": counts}
+    return {"seconds": seconds, "cpu_seconds": cpu, "jobs": jobs, "files": int(finished.group(1)), "counts": counts}
 
 
 def time_parse_only(paths: List[Path], jobs: int, repeat: int, workdir: Path, name: str) -> dict:
@@ -123,10 +140,10 @@ def time_parse_only(paths: List[Path], jobs: int, repeat: int, workdir: Path, na
     listing = workdir / f"parsed-{name}.txt"
     listing.write_text("".join(f"{p}\n" for p in paths), encoding="utf-8")
     command = [sys.executable, str(BENCH_DIR / "parse_only.py"), "-j", str(jobs), str(listing)]
-    seconds, process = best_of(repeat, command)
+    seconds, process, cpu = best_of(repeat, command)
     if process.returncode != 0:
         raise RuntimeError(f"parse-only pass failed:\n{process.stderr[-2000:]}")
-    return {"seconds": seconds, "jobs": jobs, **json.loads(process.stdout.strip().splitlines()[-1])}
+    return {"seconds": seconds, "cpu_seconds": cpu, "jobs": jobs, **json.loads(process.stdout.strip().splitlines()[-1])}
 
 
 def per_file_costs(paths: List[Path], options: Options) -> dict:
@@ -207,7 +224,7 @@ def bench_tree(name: str, tree: Path, jobs: int, repeat: int, workdir: Path, con
           f"{len(parsed)} files ({parsed_mb:.1f} MB) pass a transform's byte test and get parsed", flush=True)
 
     result: dict = {"path": str(tree), "files": len(candidates), "mb": total_mb,
-                    "parsed_files": len(parsed), "parsed_mb": parsed_mb}
+                    "parsed_files": len(parsed), "parsed_mb": parsed_mb, "load_average_before": warn_if_busy()}
     worker_counts = sorted({1, 2, jobs})
     result["ampify"] = {}
     for count in worker_counts:
@@ -215,8 +232,8 @@ def bench_tree(name: str, tree: Path, jobs: int, repeat: int, workdir: Path, con
         run["files_per_s"] = len(candidates) / run["seconds"]
         run["mb_per_s"] = total_mb / run["seconds"]
         result["ampify"][str(count)] = run
-        print(f"   (a) ampify --check -j {count}: {run['seconds']:.2f} s, {run['files_per_s']:.0f} files/s, "
-              f"{run['mb_per_s']:.1f} MB/s", flush=True)
+        print(f"   (a) ampify --check -j {count}: {run['seconds']:.2f} s ({run['cpu_seconds']:.1f} CPU s), "
+              f"{run['files_per_s']:.0f} files/s, {run['mb_per_s']:.1f} MB/s", flush=True)
     ampify_seconds = result["ampify"][str(jobs)]["seconds"]
 
     if config_dir is not None:
@@ -225,7 +242,7 @@ def bench_tree(name: str, tree: Path, jobs: int, repeat: int, workdir: Path, con
         noop["mb_per_s"] = total_mb / noop["seconds"]
         result["libcst_noop"] = noop
         result["speedup_vs_libcst"] = noop["seconds"] / ampify_seconds
-        print(f"   (c) LibCST no-op codemod -j {jobs}: {noop['seconds']:.2f} s over {noop['files']} files "
+        print(f"   (c) LibCST no-op codemod -j {jobs}: {noop['seconds']:.2f} s ({noop['cpu_seconds']:.1f} CPU s) over {noop['files']} files "
               f"({noop['counts']}), {noop['files_per_s']:.0f} files/s, {noop['mb_per_s']:.2f} MB/s", flush=True)
 
     floor = time_parse_only(parsed, jobs, repeat, workdir, name)
@@ -234,7 +251,8 @@ def bench_tree(name: str, tree: Path, jobs: int, repeat: int, workdir: Path, con
         floor["files_per_s"] = floor["files"] / floor["seconds"]
         floor["mb_per_s"] = parsed_mb / floor["seconds"]
         result["whole_run_ratio_to_parse_only"] = ampify_seconds / floor["seconds"]
-        print(f"   (d) LibCST parse-only -j {jobs}, the {floor['files']} parsed files: {floor['seconds']:.2f} s, "
+        print(f"   (d) LibCST parse-only -j {jobs}, the {floor['files']} parsed files: {floor['seconds']:.2f} s "
+              f"({floor['cpu_seconds']:.1f} CPU s), "
               f"{floor['files_per_s']:.0f} files/s, {floor['mb_per_s']:.2f} MB/s", flush=True)
     else:
         print(f"   (d) LibCST parse-only: n/a, {floor['note']}")
@@ -248,6 +266,8 @@ def bench_tree(name: str, tree: Path, jobs: int, repeat: int, workdir: Path, con
 
     one, two = result["ampify"]["1"]["seconds"], result["ampify"]["2"]["seconds"]
     result["scaling_1_to_2"] = one / two
+    result["whole_run_ratio_to_parse_only_note"] = "ampify over the whole tree vs parse-only over the parsed files"
+    print(f"   scaling 1 -> 2 workers: {result['scaling_1_to_2']:.2f}x", flush=True)
     return result
 
 
