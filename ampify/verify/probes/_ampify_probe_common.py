@@ -1,0 +1,134 @@
+"""Evidence store, early stop and post-import hooks shared by the ampify verify probes.
+
+Stdlib only: this file runs inside the user's training interpreter, which may not have
+ampify installed. The parent process tells it where to write through environment variables.
+"""
+import importlib.abc
+import json
+import os
+import sys
+import threading
+
+EVIDENCE_PATH_ENV = "_AMPIFY_PROBE_EVIDENCE"
+FULL_RUN_ENV = "_AMPIFY_PROBE_FULL"
+FRAMEWORK_ENV = "_AMPIFY_PROBE_FRAMEWORK"
+
+evidence = {"probe": "ampify", "events": []}
+_settings = {"path": None, "full": False}
+_write_lock = threading.Lock()
+
+
+def configure_from_environment():
+    """Read (and remove, so the script's own subprocesses never see them) the probe settings."""
+    _settings["path"] = os.environ.pop(EVIDENCE_PATH_ENV, None)
+    _settings["full"] = os.environ.pop(FULL_RUN_ENV, "0") == "1"
+    return os.environ.pop(FRAMEWORK_ENV, "")
+
+
+def full_run():
+    """True when the user asked to let the script run to its end (`--full`)."""
+    return _settings["full"]
+
+
+def section(name):
+    """The evidence dictionary of one framework probe, created on first use."""
+    return evidence.setdefault(name, {})
+
+
+def write_evidence():
+    """Write the evidence atomically, so the parent never reads half a file."""
+    path = _settings["path"]
+    if not path:
+        return
+    with _write_lock:
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(evidence, handle, default=str)
+        os.replace(tmp, path)
+
+
+def stop_script(reason):
+    """End the script now: the evidence is in. os._exit so no `except SystemExit` can defeat it."""
+    evidence["stopped_early"] = True
+    evidence["stop_reason"] = reason
+    evidence["exit"] = {"kind": "stopped"}
+    try:
+        write_evidence()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a script may have replaced or closed its streams
+                pass
+        os._exit(0)
+
+
+def stop_when_allowed(reason):
+    """Stop the script unless `--full` was asked for."""
+    if not full_run():
+        stop_script(reason)
+
+
+class _HookedLoader(importlib.abc.Loader):
+    """Wraps a module's real loader and calls back once the module has fully executed."""
+
+    def __init__(self, loader, callback):
+        self._loader = loader
+        self._callback = callback
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            self._callback(module)
+        except Exception as error:  # a probe bug must never break the user's script
+            evidence["events"].append("probe error on import of %s: %r" % (module.__name__, error))
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class PostImportHooks(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a watched module is imported, without importing it ourselves."""
+
+    def __init__(self):
+        self._callbacks = {}
+        self._busy = set()
+
+    def watch(self, module_name, callback):
+        """Call `callback(module)` after `module_name` is imported (now, if it already is)."""
+        if module_name in sys.modules:
+            callback(sys.modules[module_name])
+        else:
+            self._callbacks.setdefault(module_name, []).append(callback)
+
+    def find_spec(self, fullname, path, target=None):
+        callbacks = self._callbacks.get(fullname)
+        if not callbacks or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        del self._callbacks[fullname]
+
+        def run_callbacks(module):
+            for callback in callbacks:
+                callback(module)
+
+        spec.loader = _HookedLoader(spec.loader, run_callbacks)
+        return spec
+
+
+hooks = PostImportHooks()
