@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from verify_helpers import FIXTURES, REPO_ROOT, process_is_gone
+from verify_helpers import FIXTURES, process_is_gone
 
 from ampify.verify.cli import main
 

@@ -10,13 +10,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ampify.verify import detect
 from ampify.verify.output_parsing import (
+    APEX_OPT_LEVEL,
     AUTOCAST_DISABLED,
     GRAD_SCALER_DISABLED,
     GRAPPLER_NO_GPU,
     grappler_conversions,
     last_traceback_line,
 )
-from ampify.verify.result import NOT_ACTIVE, SCRIPT_FAILED, VERIFIED
+from ampify.verify.result import CANNOT_VERIFY, NOT_ACTIVE, SCRIPT_FAILED, VERIFIED
 
 REDUCED_DTYPES = ("float16", "bfloat16")
 
@@ -81,6 +82,16 @@ def _failed_or_not_active(facts: RunFacts, evidence: Dict[str, Any], reason: str
     return Judgement(NOT_ACTIVE, evidence, "not active: %s" % reason, reason)
 
 
+def _tf1_cannot_verify_reason(probe: Dict[str, Any], sessions: List[Dict[str, Any]]) -> Optional[str]:
+    """Why this TensorFlow cannot show the rewrite on this machine, if that is the case."""
+    if any(s.get("cpu_emulation_error") for s in sessions if s.get("rewrite_enabled")):
+        return ("TensorFlow %s has no CPU mode of grappler's mixed precision pass "
+                "(auto_mixed_precision_cpu): verify on a machine with a GPU" % probe.get("version", "?"))
+    if probe.get("probe_errors"):
+        return "the probe could not hook TensorFlow %s: %s" % (probe.get("version", "?"), probe["probe_errors"][0])
+    return None
+
+
 def judge_tf1(facts: RunFacts) -> Judgement:
     """TF1 graph rewrite: grappler must log a conversion of N > 0 nodes."""
     probe = facts.probe.get("tf1", {})
@@ -103,6 +114,9 @@ def judge_tf1(facts: RunFacts) -> Judgement:
         verdict = "verified: %d/%d nodes converted to %s%s, %s" % (
             best.converted, best.total, best.dtype, where, step_text)
         return Judgement(VERIFIED, evidence, verdict)
+    cannot = _tf1_cannot_verify_reason(probe, sessions)
+    if cannot and not facts.failed:
+        return Judgement(CANNOT_VERIFY, evidence, "cannot verify here: %s" % cannot, cannot)
     if "tf1" not in facts.probe:
         reason = "the script never imported TensorFlow"
     elif any(s.get("switched_off_by_config") for s in sessions):
@@ -163,6 +177,8 @@ def judge_torch(facts: RunFacts, apex: bool = False) -> Judgement:
     if apex:
         evidence["apex_initialized"] = bool(apex_probe.get("initialized"))
         evidence["apex_opt_level"] = apex_probe.get("opt_level")
+        # apex prints its banner before it checks the device: informative, never proof
+        evidence["apex_banner_printed"] = bool(APEX_OPT_LEVEL.search(facts.output))
     if silent:
         reason = "; ".join(silent) + ": the script silently ran in float32"
         return Judgement(NOT_ACTIVE, evidence, "not active: %s" % reason, reason)

@@ -60,15 +60,19 @@ def _patch_session(evidence, train_ops):
             gpu = _has_gpu()
             evidence["gpu"] = gpu
             if not gpu:
-                new_config = config_pb2.ConfigProto()
-                # Session(config=None) uses the eager context's config: keep what it holds.
-                new_config.CopyFrom(config if config is not None else context.context().config)
-                new_config.graph_options.rewrite_options.auto_mixed_precision_cpu = (
-                    rewriter_config_pb2.RewriterConfig.ON
-                )
-                os.environ[EMULATE_FP16_ENV] = "0"
-                config = new_config
-                record["cpu_emulation"] = True
+                try:
+                    new_config = config_pb2.ConfigProto()
+                    # Session(config=None) uses the eager context's config: keep what it holds.
+                    new_config.CopyFrom(config if config is not None else context.context().config)
+                    new_config.graph_options.rewrite_options.auto_mixed_precision_cpu = (
+                        rewriter_config_pb2.RewriterConfig.ON
+                    )
+                except (AttributeError, ValueError) as error:  # a TensorFlow without the CPU pass
+                    record["cpu_emulation_error"] = repr(error)
+                else:
+                    os.environ[EMULATE_FP16_ENV] = "0"
+                    config = new_config
+                    record["cpu_emulation"] = True
         original_init(self, target, graph, config)
         self._ampify_probe_rewrite = record["rewrite_enabled"]
         sessions.append(record)

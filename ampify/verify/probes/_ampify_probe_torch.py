@@ -2,6 +2,8 @@
 
 Stdlib only at import time; it touches torch only once the script has imported torch itself.
 """
+import warnings
+
 import _ampify_probe_common as common
 
 # Ops whose output dtype shows whether autocast (or apex) engaged. A TorchDispatchMode sees
@@ -42,6 +44,19 @@ def _output_dtype(output, torch):
     return dtypes[0] if dtypes else "none"
 
 
+def _call_keeping_warning_locations(function, *args, **kwargs):
+    """Call a wrapped torch constructor; its warnings still point at the code that called it.
+
+    torch warns with stacklevel=2, which from inside a wrapper would name this probe file.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        function(*args, **kwargs)
+    for warning in caught:
+        # 1: this helper, 2: the wrapper, 3: whoever constructed the object
+        warnings.warn(warning.message, warning.category, stacklevel=3)
+
+
 def _install_op_counter(torch, evidence):
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -76,7 +91,7 @@ def _record_autocast(torch, evidence):
     records = evidence.setdefault("autocast", [])
 
     def __init__(self, device_type, *args, **kwargs):
-        original_init(self, device_type, *args, **kwargs)
+        _call_keeping_warning_locations(original_init, self, device_type, *args, **kwargs)
         requested = kwargs.get("enabled", args[1] if len(args) > 1 else True)
         record = {
             "device_type": str(device_type),
@@ -97,7 +112,7 @@ def _record_grad_scaler(torch, evidence):
         original_init = scaler_class.__init__
 
         def __init__(self, *args, __original=original_init, **kwargs):
-            __original(self, *args, **kwargs)
+            _call_keeping_warning_locations(__original, self, *args, **kwargs)
             record = {
                 "device": str(getattr(self, "_device", "")),
                 "enabled": bool(getattr(self, "_enabled", False)),
