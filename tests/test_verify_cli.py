@@ -52,7 +52,7 @@ def test_python_m_json_keeps_cwd_argv_and_sys_path_semantics():
     assert startup["argv"] == ["repo/train.py", "--epochs", "1"]
     assert startup["cwd"] == str(FIXTURES)
     assert startup["path0"] == str(FIXTURES / "repo")
-    assert startup["name"] == "__main__" and startup["file"] == "repo/train.py"
+    assert startup["name"] == "__main__" and startup["file"] == str(FIXTURES / "repo" / "train.py")
     assert startup["local_modules"] == ["repo/transforms.py", "repo/utils.py", "repo/probe.py"]
 
 

@@ -26,11 +26,21 @@ FRAMEWORK_ENV = "_AMPIFY_PROBE_FRAMEWORK"
 _CUDA_CHECK = "import torch, sys; sys.stdout.write('cuda=%s' % torch.cuda.is_available())"
 
 
+def _no_gpu_device_files() -> bool:
+    """On Linux a CUDA (or ROCm) GPU shows up as device files; none at all means no GPU, cheaply."""
+    if not sys.platform.startswith("linux"):
+        return False
+    dev = Path("/dev")
+    return not any(dev.glob("nvidia*")) and not (dev / "dxg").exists() and not (dev / "kfd").exists()
+
+
 def cuda_available(python: str) -> Optional[bool]:
     """Ask the target interpreter (never this one, which may lack torch) whether it sees a CUDA GPU.
 
     Returns None when torch cannot even be imported there.
     """
+    if _no_gpu_device_files():
+        return False
     try:
         completed = subprocess.run(
             [python, "-c", _CUDA_CHECK], capture_output=True, text=True, timeout=CUDA_CHECK_TIMEOUT_SECONDS,

@@ -14,8 +14,8 @@ FULL_RUN_ENV = "_AMPIFY_PROBE_FULL"
 FRAMEWORK_ENV = "_AMPIFY_PROBE_FRAMEWORK"
 
 evidence = {"probe": "ampify", "events": []}
-_settings = {"path": None, "full": False}
-_write_lock = threading.Lock()
+_settings = {"path": None, "full": False, "pid": os.getpid()}
+_write_lock = threading.RLock()  # re-entrant: the SIGTERM handler may interrupt a write
 
 
 def configure_from_environment():
@@ -35,10 +35,15 @@ def section(name):
     return evidence.setdefault(name, {})
 
 
+def in_verified_process():
+    """False in processes the script forked (data loader workers, Hogwild trainers): they report nothing."""
+    return os.getpid() == _settings["pid"]
+
+
 def write_evidence():
     """Write the evidence atomically, so the parent never reads half a file."""
     path = _settings["path"]
-    if not path:
+    if not path or not in_verified_process():
         return
     with _write_lock:
         tmp = path + ".tmp"
@@ -64,8 +69,9 @@ def stop_script(reason):
 
 
 def stop_when_allowed(reason):
-    """Stop the script unless `--full` was asked for."""
-    if not full_run():
+    """Save the evidence so far; stop the script unless `--full` was asked for (or in a fork)."""
+    write_evidence()  # a script that ends with os._exit must not lose what was seen
+    if not full_run() and in_verified_process():
         stop_script(reason)
 
 
@@ -81,6 +87,10 @@ class _HookedLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._loader.exec_module(module)
+        # hand the module its real loader back: nothing after import should see this wrapper
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
         try:
             self._callback(module)
         except Exception as error:  # a probe bug must never break the user's script

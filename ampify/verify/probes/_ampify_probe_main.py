@@ -29,6 +29,8 @@ def _on_terminate(signum, frame):
 def _run_as_main(script_path):
     from importlib.machinery import SourceFileLoader
 
+    # Since Python 3.9 `python SCRIPT` gives __main__ an absolute __file__ (not symlink-resolved).
+    script_path = os.path.abspath(script_path)
     with open(script_path, "rb") as handle:
         source = handle.read()
     code = compile(source, script_path, "exec", dont_inherit=True)
