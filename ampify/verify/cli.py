@@ -5,7 +5,7 @@ from typing import List, Optional
 
 import typer
 
-from ampify.verify.report import combined_exit_code, render_results, render_rich_table
+from ampify.verify.report import combined_exit_code, render_outputs, render_results, render_rich_table
 from ampify.verify.runner import verify_script
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -33,7 +33,7 @@ def verify(
         from rich.console import Console
 
         if show_output:
-            typer.echo(render_results(results, as_json=False, show_output=True).rsplit("\n\n", 1)[0])
+            typer.echo(render_outputs(results))
         Console().print(render_rich_table(results))
     else:
         typer.echo(render_results(results, as_json=as_json, show_output=show_output))

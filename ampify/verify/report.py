@@ -37,8 +37,12 @@ def _plain_table(results: Sequence[VerifyResult]) -> List[str]:
     return ["%-*s  %-*s  %s" % (script_width, row[0], status_width, row[1], row[2]) for row in rows]
 
 
-def _output_block(result: VerifyResult) -> List[str]:
-    return ["", "----- output of %s -----" % result.script, result.output.rstrip("\n"), "----- end of output -----"]
+def render_outputs(results: Sequence[VerifyResult]) -> str:
+    """Each script's own captured output (stdout and stderr, in order), framed by its name."""
+    lines: List[str] = []
+    for result in results:
+        lines += ["----- output of %s -----" % result.script, result.output.rstrip("\n"), "----- end of output -----", ""]
+    return "\n".join(lines)
 
 
 def render_results(results: Sequence[VerifyResult], as_json: bool, show_output: bool) -> str:
@@ -50,11 +54,7 @@ def render_results(results: Sequence[VerifyResult], as_json: bool, show_output: 
             "results": [result.to_dict(include_output=show_output) for result in results],
         }
         return json.dumps(payload, indent=2, default=str)
-    lines: List[str] = []
-    if show_output:
-        for result in results:
-            lines.extend(_output_block(result))
-        lines.append("")
+    lines: List[str] = [render_outputs(results)] if show_output else []
     if len(results) == 1:
         lines.append("%s: %s" % (results[0].script, results[0].verdict))
     else:
