@@ -84,3 +84,12 @@ def test_apex_needs_initialize_to_have_returned():
     probe["apex"] = {"initialized": True, "opt_level": "O1"}
     _, judgement = judge(detect.APEX, _facts(probe))
     assert judgement.status == "verified" and judgement.verdict.endswith("apex amp O1")
+
+
+def test_timeout_after_evidence_still_verifies_and_says_so():
+    probe = _torch_probe({"bfloat16": 30}, {"bfloat16": 50}, steps=10)
+    probe["stopped_early"] = True  # the probe's SIGTERM handler saved the evidence
+    _, judgement = judge(detect.TORCH, _facts(probe, returncode=0, timed_out=True))
+    assert judgement.status == "verified" and judgement.verdict.endswith("10 optimizer steps, stopped by the 5 s timeout")
+    _, judgement = judge(detect.TORCH, _facts({"stopped_early": True}, returncode=0, timed_out=True))
+    assert judgement.status == "script_failed" and judgement.reason == "timed out after 5 s before any evidence"

@@ -43,3 +43,11 @@ def test_monitored_training_session_with_silenced_tf_log_verifies(tf1_env):
     assert result.status == "verified", result.output[-2000:]
     assert max(c["converted"] for c in result.evidence["grappler_conversions"]) > 0
     assert result.evidence["training_steps_with_rewrite"] == 1 and "done" not in result.output
+
+
+def test_session_created_before_the_rewrite_is_not_rewritten(tf1_env):
+    """TensorFlow applies the rewrite only to Sessions created after it was enabled; so must verify."""
+    result = verify_script(FIXTURES / "tf1_session_before_rewrite.py")
+    assert result.status == "not_active" and result.exit_code == 1, result.output[-2000:]
+    assert result.evidence["sessions_with_rewrite"] == 0 and result.evidence["training_steps"] == 1
+    assert result.evidence["cpu_emulation"] is False and result.evidence["grappler_conversions"] == []

@@ -210,7 +210,11 @@ def judge(backend: str, facts: RunFacts) -> Tuple[str, Judgement]:
         elif "tf1" in facts.probe:
             backend = detect.TF1
     if backend == detect.TF1:
-        return backend, judge_tf1(facts)
-    if backend in (detect.TORCH, detect.APEX):
-        return backend, judge_torch(facts, apex=backend == detect.APEX)
-    return backend, _failed_or_not_active(facts, {}, "the script imported neither TensorFlow nor PyTorch")
+        judgement = judge_tf1(facts)
+    elif backend in (detect.TORCH, detect.APEX):
+        judgement = judge_torch(facts, apex=backend == detect.APEX)
+    else:
+        judgement = _failed_or_not_active(facts, {}, "the script imported neither TensorFlow nor PyTorch")
+    if facts.timed_out and judgement.status == VERIFIED:
+        judgement.verdict += ", stopped by the %g s timeout" % facts.timeout
+    return backend, judgement
