@@ -46,7 +46,7 @@ def test_tf1_gpu_too_old_for_the_pass_is_not_active():
 
 def _torch_probe(forward, backward, steps=1, **extra):
     probe = {"torch": {"ops": {"forward": forward, "backward": backward}, "optimizer_steps": steps,
-                       "autocast": [], "grad_scaler": []}, "stopped_early": steps > 0}
+                       "autocast": [], "grad_scaler": [], "op_counter": "active"}, "stopped_early": steps > 0}
     probe["torch"].update(extra)
     return probe
 
@@ -93,3 +93,12 @@ def test_timeout_after_evidence_still_verifies_and_says_so():
     assert judgement.status == "verified" and judgement.verdict.endswith("10 optimizer steps, stopped by the 5 s timeout")
     _, judgement = judge(detect.TORCH, _facts({"stopped_early": True}, returncode=0, timed_out=True))
     assert judgement.status == "script_failed" and judgement.reason == "timed out after 5 s before any evidence"
+
+
+def test_torch_without_a_working_op_counter_cannot_be_verified():
+    probe = _torch_probe({}, {}, steps=1)
+    del probe["torch"]["op_counter"]
+    probe["torch"]["version"] = "1.8.1"
+    probe["torch"]["probe_errors"] = ["_install_op_counter: ImportError('TorchDispatchMode')"]
+    _, judgement = judge(detect.TORCH, _facts(probe))
+    assert judgement.status == "cannot_verify" and "torch 1.8.1" in judgement.reason

@@ -189,6 +189,10 @@ def judge_torch(facts: RunFacts, apex: bool = False) -> Judgement:
         if apex:
             verdict += ", apex amp %s" % (evidence["apex_opt_level"] or "")
         return Judgement(VERIFIED, evidence, verdict.rstrip())
+    if "torch" in facts.probe and probe.get("op_counter") != "active" and not facts.failed:
+        errors = "; ".join(probe.get("probe_errors", [])) or "unknown reason"
+        reason = "the probe cannot count ops on torch %s (needs torch 2.0+): %s" % (probe.get("version", "?"), errors)
+        return Judgement(CANNOT_VERIFY, evidence, "cannot verify here: %s" % reason, reason)
     if "torch" not in facts.probe:
         reason = "the script never imported torch"
     elif apex and not evidence["apex_initialized"]:

@@ -56,8 +56,12 @@ def cuda_available(python: str) -> Optional[bool]:
 
 
 def _kill_group(process: subprocess.Popen, sig: int) -> None:
+    """Signal the script's whole process group (it runs in its own session)."""
     try:
-        os.killpg(process.pid, sig)
+        if hasattr(os, "killpg"):
+            os.killpg(process.pid, sig)
+        elif process.poll() is None:  # Windows: no process groups to signal
+            process.kill()
     except (ProcessLookupError, PermissionError):
         pass
 
