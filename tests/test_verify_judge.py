@@ -102,3 +102,17 @@ def test_torch_without_a_working_op_counter_cannot_be_verified():
     probe["torch"]["probe_errors"] = ["_install_op_counter: ImportError('TorchDispatchMode')"]
     _, judgement = judge(detect.TORCH, _facts(probe))
     assert judgement.status == "cannot_verify" and "torch 1.8.1" in judgement.reason
+
+
+def test_tf1_training_in_a_session_without_rewrite_is_not_verified_by_another_sessions_conversion():
+    probe = _tf1_probe()
+    probe["tf1"]["sessions"].insert(0, {"rewrite_enabled": False, "cpu_emulation": False})
+    probe["tf1"]["train_steps_with_rewrite"] = 0  # the one training step ran in the early Session
+    _, judgement = judge(detect.TF1, _facts(probe, TF_LINE))
+    assert judgement.status == "not_active" and "training Session" in judgement.reason
+
+
+def test_torch_autocast_only_in_evaluation_is_not_amp_training():
+    probe = _torch_probe({"bfloat16": 3, "float32": 3}, {"float32": 5})
+    _, judgement = judge(detect.TORCH, _facts(probe))
+    assert judgement.status == "not_active" and "backward pass ran all 5 ops in float32" in judgement.reason

@@ -107,7 +107,11 @@ def judge_tf1(facts: RunFacts) -> Judgement:
         "training_steps": probe.get("train_steps", 0),
         "training_steps_with_rewrite": probe.get("train_steps_with_rewrite", 0),
     }
-    if best is not None and best.converted > 0 and not (facts.failed and not evidence["training_steps"]):
+    # A training step that ran in a Session without the rewrite is fp32 training, whatever
+    # another (e.g. evaluation) Session converted.
+    trained_without_rewrite = evidence["training_steps"] > 0 and not evidence["training_steps_with_rewrite"]
+    if (best is not None and best.converted > 0 and not trained_without_rewrite
+            and not (facts.failed and not evidence["training_steps"])):
         where = " (CPU emulation)" if cpu_emulation else ""
         steps = evidence["training_steps_with_rewrite"]
         step_text = _plural(steps, "training step") if steps else "no training step seen"
@@ -123,8 +127,8 @@ def judge_tf1(facts: RunFacts) -> Judgement:
         reason = "the Session's config switches grappler's auto_mixed_precision OFF"
     elif not sessions:
         reason = "no tf.Session was created (the TF1 graph rewrite only acts on Sessions)"
-    elif not evidence["sessions_with_rewrite"]:
-        reason = ("the mixed precision graph rewrite was not enabled when the Session was created "
+    elif not evidence["sessions_with_rewrite"] or trained_without_rewrite:
+        reason = ("the mixed precision graph rewrite was not enabled when the training Session was created "
                   "(enable_mixed_precision_graph_rewrite must wrap the optimizer before tf.Session)")
     elif GRAPPLER_NO_GPU.search(facts.output):
         reason = "grappler found no GPU with compute capability 7.0+ and skipped the mixed precision pass"
@@ -183,7 +187,11 @@ def judge_torch(facts: RunFacts, apex: bool = False) -> Judgement:
         reason = "; ".join(silent) + ": the script silently ran in float32"
         return Judgement(NOT_ACTIVE, evidence, "not active: %s" % reason, reason)
     apex_ok = not apex or evidence["apex_initialized"]
-    if reduced > 0 and apex_ok and not (facts.failed and not steps):
+    # Training in mixed precision shows in the backward pass too: reduced-precision ops only in
+    # forward passes (an evaluation under autocast) next to an fp32 backward are not AMP training.
+    backward_total = sum(v for k, v in backward.items() if k != "none")
+    fp32_backward = steps > 0 and backward_total > 0 and reduced_bwd == 0
+    if reduced > 0 and apex_ok and not fp32_backward and not (facts.failed and not steps):
         verdict = "verified: %d/%d matmul/conv ops ran in %s (fwd %d, bwd %d), %s" % (
             reduced, total, "/".join(dtypes), reduced_fwd, reduced_bwd, _plural(steps, "optimizer step"))
         if apex:
@@ -197,6 +205,9 @@ def judge_torch(facts: RunFacts, apex: bool = False) -> Judgement:
         reason = "the script never imported torch"
     elif apex and not evidence["apex_initialized"]:
         reason = "apex amp.initialize was never called or did not return"
+    elif fp32_backward and reduced:
+        reason = ("reduced-precision ops ran only in forward passes (%d), the backward pass ran all %d ops in "
+                  "float32: the training forward pass is not under autocast" % (reduced_fwd, backward_total))
     elif total == 0:
         reason = "no matmul/conv/attention op ran%s" % (" before the optimizer step" if steps else "")
     else:
