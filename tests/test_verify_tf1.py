@@ -25,7 +25,7 @@ def test_converted_tf1_script_verifies_with_converted_node_count(tf1_env):
 def test_unconverted_tf1_script_is_not_active_and_cpu_pass_stays_off(tf1_env):
     result = verify_script(FIXTURES / "tf1_fp32.py")
     assert result.status == "not_active" and result.exit_code == 1, result.output[-2000:]
-    assert "graph rewrite was not enabled when the Session was created" in result.reason
+    assert "graph rewrite was not enabled when the training Session was created" in result.reason
     assert result.evidence["grappler_conversions"] == []
     assert result.evidence["cpu_emulation"] is False and result.evidence["training_steps"] == 1
 
