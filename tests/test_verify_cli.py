@@ -39,7 +39,7 @@ def test_missing_script_and_usage_errors_return_codes_instead_of_exiting(capsys)
 def test_python_m_json_keeps_cwd_argv_and_sys_path_semantics():
     """Run from fixtures/verify with a relative path: the script sees exactly `python repo/train.py ARGS`."""
     completed = subprocess.run(
-        [sys.executable, "-m", "ampify.verify", "repo/train.py", "--json", "--show-output", "--", "--epochs", "1"],
+        [sys.executable, "-m", "ampify.verify", "./repo/train.py", "--json", "--show-output", "--", "--epochs", "1"],
         cwd=FIXTURES, capture_output=True, text=True, timeout=120,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
@@ -49,7 +49,7 @@ def test_python_m_json_keeps_cwd_argv_and_sys_path_semantics():
     assert result["status"] == "verified" and result["exit_code"] == 0 and result["framework"] == "torch"
     assert result["evidence"]["reduced_precision_ops"] > 0 and result["evidence"]["optimizer_steps"] == 1
     startup = _startup_record(result["output"])
-    assert startup["argv"] == ["repo/train.py", "--epochs", "1"]
+    assert startup["argv"] == ["./repo/train.py", "--epochs", "1"] and result["script"] == "./repo/train.py"
     assert startup["cwd"] == str(FIXTURES)
     assert startup["path0"] == str(FIXTURES / "repo")
     assert startup["name"] == "__main__" and startup["file"] == str(FIXTURES / "repo" / "train.py")

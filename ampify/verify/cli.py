@@ -1,6 +1,5 @@
 """`ampify verify SCRIPT... [-- SCRIPT_ARGS...]`: run scripts under the probes and report the evidence."""
 import sys
-from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -14,7 +13,7 @@ app = typer.Typer(add_completion=False, help=__doc__)
 @app.command()
 def verify(
     ctx: typer.Context,
-    scripts: List[Path] = typer.Argument(..., metavar="SCRIPT...", help="Training scripts to run (arguments for them go after --)."),
+    scripts: List[str] = typer.Argument(..., metavar="SCRIPT...", help="Training scripts to run (arguments for them go after --)."),
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter of the training environment."),
     full: bool = typer.Option(False, "--full", help="Let the script finish instead of stopping after one step."),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=0.1, help="Seconds before the script is killed."),

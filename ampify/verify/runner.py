@@ -118,11 +118,12 @@ def verify_script(
     once evidence is in; `full` lets it finish; `timeout` bounds it (whole process group killed).
     """
     started = time.monotonic()
-    script = Path(script)
+    as_given = os.fspath(script)  # sys.argv[0] is exactly what the user typed ("./train.py" stays so)
+    script = Path(as_given)
     python = python or sys.executable
     if not script.is_file():
         reason = "no such script: %s" % script
-        return VerifyResult(script=str(script), status=SCRIPT_FAILED, framework="unknown", backend="unknown",
+        return VerifyResult(script=as_given, status=SCRIPT_FAILED, framework="unknown", backend="unknown",
                             verdict="script failed: %s" % reason, reason=reason)
     backend = detect.detect_backend(detect.read_script_text(script))
     if backend == detect.APEX:
@@ -131,9 +132,9 @@ def verify_script(
             reason = "apex amp needs a CUDA GPU"
             if cuda is None:
                 reason += " (torch could not be imported by %s)" % python
-            return _cannot_verify(script, backend, reason, started)
+            return _cannot_verify(as_given, backend, reason, started)
 
-    command = [python, str(PROBE_MAIN), str(script), *script_args]
+    command = [python, str(PROBE_MAIN), as_given, *script_args]
     env = dict(os.environ)
     env[FULL_RUN_ENV] = "1" if full else "0"
     env[FRAMEWORK_ENV] = backend
@@ -151,7 +152,7 @@ def verify_script(
     framework, backend_name = FRAMEWORK_OF_BACKEND[backend]
     elapsed = time.monotonic() - started
     return VerifyResult(
-        script=str(script), status=judgement.status, framework=framework, backend=backend_name,
+        script=as_given, status=judgement.status, framework=framework, backend=backend_name,
         verdict="%s, %.1f s" % (judgement.verdict, elapsed), reason=judgement.reason,
         evidence=judgement.evidence, elapsed=elapsed, output=output, returncode=returncode,
         stopped_early=facts.stopped_early, timed_out=timed_out, command=command,
