@@ -78,15 +78,21 @@ def stop_when_allowed(reason):
 class _HookedLoader(importlib.abc.Loader):
     """Wraps a module's real loader and calls back once the module has fully executed."""
 
-    def __init__(self, loader, callback):
+    def __init__(self, loader, callback, before=None):
         self._loader = loader
         self._callback = callback
+        self._before = before
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
-        self._loader.exec_module(module)
+        restore = self._before() if self._before else None
+        try:
+            self._loader.exec_module(module)
+        finally:
+            if restore:
+                restore()
         # hand the module its real loader back: nothing after import should see this wrapper
         module.__loader__ = self._loader
         if getattr(module, "__spec__", None) is not None:
@@ -105,14 +111,21 @@ class PostImportHooks(importlib.abc.MetaPathFinder):
 
     def __init__(self):
         self._callbacks = {}
+        self._before = {}
         self._busy = set()
 
-    def watch(self, module_name, callback):
-        """Call `callback(module)` after `module_name` is imported (now, if it already is)."""
+    def watch(self, module_name, callback, before=None):
+        """Call `callback(module)` after `module_name` is imported (now, if it already is).
+
+        `before()`, if given, runs just before the module executes and may return a function
+        that undoes what it did, called once the module has executed.
+        """
         if module_name in sys.modules:
             callback(sys.modules[module_name])
-        else:
-            self._callbacks.setdefault(module_name, []).append(callback)
+            return
+        self._callbacks.setdefault(module_name, []).append(callback)
+        if before is not None:
+            self._before[module_name] = before
 
     def find_spec(self, fullname, path, target=None):
         callbacks = self._callbacks.get(fullname)
@@ -137,7 +150,7 @@ class PostImportHooks(importlib.abc.MetaPathFinder):
             for callback in callbacks:
                 callback(module)
 
-        spec.loader = _HookedLoader(spec.loader, run_callbacks)
+        spec.loader = _HookedLoader(spec.loader, run_callbacks, self._before.pop(fullname, None))
         return spec
 
 

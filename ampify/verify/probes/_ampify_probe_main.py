@@ -44,7 +44,7 @@ def _run_as_main(script_path):
 
 
 def main():
-    framework = common.configure_from_environment()
+    common.evidence["detected_backend"] = common.configure_from_environment()
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     _remove_probe_directory()
@@ -52,7 +52,7 @@ def main():
     signal.signal(signal.SIGTERM, _on_terminate)
     sys.meta_path.insert(0, common.hooks)
     _ampify_probe_torch.install()
-    _ampify_probe_tf1.install(preimport=(framework == "tf1"))
+    _ampify_probe_tf1.install()
     try:
         _run_as_main(script)
     except SystemExit as exit_request:

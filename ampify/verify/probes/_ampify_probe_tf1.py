@@ -136,20 +136,25 @@ def on_tensorflow_imported(tensorflow):
             evidence.setdefault("probe_errors", []).append("%s: %r" % (install.__name__, error))
 
 
-def install(preimport):
-    """Watch for TensorFlow; with `preimport`, import it now so the script cannot silence its log."""
-    common.hooks.watch("tensorflow", on_tensorflow_imported)
-    if preimport:
-        # TF reads TF_CPP_MIN_LOG_LEVEL once, at import: grappler's "Converted N/M nodes" line is
-        # INFO and many scripts set the level to 2 or 3 before importing TensorFlow.
-        user_level = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
-        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
-        try:
-            import tensorflow  # noqa: F401
-        except Exception as error:
-            common.section("tf1")["preimport_error"] = repr(error)
-        finally:
-            if user_level is None:
-                os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
-            else:
-                os.environ["TF_CPP_MIN_LOG_LEVEL"] = user_level
+def _show_info_log_while_importing():
+    """TF fixes its C++ log level while it is imported: keep INFO on for that moment.
+
+    grappler's "Converted N/M nodes" line is INFO and many scripts set TF_CPP_MIN_LOG_LEVEL to 2
+    or 3 before importing TensorFlow. The script's own value is put back right after the import.
+    """
+    user_level = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    common.section("tf1")["user_log_level"] = user_level
+
+    def restore():
+        if user_level is None:
+            os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
+        else:
+            os.environ["TF_CPP_MIN_LOG_LEVEL"] = user_level
+
+    return restore
+
+
+def install():
+    """Watch for the script's (or its modules') import of TensorFlow."""
+    common.hooks.watch("tensorflow", on_tensorflow_imported, before=_show_info_log_while_importing)
