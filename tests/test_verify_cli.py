@@ -33,6 +33,8 @@ def test_several_scripts_print_a_table_and_the_combined_exit_code(capsys):
 def test_missing_script_and_usage_errors_return_codes_instead_of_exiting(capsys):
     assert main([str(FIXTURES / "no_such_script.py")]) == 2
     assert "script failed: no such script" in capsys.readouterr().out
+    assert main([str(FIXTURES / "torch_fp32.py"), "--python", str(FIXTURES / "no_such_python")]) == 2
+    assert "script failed: cannot run" in capsys.readouterr().out
     assert main([]) == 2  # usage error: no script given
 
 

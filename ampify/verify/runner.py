@@ -96,12 +96,17 @@ def _read_probe_evidence(path: Path) -> dict:
         return {}
 
 
-def _cannot_verify(script, backend, reason, started) -> VerifyResult:
+def _cannot_verify(script: str, backend: str, reason: str, started: float) -> VerifyResult:
     framework, backend_name = FRAMEWORK_OF_BACKEND[backend]
     return VerifyResult(
-        script=str(script), status=CANNOT_VERIFY, framework=framework, backend=backend_name,
+        script=script, status=CANNOT_VERIFY, framework=framework, backend=backend_name,
         verdict="cannot verify here: %s" % reason, reason=reason, elapsed=time.monotonic() - started,
     )
+
+
+def _not_started(script: str, reason: str, started: float) -> VerifyResult:
+    return VerifyResult(script=script, status=SCRIPT_FAILED, framework="unknown", backend="unknown",
+                        verdict="script failed: %s" % reason, reason=reason, elapsed=time.monotonic() - started)
 
 
 def verify_script(
@@ -122,9 +127,9 @@ def verify_script(
     script = Path(as_given)
     python = python or sys.executable
     if not script.is_file():
-        reason = "no such script: %s" % script
-        return VerifyResult(script=as_given, status=SCRIPT_FAILED, framework="unknown", backend="unknown",
-                            verdict="script failed: %s" % reason, reason=reason)
+        reason = ("not a script file (a directory or zip app cannot be verified): %s" % as_given
+                  if script.exists() else "no such script: %s" % as_given)
+        return _not_started(as_given, reason, started)
     backend = detect.detect_backend(detect.read_script_text(script))
     if backend == detect.APEX:
         cuda = cuda_available(python)
@@ -143,7 +148,10 @@ def verify_script(
         evidence_path = Path(work) / "evidence.json"
         output_path = Path(work) / "output.log"
         env[EVIDENCE_PATH_ENV] = str(evidence_path)
-        returncode, timed_out = _run_child(command, env, timeout, output_path)
+        try:
+            returncode, timed_out = _run_child(command, env, timeout, output_path)
+        except OSError as error:  # --python names nothing runnable
+            return _not_started(as_given, "cannot run %s: %s" % (python, error.strerror or error), started)
         output = output_path.read_bytes().decode("utf-8", errors="replace")
         probe = _read_probe_evidence(evidence_path)
 
