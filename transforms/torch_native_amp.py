@@ -1,15 +1,96 @@
 """Add torch.autocast and torch.amp.GradScaler to PyTorch training steps.
 
-Work in progress: this transform does not convert anything yet.
+The analysis (what is an optimizer, which loop is a training iteration, where the loss is
+computed) lives in `torch_training_loop`; this module decides, per training unit, whether it
+can be converted safely, and then writes:
+
+- `scaler = torch.amp.GradScaler(<device>)` once per training setup, after the optimizer(s);
+- `with torch.autocast(device_type=<device>, dtype=<dtype>):` around forward pass + loss;
+- `scaler.scale(loss).backward(...)`, `scaler.step(optimizer)`, one `scaler.update()` after
+  the last step of the iteration, `scaler.unscale_(optimizer)` before gradient clipping;
+- the scaler's state next to the optimizer's in checkpoints.
+
+With `--dtype bfloat16` only the autocast regions are written: bfloat16 needs no loss scaling.
+Whatever cannot be placed safely is left unconverted with a WARNING finding.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
 import libcst as cst
 
+from ampify.findings import Finding, Severity
 from ampify.options import Options
+from ampify.transforms import torch_names as names
 from ampify.transforms.base import Transform, TransformResult, Verdict
-from ampify.transforms.imports import ImportMap
+from ampify.transforms.imports import ImportMap, dotted_name
+from ampify.transforms.torch_edits import StatementEdits, apply_edits
+from ampify.transforms.torch_training_loop import (
+    Binding,
+    Block,
+    Scope,
+    TrainingStructure,
+    TrainingUnit,
+    analyze_training,
+)
+
+#: finding codes of this transform, and what each means
+RULES = {
+    "AMP201": "added torch.autocast around the forward pass and loss",
+    "AMP202": "backward() now scales the loss through the GradScaler",
+    "AMP203": "optimizer.step() now goes through the GradScaler; scaler.update() added",
+    "AMP204": "created the GradScaler",
+    "AMP205": "scaler.unscale_(optimizer) added before gradient clipping",
+    "AMP206": "GradScaler state saved/loaded with the optimizer's checkpoint state",
+    "AMP210": "BCELoss / binary_cross_entropy cannot run under CUDA autocast",
+    "AMP211": "optimizer.step(closure) is not supported by GradScaler",
+    "AMP212": "torch.autograd.grad(create_graph=True) needs manual loss scaling",
+    "AMP213": "masked_fill with a constant that overflows float16",
+    "AMP214": "optimizer wrapper class with its own step()",
+    "AMP215": "training structure could not be followed; left unconverted",
+    "AMP216": "no device expression found; 'cuda' assumed",
+}
+
+#: reductions allowed on the loss inside `<loss>.backward()` (`loss.mean().backward()`)
+_LOSS_REDUCTIONS = {"mean", "sum", "float", "squeeze", "view", "reshape", "double"}
+
+
+class _Unconvertible(Exception):
+    """A unit cannot be converted safely; the message says why (shown to the user)."""
+
+    def __init__(self, message: str, node: Optional[cst.CSTNode] = None) -> None:
+        super().__init__(message)
+        self.node = node
+
+
+@dataclass
+class _ScalerHome:
+    """Where a scaler is created and how code refers to it."""
+
+    scope: Scope
+    reference: str  # "scaler" or "self.scaler"
+    after: cst.CSTNode  # the statement the creation goes after
+    device_scope: Scope
+    line: int  # line of `after`, for findings and ordering checks
+    optimizers: List[str] = field(default_factory=list)
+
+
+@dataclass
+class _UnitPlan:
+    """Everything to write for one training unit."""
+
+    unit: TrainingUnit
+    reference: str  # how the unit's code refers to the scaler
+    regions: List[Tuple[Block, int, int]]  # (block, first index, last index) to wrap in autocast
+    update_after: Optional[cst.CSTNode] = None
+    unscale_before: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
+    home: Optional[_ScalerHome] = None
+    #: functions that receive the scaler as a new parameter, with their in-file calls
+    threaded_function: Optional[cst.FunctionDef] = None
+    threaded_calls: List[cst.Call] = field(default_factory=list)
+    caller_homes: List[_ScalerHome] = field(default_factory=list)
 
 
 class TorchNativeAmp(Transform):
@@ -17,10 +98,987 @@ class TorchNativeAmp(Transform):
     description = "Add torch.autocast and torch.amp.GradScaler to PyTorch training steps."
 
     def may_apply(self, source: bytes, options: Options) -> bool:
-        return False
+        return options.backend == "native" and b"torch" in source
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
-        return False
+        return options.backend == "native" and imports.uses("torch")
 
     def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
-        return TransformResult(module, Verdict.NOTHING_TO_DO)
+        try:
+            return _NativeRewrite(module, imports, options).run()
+        except Exception as error:  # odd code must never crash the run: report it instead
+            finding = Finding(
+                "AMP215",
+                f"ampify could not analyse this file ({type(error).__name__}: {error}); "
+                "nothing was converted, add torch.autocast/GradScaler by hand",
+                0, 0, Severity.WARNING,
+            )
+            return TransformResult(module, Verdict.UNCONVERTED, [finding], "internal error while analysing")
+
+
+class _NativeRewrite:
+    """One module's conversion: analysis, safety checks, plan, edits."""
+
+    def __init__(self, module: cst.Module, imports: ImportMap, options: Options) -> None:
+        self.module = module
+        self.imports = imports
+        self.options = options
+        self.scaling = options.dtype == "float16"
+        self.findings: List[Finding] = []
+        self.structure: TrainingStructure
+        self.torch = self._torch_name()
+        self.edits = StatementEdits()
+        self.homes: Dict[int, _ScalerHome] = {}
+        self.scaler_name = "scaler"
+        self.unit_of_function: Dict[int, _UnitPlan] = {}
+
+    # ---- driver -----------------------------------------------------------------------
+
+    def run(self) -> TransformResult:
+        s = self.structure = analyze_training(self.module, self.imports)
+        self.module = s.module
+        if s.mixed_precision_uses:
+            return self._result(Verdict.ALREADY_MIXED_PRECISION, "already uses torch.amp / torch.cuda.amp / apex amp")
+        if s.loop_owning_framework:
+            return self._result(Verdict.NOT_APPLICABLE, names.LOOP_OWNING_FRAMEWORKS[s.loop_owning_framework])
+        has_training = bool(s.backwards) or any(h.kind == "autograd_backward" for h in s.hazards)
+        self._warn_hazards(has_training)
+        if not has_training:
+            reason = "no backward() call: no training step here (inference or model code)"
+            return self._result(Verdict.NOTHING_TO_DO, reason)
+        if self._file_blocked():
+            return self._result(Verdict.UNCONVERTED, "mixed precision would break this file; see the warnings")
+
+        self.scaler_name = s.fresh_name("scaler", "grad_scaler", "amp_scaler")
+        for backward in s.unpaired_backwards:
+            self._warn(
+                "AMP215",
+                "backward() here has no optimizer step in the same loop or function that ampify can "
+                "identify (wrapped or hidden optimizer?); this backward is not converted: add autocast, "
+                "scaler.scale(loss).backward() and scaler.step()/update() by hand",
+                backward.call,
+            )
+        plans = []
+        for unit in s.units:
+            saved_homes = dict(self.homes)
+            saved_findings = list(self.findings)
+            try:
+                plans.append(self._plan_unit(unit))
+            except _Unconvertible as problem:
+                self.homes = saved_homes
+                self.findings = saved_findings
+                node = problem.node or (unit.backwards[0].call if unit.backwards else unit.owner)
+                self._warn("AMP215", f"{problem}; this training step was left unconverted", node)
+        if not plans:
+            return self._result(Verdict.UNCONVERTED, "training code found, but no training step could be converted safely")
+        for plan in plans:
+            self._write_unit(plan)
+        if self.scaling:
+            self._write_checkpoints(plans)
+        new_module = apply_edits(self.module, self.edits)
+        if self.torch_import_needed:
+            new_module = _add_import_torch(new_module)
+        return self._result(Verdict.CONVERTED, "", new_module)
+
+    def _result(self, verdict: Verdict, reason: str, module: Optional[cst.Module] = None) -> TransformResult:
+        findings = sorted(self.findings, key=lambda f: (f.line, f.column, f.code))
+        return TransformResult(module or self.module, verdict, findings, reason)
+
+    # ---- findings ---------------------------------------------------------------------
+
+    def _position(self, node: Optional[cst.CSTNode]) -> Tuple[int, int]:
+        if node is None:
+            return 0, 0
+        position = self.structure.position(node)
+        return position.line, position.column
+
+    def _warn(self, code: str, message: str, node: Optional[cst.CSTNode]) -> None:
+        line, column = self._position(node)
+        finding = Finding(code, message, line, column, Severity.WARNING)
+        if finding not in self.findings:
+            self.findings.append(finding)
+
+    def _info(self, code: str, message: str, node: Optional[cst.CSTNode]) -> None:
+        line, column = self._position(node)
+        self.findings.append(Finding(code, message, line, column, Severity.INFO))
+
+    # ---- hazards ----------------------------------------------------------------------
+
+    def _warn_hazards(self, has_training: bool) -> None:
+        s = self.structure
+        sigmoids = [h for h in s.hazards if h.kind == "sigmoid"]
+        for hazard in s.hazards:
+            if hazard.kind == "bce":
+                hint = ""
+                if sigmoids:
+                    hint = f" (the model ends in nn.Sigmoid at line {s.line(sigmoids[0].node)}: drop it and feed logits)"
+                self._warn(
+                    "AMP210",
+                    f"{hazard.detail.rsplit('.', 1)[-1]} raises under CUDA autocast: use nn.BCEWithLogitsLoss "
+                    f"(F.binary_cross_entropy_with_logits) on logits{hint}; the training steps of this file "
+                    "were left unconverted, rerun ampify after the change",
+                    hazard.node,
+                )
+            elif hazard.kind == "closure":
+                self._warn(
+                    "AMP211",
+                    f"{hazard.detail}.step(closure): GradScaler does not support closures (LBFGS and friends); "
+                    "this training step was left unconverted: scale the loss inside the closure by hand or keep fp32",
+                    hazard.node,
+                )
+            elif hazard.kind == "create_graph" and self.scaling:
+                self._warn(
+                    "AMP212",
+                    "torch.autograd.grad(..., create_graph=True) (gradient penalty) needs manual scaling with "
+                    "float16: compute it from scaler.scale(outputs) and divide the gradients by scaler.get_scale() "
+                    "(see the PyTorch AMP examples); this file was left unconverted (or use --dtype bfloat16)",
+                    hazard.node,
+                )
+            elif hazard.kind == "masked_fill" and self.scaling:
+                self._warn(
+                    "AMP213",
+                    f"masked_fill with {hazard.detail} overflows float16 under autocast: use "
+                    "torch.finfo(scores.dtype).min instead"
+                    + ("; the training steps of this file were left unconverted" if has_training else ""),
+                    hazard.node,
+                )
+            elif hazard.kind == "wrapper_class":
+                self._warn(
+                    "AMP214",
+                    f"class {hazard.detail} wraps an optimizer in its own step(): ampify does not convert steps "
+                    "through it; call scaler.step(inner_optimizer) and scaler.update() inside its step() by hand",
+                    hazard.node,
+                )
+            elif hazard.kind == "autograd_backward":
+                self._warn(
+                    "AMP215",
+                    "torch.autograd.backward(...) is not converted: scale the tensors with scaler.scale(...) by hand",
+                    hazard.node,
+                )
+
+    def _file_blocked(self) -> bool:
+        """Hazards that make any conversion of this file unsafe."""
+        kinds = {h.kind for h in self.structure.hazards}
+        if "bce" in kinds:
+            return True
+        if self.scaling and ("create_graph" in kinds or "masked_fill" in kinds):
+            return True
+        return False
+
+    # ---- torch name and imports -------------------------------------------------------
+
+    def _torch_name(self) -> str:
+        local = sorted(self.imports.local_names_for("torch"))
+        self.torch_import_needed = not local
+        if "torch" in local or not local:
+            return "torch"
+        return local[0]
+
+    # ---- planning ---------------------------------------------------------------------
+
+    def _plan_unit(self, unit: TrainingUnit) -> _UnitPlan:
+        s = self.structure
+        if not unit.steps:
+            raise _Unconvertible("no optimizer step in this training step")
+        for step in unit.steps:
+            if step.has_closure:
+                raise _Unconvertible(f"{step.receiver}.step(closure) cannot go through GradScaler", step.call)
+        regions = self._plan_regions(unit)
+        plan = _UnitPlan(unit, self.scaler_name, regions)
+        if not self.scaling:
+            return plan
+        plan.update_after = self._plan_update(unit)
+        plan.unscale_before = self._plan_unscale(unit)
+        self._plan_scaler_home(plan)
+        return plan
+
+    # autocast regions ------------------------------------------------------------------
+
+    def _plan_regions(self, unit: TrainingUnit) -> List[Tuple[Block, int, int]]:
+        s = self.structure
+        barriers = self._barrier_statements(unit)
+        by_block: Dict[int, Tuple[Block, List[Tuple[int, int]]]] = {}
+        for backward in unit.backwards:
+            loss_names = self._loss_names(backward)
+            if not loss_names:
+                raise _Unconvertible("cannot tell which tensor backward() is called on", backward.call)
+            found = None
+            for block, statement in s.block_path(backward.call, stop=unit.body):
+                body = list(block.body)
+                index = _index_of(body, statement)
+                for candidate in range(index - 1, -1, -1):
+                    if _assigned_names(body[candidate]) & loss_names:
+                        found = (block, body, candidate)
+                        break
+                if found:
+                    break
+            if found is None:
+                raise _Unconvertible(
+                    f"the loss of backward() ({', '.join(sorted(loss_names))}) is not computed in this loop, "
+                    "so the forward pass cannot be put under autocast",
+                    backward.call,
+                )
+            block, body, end = found
+            start = self._forward_start(body, end, barriers)
+            ranges = by_block.setdefault(id(block), (block, []))[1]
+            ranges.append((start, end))
+        regions: List[Tuple[Block, int, int]] = []
+        for block, ranges in by_block.values():
+            ranges.sort()
+            merged: List[List[int]] = []
+            for start, end in ranges:
+                if merged and start <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], end)
+                else:
+                    merged.append([start, end])
+            body = list(block.body)
+            for start, end in merged:
+                if any(id(body[i]) in barriers for i in range(start, end + 1)):
+                    raise _Unconvertible(
+                        "the forward passes of several backward() calls are interleaved with "
+                        "backward()/step() calls", body[start]
+                    )
+                regions.append((block, start, end))
+        return regions
+
+    def _barrier_statements(self, unit: TrainingUnit) -> Set[int]:
+        """ids of every statement (at any depth) that holds a backward, step or zero_grad call."""
+        s = self.structure
+        barrier_ids: Set[int] = set()
+        calls = [b.call for b in s.backwards] + [st.call for st in s.steps] + [z.call for z in s.zero_grads]
+        for call in calls:
+            for ancestor in s.ancestors(call):
+                barrier_ids.add(id(ancestor))
+        return barrier_ids
+
+    def _loss_names(self, backward) -> Set[str]:
+        loss = backward.loss
+        if loss is None:
+            return set()
+        for call in _calls_within(loss):
+            method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+            if method not in _LOSS_REDUCTIONS:
+                raise _Unconvertible(
+                    "the loss is computed inside the backward() call itself; assign it to a variable first",
+                    backward.call,
+                )
+        return _used_names(loss) - {"self"}
+
+    def _forward_start(self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int]) -> int:
+        """First statement of the forward pass that leads to the loss statement body[end]."""
+        needed = _used_names(body[end])
+        start = end
+        for index in range(end - 1, -1, -1):
+            statement = body[index]
+            if id(statement) in barriers or _is_jump_or_definition(statement):
+                break
+            if _assigned_names(statement) & needed:
+                needed |= _used_names(statement)
+                if _has_forward_call(statement):
+                    start = index
+        return start
+
+    # scaler.update() -------------------------------------------------------------------
+
+    def _plan_update(self, unit: TrainingUnit) -> cst.CSTNode:
+        s = self.structure
+        steps = sorted(unit.steps, key=lambda st: (s.line(st.call), s.position(st.call).column))
+        paths = [list(reversed(s.block_path(st.call, stop=unit.body))) for st in steps]  # outermost first
+        common_depth = 0
+        while all(len(p) > common_depth for p in paths) and len({id(p[common_depth][0]) for p in paths}) == 1:
+            common_depth += 1
+        if common_depth == 0:
+            raise _Unconvertible("the optimizer steps are not in one loop body", steps[0].call)
+        common_block = paths[0][common_depth - 1][0]
+        anchors = [p[common_depth - 1][1] for p in paths]
+        body = list(common_block.body)
+        if not any(len(p) == common_depth and isinstance(p[-1][1], cst.SimpleStatementLine) for p in paths):
+            raise _Unconvertible(
+                "every optimizer step is conditional, in different branches: place scaler.update() by hand "
+                "so that it runs exactly once after the steps",
+                steps[-1].call,
+            )
+        # a loop between the unit body and the steps would run update() several times
+        for block, statement in paths[0][: common_depth]:
+            if statement is not anchors[0] and isinstance(statement, (cst.For, cst.While)):
+                raise _Unconvertible("the optimizer steps run in an inner loop", steps[0].call)
+        for depth in range(common_depth - 1):
+            if isinstance(paths[0][depth][1], (cst.For, cst.While)):
+                raise _Unconvertible("the optimizer steps run in an inner loop", steps[0].call)
+        first = min(_index_of(body, a) for a in anchors)
+        last = max(_index_of(body, a) for a in anchors)
+        for index in range(first, last + 1):
+            jump = _find_jump(body[index])
+            if jump is not None:
+                raise _Unconvertible(
+                    "a continue/break/return between the optimizer steps could skip scaler.update(); "
+                    "convert this step by hand",
+                    jump,
+                )
+        return body[last]
+
+    # scaler.unscale_ before clipping ---------------------------------------------------
+
+    def _plan_unscale(self, unit: TrainingUnit) -> List[Tuple[cst.CSTNode, str]]:
+        s = self.structure
+        planned: List[Tuple[cst.CSTNode, str]] = []
+        unscaled: Dict[str, cst.CSTNode] = {}
+        steps = sorted(unit.steps, key=lambda st: (s.line(st.call), s.position(st.call).column))
+        for clip in sorted(unit.clips, key=lambda c: (s.line(c.call), s.position(c.call).column)):
+            clip_line = s.line(clip.call)
+            following = [st for st in steps if s.line(st.call) > clip_line]
+            if not following:
+                raise _Unconvertible("gradient clipping after the last optimizer step", clip.call)
+            step = following[0]
+            clip_statement = s.statement_of(clip.call)
+            if not isinstance(clip_statement, cst.SimpleStatementLine):
+                raise _Unconvertible("gradient clipping inside a one-line compound statement", clip.call)
+            step_block = s.block_of(s.statement_of(step.call))
+            clip_blocks = [block for block, _ in s.block_path(clip.call, stop=unit.body)]
+            if not any(block is step_block for block in clip_blocks):
+                raise _Unconvertible(
+                    "gradient clipping runs more often than the optimizer step it precedes "
+                    "(scaler.unscale_ may be called only once per step)",
+                    clip.call,
+                )
+            if step.receiver in unscaled:
+                if s.block_of(unscaled[step.receiver]) is not s.block_of(clip_statement):
+                    raise _Unconvertible("several clipping calls for one optimizer in different branches", clip.call)
+                continue
+            unscaled[step.receiver] = clip_statement
+            planned.append((clip_statement, step.receiver))
+            self._info("AMP205", f"scaler.unscale_({step.receiver}) added before gradient clipping", clip.call)
+        return planned
+
+    # where the scaler lives ------------------------------------------------------------
+
+    def _plan_scaler_home(self, plan: _UnitPlan) -> None:
+        s = self.structure
+        unit = plan.unit
+        receivers = unit.optimizers
+        if all(r.startswith("self.") for r in receivers):
+            plan.reference = f"self.{self.scaler_name}"
+            plan.home = self._class_home(unit, receivers)
+            return
+        if any(r.startswith("self.") or "." in r for r in receivers):
+            raise _Unconvertible(
+                f"optimizers {', '.join(receivers)} are reached in different ways (attribute and variable)",
+                unit.steps[0].call,
+            )
+        kinds = {}
+        for receiver in receivers:
+            bindings = s.bindings_visible(receiver, unit.scope)
+            if not bindings:
+                raise _Unconvertible(f"cannot find where {receiver} is created", unit.steps[0].call)
+            kinds[receiver] = "parameter" if any(b.kind == "parameter" for b in bindings) else "variable"
+        if set(kinds.values()) == {"variable"}:
+            if isinstance(unit.owner, (cst.For, cst.While)):
+                use_statement = s.statement_of(unit.owner)
+            else:
+                use_statement = s.statement_of(unit.backwards[0].call)
+            plan.home = self._variable_home(receivers, unit.scope, use_statement, unit.steps[0].call)
+            return
+        if set(kinds.values()) == {"parameter"} and isinstance(unit.scope, cst.FunctionDef):
+            self._thread_through_parameter(plan, receivers)
+            return
+        raise _Unconvertible(
+            f"optimizers {', '.join(receivers)} are partly parameters, partly local variables", unit.steps[0].call
+        )
+
+    def _variable_home(
+        self, receivers: List[str], scope: Scope, use_statement: Optional[cst.CSTNode], node: cst.CSTNode
+    ) -> _ScalerHome:
+        """Scaler after the latest binding of the optimizers, in the scope that binds them."""
+        s = self.structure
+        use_line = s.line(use_statement) if use_statement is not None else s.line(node)
+        binding_statements: List[cst.CSTNode] = []
+        home_scope: Optional[Scope] = None
+        for receiver in receivers:
+            bindings = [b for b in s.bindings_visible(receiver, scope) if b.statement is not None]
+            if not bindings:
+                raise _Unconvertible(f"cannot find where {receiver} is created", node)
+            if home_scope is None:
+                home_scope = bindings[0].scope
+            elif bindings[0].scope is not home_scope:
+                raise _Unconvertible("the optimizers are created in different functions", node)
+            if any(b.kind == "for" for b in bindings):
+                raise _Unconvertible(f"{receiver} is a loop variable", node)
+            if home_scope is scope:
+                before = [b for b in bindings if s.line(b.statement) < use_line]
+                if not before:
+                    raise _Unconvertible(f"{receiver} is created inside the training loop", node)
+                bindings = before
+            latest = max(bindings, key=lambda b: s.line(b.statement))
+            binding_statements.append(latest.statement)
+        assert home_scope is not None
+        uses = [use_statement] if (use_statement is not None and home_scope is scope) else []
+        after = self._insertion_point(binding_statements, uses, node)
+        existing = self.homes.get(id(home_scope))
+        if existing is not None:
+            # one scaler per training setup: the existing one must already exist when this loop runs
+            if s.line(after) > existing.line or (uses and s.line(uses[0]) <= existing.line):
+                raise _Unconvertible("two training loops in this function use optimizers created far apart", node)
+            existing.optimizers.extend(r for r in receivers if r not in existing.optimizers)
+            return existing
+        home = _ScalerHome(home_scope, self.scaler_name, after, home_scope, s.line(after), list(receivers))
+        self.homes[id(home_scope)] = home
+        return home
+
+    def _insertion_point(
+        self, binding_statements: List[cst.CSTNode], uses: List[cst.CSTNode], node: cst.CSTNode
+    ) -> cst.CSTNode:
+        """The statement after which the scaler is created: after every binding, before every use,
+        in the deepest block that holds them all."""
+        s = self.structure
+        paths = [list(reversed(s.block_path(st))) for st in binding_statements + uses]  # outermost first
+        depth = 0
+        while all(len(p) > depth + 1 for p in paths) and len({id(p[depth + 1][0]) for p in paths}) == 1:
+            depth += 1
+        block_body = list(paths[0][depth][0].body)
+        binding_indexes = [_index_of(block_body, p[depth][1]) for p in paths[: len(binding_statements)]]
+        use_indexes = [_index_of(block_body, p[depth][1]) for p in paths[len(binding_statements):]]
+        last_binding = max(binding_indexes)
+        if use_indexes and min(use_indexes) <= last_binding:
+            raise _Unconvertible("the optimizer is created inside the training loop or after it", node)
+        return block_body[last_binding]
+
+    def _class_home(self, unit: TrainingUnit, receivers: List[str]) -> _ScalerHome:
+        s = self.structure
+        klass = unit.klass
+        if klass is None:
+            raise _Unconvertible("self.<optimizer> used outside a method", unit.steps[0].call)
+        existing = self.homes.get(id(klass))
+        if existing is not None:
+            return existing
+        statements: List[cst.CSTNode] = []
+        method: Optional[Scope] = None
+        for receiver in receivers:
+            bindings = [b for b in s.bindings_visible(receiver, unit.scope) if b.statement is not None]
+            if not bindings:
+                raise _Unconvertible(
+                    f"{receiver} is not assigned in class {klass.name.value} (set by a base class or from outside?)",
+                    unit.steps[0].call,
+                )
+            first = min(bindings, key=lambda b: s.line(b.statement))
+            if method is None:
+                method = first.scope
+            elif first.scope is not method:
+                raise _Unconvertible("the optimizers are created in different methods", unit.steps[0].call)
+            statements.append(first.statement)
+        after = self._insertion_point(statements, [], unit.steps[0].call)
+        home = _ScalerHome(method, f"self.{self.scaler_name}", after, method, s.line(after), list(receivers))
+        self.homes[id(klass)] = home
+        return home
+
+    def _thread_through_parameter(self, plan: _UnitPlan, receivers: List[str]) -> None:
+        """The loop's function takes the optimizer(s) as parameters: create the scaler in every
+        in-file caller, pass it along as a new keyword argument."""
+        s = self.structure
+        function = plan.unit.scope
+        assert isinstance(function, cst.FunctionDef)
+        node = plan.unit.steps[0].call
+        if s.class_of(function) is not None:
+            raise _Unconvertible(
+                f"method {function.name.value}() receives the optimizer as a parameter; ampify does not "
+                "follow method calls", node,
+            )
+        if self.scaler_name in {p.name.value for p in _all_params(function)}:
+            raise _Unconvertible("the function already has a parameter named like the scaler", node)
+        calls, other_uses = _calls_of_function(s, function)
+        if other_uses:
+            raise _Unconvertible(
+                f"{function.name.value}() is passed around (line {s.line(other_uses[0])}), not only called; "
+                "ampify cannot add the scaler to every caller", node,
+            )
+        if not calls:
+            raise _Unconvertible(
+                f"{function.name.value}() receives the optimizer as a parameter and is not called in this file: "
+                f"create the GradScaler where the optimizer is created and pass it in", node,
+            )
+        positions = _parameter_positions(function)
+        homes = []
+        for call in calls:
+            caller_scope = s.scope_of(call)
+            passed = []
+            for receiver in receivers:
+                argument = _argument_for(call, receiver, positions)
+                name = dotted_name(argument) if argument is not None else None
+                if name is None or "." in name:
+                    raise _Unconvertible(
+                        f"the call of {function.name.value}() at line {s.line(call)} does not pass "
+                        f"{receiver} as a plain variable", call,
+                    )
+                passed.append(name)
+            bindings = [b for name in passed for b in s.bindings_visible(name, caller_scope)]
+            if any(b.kind == "parameter" for b in bindings):
+                raise _Unconvertible(
+                    f"the caller at line {s.line(call)} receives the optimizer as a parameter too; "
+                    "ampify follows one level of calls", call,
+                )
+            homes.append(self._variable_home(passed, caller_scope, s.statement_of(call), call))
+        plan.threaded_function = function
+        plan.threaded_calls = calls
+        plan.caller_homes = homes
+
+    # ---- writing ----------------------------------------------------------------------
+
+    def _device_for(self, scope: Scope, before_line: int, node: cst.CSTNode) -> str:
+        """The script's own device, as a string expression valid in `scope` at `before_line`."""
+        s = self.structure
+        torch = self.torch
+        chain = s.enclosing_scopes(scope)
+        for candidate_scope in chain:
+            for binding in s.device_bindings:
+                if binding.scope is not candidate_scope or "." in binding.name:
+                    continue
+                if candidate_scope is scope and s.line(binding.statement) >= before_line:
+                    continue
+                if s.bindings_visible(binding.name, scope) and s.bindings_visible(binding.name, scope)[0].scope is candidate_scope:
+                    return f"{binding.name}.type"
+        klass = s.class_of(scope)
+        if klass is not None:
+            for binding in s.device_bindings:
+                if binding.name.startswith("self.") and binding.klass is klass:
+                    return f"{binding.name}.type"
+        for candidate_scope in chain:
+            if isinstance(candidate_scope, cst.FunctionDef):
+                for param in _all_params(candidate_scope):
+                    if param.name.value == "device":
+                        return f"{torch}.device(device).type"
+        for argument, arg_scope in s.to_device_arguments:
+            text = self._visible_device_argument(argument, scope, before_line)
+            if text is not None:
+                return text
+        if s.uses_cuda_method:
+            return '"cuda"'
+        self._warn(
+            "AMP216",
+            'no device expression found in the script (torch.device(...), args.device, .to(device)): '
+            '"cuda" assumed; change device_type/GradScaler("cuda") if this script trains elsewhere',
+            node,
+        )
+        return '"cuda"'
+
+    def _visible_device_argument(self, argument: cst.BaseExpression, scope: Scope, before_line: int) -> Optional[str]:
+        s = self.structure
+        if isinstance(argument, cst.SimpleString):
+            value = argument.evaluated_value
+            if isinstance(value, str) and value.split(":")[0] in ("cuda", "cpu", "mps", "xpu", "hpu", "npu", "xla"):
+                return f'"{value.split(":")[0]}"'
+            return None
+        name = dotted_name(argument)
+        if name is None:
+            return None
+        base = name.split(".")[0]
+        if base == "self":
+            if not s.bindings_visible(name, scope):
+                return None
+        else:
+            bindings = s.bindings_visible(base, scope)
+            if not bindings:
+                return None
+            if bindings[0].scope is scope and all(
+                b.statement is not None and s.line(b.statement) >= before_line for b in bindings
+            ):
+                return None
+        device_names = {b.name for b in s.device_bindings}
+        if name in device_names:
+            return f"{name}.type"
+        return f"{self.torch}.device({name}).type"
+
+    def _write_unit(self, plan: _UnitPlan) -> None:
+        s = self.structure
+        unit = plan.unit
+        dtype = f"{self.torch}.{self.options.dtype}"
+        for block, start, end in plan.regions:
+            body = list(block.body)
+            first = body[start]
+            device = self._device_for(unit.scope, s.line(first), first)
+            header = f"with {self.torch}.autocast(device_type={device}, dtype={dtype}):"
+            self.edits.wrap(body[start], body[end], header)
+            self._info(
+                "AMP201",
+                f"forward pass and loss (lines {s.line(first)}-{s.line(body[end])}) run under "
+                f"torch.autocast({device}, {self.options.dtype})",
+                first,
+            )
+        if not self.scaling:
+            return
+        reference = plan.reference
+        for backward in unit.backwards:
+            self.edits.replace_call(backward.call, _scaled_backward(backward.call, reference))
+            self._info("AMP202", f"{reference}.scale({_code(backward.loss)}).backward(...)", backward.call)
+        for step in unit.steps:
+            self.edits.replace_call(step.call, _scaler_call(reference, "step", step.receiver))
+            self._info("AMP203", f"{step.receiver}.step() now {reference}.step({step.receiver})", step.call)
+        assert plan.update_after is not None
+        self.edits.insert_after(plan.update_after, f"{reference}.update()")
+        for clip_statement, receiver in plan.unscale_before:
+            self.edits.insert_before(clip_statement, f"{reference}.unscale_({receiver})")
+        homes = [plan.home] if plan.home is not None else plan.caller_homes
+        for home in homes:
+            self._create_scaler(home)
+        if plan.threaded_function is not None:
+            self.edits.add_parameter(plan.threaded_function, self.scaler_name)
+            for call in plan.threaded_calls:
+                self.edits.add_keyword(call, self.scaler_name, self.scaler_name)
+            self._info(
+                "AMP204",
+                f"{plan.threaded_function.name.value}() takes the GradScaler as a new keyword parameter "
+                f"'{self.scaler_name}'; its {len(plan.threaded_calls)} call(s) in this file pass it",
+                plan.threaded_function,
+            )
+
+    def _create_scaler(self, home: _ScalerHome) -> None:
+        key = id(home.after)
+        if key in self.edits.created_scalers:
+            return
+        self.edits.created_scalers.add(key)
+        device = self._device_for(home.device_scope, home.line + 1, home.after)
+        self.edits.insert_after(home.after, f"{home.reference} = {self.torch}.amp.GradScaler({device})")
+        self._info(
+            "AMP204",
+            f"created {home.reference} = torch.amp.GradScaler({device}) after the optimizer(s) "
+            f"{', '.join(home.optimizers)}",
+            home.after,
+        )
+
+    # ---- checkpoints ------------------------------------------------------------------
+
+    def _scaler_reference_in(self, scope: Scope, line: int, plans: List[_UnitPlan]) -> Optional[str]:
+        """How code at `line` in `scope` can reach a scaler, if it can."""
+        s = self.structure
+        klass = s.class_of(scope)
+        if klass is not None and id(klass) in self.homes:
+            return self.homes[id(klass)].reference
+        for plan in plans:
+            if plan.threaded_function is scope:
+                return self.scaler_name
+        for candidate in s.enclosing_scopes(scope):
+            home = self.homes.get(id(candidate))
+            if home is None:
+                continue
+            if candidate is scope and home.line >= line:
+                return None
+            if candidate is not scope and scope is not s.module and s.bindings_visible(self.scaler_name, scope):
+                return None
+            return home.reference
+        return None
+
+    def _write_checkpoints(self, plans: List[_UnitPlan]) -> None:
+        s = self.structure
+        converted = {r for p in plans for r in p.unit.optimizers}
+        converted |= {r for home in self.homes.values() for r in home.optimizers}
+        done_dicts: Set[int] = set()
+        for site in s.optimizer_state_saves:
+            if site.receiver not in converted:
+                continue
+            reference = self._scaler_reference_in(site.scope, s.line(site.call), plans)
+            parent = s.parent(site.call)
+            if reference is None:
+                self._warn(
+                    "AMP206",
+                    f"this checkpoint saves {site.receiver}.state_dict() where the GradScaler is not reachable: "
+                    "save scaler.state_dict() next to it by hand",
+                    site.call,
+                )
+                continue
+            if isinstance(parent, cst.DictElement) and isinstance(parent.key, cst.SimpleString):
+                owner = s.parent(parent)
+                if id(owner) in done_dicts:
+                    continue
+                done_dicts.add(id(owner))
+                keys = {e.key.evaluated_value for e in owner.elements if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)}
+                key = "scaler" if "scaler" not in keys else "grad_scaler"
+                self.edits.add_dict_element(parent, key, f"{reference}.state_dict()")
+                self._info("AMP206", f"checkpoint also saves {reference}.state_dict() as '{key}'", site.call)
+                continue
+            if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+                target = parent.targets[0].target
+                key_node = _string_subscript(target)
+                statement = s.statement_of(site.call)
+                if key_node is not None and isinstance(statement, cst.SimpleStatementLine):
+                    base = _code(target.value)
+                    quote = key_node.quote
+                    self.edits.insert_after(statement, f"{base}[{quote}scaler{quote}] = {reference}.state_dict()")
+                    self._info("AMP206", f"checkpoint also saves {reference}.state_dict() as 'scaler'", site.call)
+                    continue
+            self._warn(
+                "AMP206",
+                f"{site.receiver}.state_dict() is saved in a form ampify does not extend: "
+                "save scaler.state_dict() next to it by hand",
+                site.call,
+            )
+        for site in s.optimizer_state_loads:
+            if site.receiver not in converted:
+                continue
+            reference = self._scaler_reference_in(site.scope, s.line(site.call), plans)
+            statement = s.statement_of(site.call)
+            argument = site.call.args[0].value if site.call.args else None
+            key_node = _string_subscript(argument) if argument is not None else None
+            simple = (
+                isinstance(statement, cst.SimpleStatementLine)
+                and len(statement.body) == 1
+                and isinstance(statement.body[0], cst.Expr)
+                and statement.body[0].value is site.call
+            )
+            if reference is None or key_node is None or not simple or dotted_name(argument.value) is None:
+                self._warn(
+                    "AMP206",
+                    f"{site.receiver}.load_state_dict(...) here: load the GradScaler's state too by hand "
+                    "(scaler.load_state_dict(checkpoint['scaler']) when present)",
+                    site.call,
+                )
+                continue
+            base = _code(argument.value)
+            quote = key_node.quote
+            self.edits.insert_after(
+                statement,
+                f"if {quote}scaler{quote} in {base}:\n    {reference}.load_state_dict({base}[{quote}scaler{quote}])",
+            )
+            self._info("AMP206", f"{reference} state is loaded too when the checkpoint has it", site.call)
+
+
+# ---- small helpers --------------------------------------------------------------------------
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def _index_of(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> int:
+    for index, candidate in enumerate(body):
+        if candidate is statement:
+            return index
+    raise _Unconvertible("internal: statement not found in its block", statement)
+
+
+def _calls_within(node: cst.CSTNode) -> List[cst.Call]:
+    found: List[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(_Calls())
+    return found
+
+
+class _NameCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used: Set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.used.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        name = dotted_name(node)
+        if name:
+            self.used.add(name)
+
+
+def _used_names(node: cst.CSTNode) -> Set[str]:
+    """Every name and dotted attribute chain that appears in node."""
+    collector = _NameCollector()
+    node.visit(collector)
+    return collector.used
+
+
+class _AssignCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.assigned: Set[str] = set()
+
+    def _add(self, target: cst.BaseExpression) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._add(element.value)
+            return
+        if isinstance(target, cst.StarredElement):
+            self._add(target.value)
+            return
+        if isinstance(target, cst.Subscript):
+            self._add(target.value)
+            return
+        name = dotted_name(target)
+        if name:
+            self.assigned.add(name)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._add(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._add(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._add(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._add(node.target)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._add(node.asname.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._add(node.target)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+
+def _assigned_names(statement: cst.CSTNode) -> Set[str]:
+    """Names (and dotted chains) a statement binds, including inside its nested blocks."""
+    collector = _AssignCollector()
+    statement.visit(collector)
+    return collector.assigned
+
+
+def _has_forward_call(statement: cst.CSTNode) -> bool:
+    """Does the statement call something that is not mere data preparation (a model, a loss)?"""
+    for call in _calls_within(statement):
+        if isinstance(call.func, cst.Attribute):
+            called = call.func.attr.value
+        elif isinstance(call.func, cst.Name):
+            called = call.func.value
+        else:
+            return True
+        if called not in names.DATA_PREPARATION_CALLS:
+            return True
+    return False
+
+
+def _is_jump_or_definition(statement: cst.CSTNode) -> bool:
+    return isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or _find_jump(statement) is not None
+
+
+class _JumpFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: Optional[cst.CSTNode] = None
+        self.loop_depth = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.found is not None:
+            return False
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return False
+        if isinstance(node, (cst.For, cst.While)):
+            self.loop_depth += 1
+        if isinstance(node, (cst.Continue, cst.Break)) and self.loop_depth == 0:
+            self.found = node
+        if isinstance(node, cst.Return):
+            self.found = node
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if isinstance(original_node, (cst.For, cst.While)):
+            self.loop_depth -= 1
+
+
+def _find_jump(statement: cst.CSTNode) -> Optional[cst.CSTNode]:
+    """A continue/break (of the enclosing loop) or return inside statement, if any."""
+    finder = _JumpFinder()
+    if isinstance(statement, (cst.For, cst.While)):
+        # jumps inside a nested loop's body belong to that loop; only its else-block matters
+        if statement.orelse is not None:
+            statement.orelse.visit(finder)
+        return finder.found
+    statement.visit(finder)
+    return finder.found
+
+
+def _all_params(function: cst.FunctionDef) -> List[cst.Param]:
+    params = function.params
+    found = list(params.posonly_params) + list(params.params) + list(params.kwonly_params)
+    for extra in (params.star_arg, params.star_kwarg):
+        if isinstance(extra, cst.Param):
+            found.append(extra)
+    return found
+
+
+def _parameter_positions(function: cst.FunctionDef) -> Dict[str, int]:
+    params = list(function.params.posonly_params) + list(function.params.params)
+    return {p.name.value: index for index, p in enumerate(params)}
+
+
+def _argument_for(call: cst.Call, parameter: str, positions: Dict[str, int]) -> Optional[cst.BaseExpression]:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == parameter:
+            return arg.value
+    index = positions.get(parameter)
+    if index is None:
+        return None
+    positional = [a for a in call.args if a.keyword is None]
+    if any(a.star for a in positional[: index + 1]):
+        return None
+    if index < len(positional):
+        return positional[index].value
+    return None
+
+
+def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) -> Tuple[List[cst.Call], List[cst.CSTNode]]:
+    """In-file calls `f(...)` of a module-level function, and any other use of its name."""
+    name = function.name.value
+    calls: List[cst.Call] = []
+    others: List[cst.CSTNode] = []
+
+    class _Uses(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value != name or node is function.name:
+                return
+            parent = structure.parent(node)
+            if isinstance(parent, cst.Call) and parent.func is node:
+                calls.append(parent)
+            elif isinstance(parent, cst.Attribute) and parent.attr is node:
+                return  # obj.train(...) is another function
+            elif isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param, cst.ImportAlias)):
+                return
+            elif isinstance(parent, cst.Arg) and parent.keyword is node:
+                return  # f(train=True) names a keyword, not the function
+            else:
+                others.append(node)
+
+    structure.module.visit(_Uses())
+    return calls, others
+
+
+def _string_subscript(node: Optional[cst.BaseExpression]) -> Optional[cst.SimpleString]:
+    """The string key of `base["key"]`, else None."""
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        element = node.slice[0].slice
+        if isinstance(element, cst.Index) and isinstance(element.value, cst.SimpleString):
+            if dotted_name(node.value) is not None:
+                return element.value
+    return None
+
+
+def _scaled_backward(call: cst.Call, reference: str) -> cst.Call:
+    """`loss.backward(args)` -> `scaler.scale(loss).backward(args)`."""
+    assert isinstance(call.func, cst.Attribute)
+    loss = call.func.value.with_changes(lpar=[], rpar=[]) if call.func.value.lpar else call.func.value
+    scaled = cst.Call(func=cst.parse_expression(f"{reference}.scale"), args=[cst.Arg(loss)])
+    return call.with_changes(func=call.func.with_changes(value=scaled))
+
+
+def _scaler_call(reference: str, method: str, receiver: Optional[str]) -> cst.Call:
+    return cst.parse_expression(f"{reference}.{method}({receiver})")  # type: ignore[return-value]
+
+
+def _add_import_torch(module: cst.Module) -> cst.Module:
+    """Insert `import torch` before the first module-level import from torch."""
+    body = list(module.body)
+    for index, statement in enumerate(body):
+        if isinstance(statement, cst.SimpleStatementLine) and any(
+            isinstance(small, cst.ImportFrom) and small.module is not None
+            and (dotted_name(small.module) or "").split(".")[0] == "torch"
+            for small in statement.body
+        ):
+            new = cst.parse_statement("import torch\n", config=module.config_for_parsing)
+            new = new.with_changes(leading_lines=statement.leading_lines)
+            body[index] = statement.with_changes(leading_lines=[])
+            body.insert(index, new)
+            return module.with_changes(body=body)
+    new = cst.parse_statement("import torch\n", config=module.config_for_parsing)
+    return module.with_changes(body=[new] + body)
