@@ -447,7 +447,6 @@ class _NativeRewrite:
                 continue
             unscaled[step.receiver] = clip_statement
             planned.append((clip_statement, step.receiver))
-            self._info("AMP205", f"scaler.unscale_({step.receiver}) added before gradient clipping", clip.call)
         return planned
 
     # where the scaler lives ------------------------------------------------------------
@@ -651,6 +650,8 @@ class _NativeRewrite:
                 return text
         if s.uses_cuda_method:
             return '"cuda"'
+        if any(f.code == "AMP216" for f in self.findings):
+            return '"cuda"'  # said once per file is enough
         self._warn(
             "AMP216",
             'no device expression found in the script (torch.device(...), args.device, .to(device)): '
@@ -696,9 +697,11 @@ class _NativeRewrite:
             device = self._device_for(unit.scope, s.line(first), first)
             header = f"with {self.torch}.autocast(device_type={device}, dtype={dtype}):"
             self.edits.wrap(body[start], body[end], header)
+            first_line, last_line = s.line(first), s.line(body[end])
+            lines = f"line {first_line}" if first_line == last_line else f"lines {first_line}-{last_line}"
             self._info(
                 "AMP201",
-                f"forward pass and loss (lines {s.line(first)}-{s.line(body[end])}) run under "
+                f"forward pass and loss ({lines}) run under "
                 f"torch.autocast({device}, {self.options.dtype})",
                 first,
             )
@@ -715,6 +718,7 @@ class _NativeRewrite:
         self.edits.insert_after(plan.update_after, f"{reference}.update()")
         for clip_statement, receiver in plan.unscale_before:
             self.edits.insert_before(clip_statement, f"{reference}.unscale_({receiver})")
+            self._info("AMP205", f"{reference}.unscale_({receiver}) added before gradient clipping", clip_statement)
         homes = [plan.home] if plan.home is not None else plan.caller_homes
         for home in homes:
             self._create_scaler(home)
