@@ -452,12 +452,20 @@ class _Collector(cst.CSTVisitor):
                 "tuple" if in_tuple else ("attribute" if "." in name else kind), klass,
             )
             self.structure.bindings.append(binding)
-            if qualified and not in_tuple and qualified in names.DEVICE_CONSTRUCTORS:
+            if not in_tuple and self._builds_device(value):
                 self.structure.device_bindings.append(binding)
             if not in_tuple and isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
                 wrapper = self.wrapper_classes.get(value.func.value)
                 if wrapper is not None:
                     self.wrapper_classes[name] = wrapper
+
+    def _builds_device(self, value: Optional[cst.BaseExpression]) -> bool:
+        """`torch.device(...)`, `current_accelerator()`, or a conditional choosing between them."""
+        if isinstance(value, cst.IfExp):
+            return self._builds_device(value.body) and self._builds_device(value.orelse)
+        if isinstance(value, cst.Call):
+            return self.imports.resolve(value.func) in names.DEVICE_CONSTRUCTORS
+        return False
 
     def visit_Assign(self, node: cst.Assign) -> None:
         statement = self._current_statement(node)
