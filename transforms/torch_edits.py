@@ -34,8 +34,10 @@ class StatementEdits:
         self.before.setdefault(id(statement), []).append(code)
 
     def insert_after(self, statement: cst.CSTNode, code: str) -> None:
-        """Insert statement(s) `code` right after `statement`, in its block."""
-        self.after.setdefault(id(statement), []).append(code)
+        """Insert statement(s) `code` right after `statement`, in its block (once per code)."""
+        planned = self.after.setdefault(id(statement), [])
+        if code not in planned:
+            planned.append(code)
 
     def wrap(self, first: cst.CSTNode, last: cst.CSTNode, header: str) -> None:
         """Put the statements first..last (one block) into `header` (e.g. `with x:`)."""
@@ -50,8 +52,10 @@ class StatementEdits:
         self.parameters[id(function)] = name
 
     def add_keyword(self, call: cst.Call, keyword: str, value: str) -> None:
-        """Append `keyword=value` to a call."""
-        self.keywords.setdefault(id(call), []).append((keyword, value))
+        """Append `keyword=value` to a call (once, however often it is asked for)."""
+        planned = self.keywords.setdefault(id(call), [])
+        if (keyword, value) not in planned:
+            planned.append((keyword, value))
 
     def add_dict_element(self, element: cst.DictElement, key: str, value: str) -> None:
         """Insert `"key": value` right after `element` (same quotes and spacing)."""

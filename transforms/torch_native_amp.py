@@ -200,7 +200,9 @@ class _NativeRewrite:
 
     def _info(self, code: str, message: str, node: Optional[cst.CSTNode]) -> None:
         line, column = self._position(node)
-        self.findings.append(Finding(code, message, line, column, Severity.INFO))
+        finding = Finding(code, message, line, column, Severity.INFO)
+        if finding not in self.findings:
+            self.findings.append(finding)
 
     # ---- hazards ----------------------------------------------------------------------
 
