@@ -93,6 +93,14 @@ DATA_PREPARATION_CALLS = {
     "update", "format", "str", "dict", "list", "tuple", "split", "chunk", "cat", "stack",
 }
 
+#: tensor methods and builtins that compute on tensors already made: a region whose calls are
+#: all of these (or of imported functions such as torch.cat) holds no model forward pass
+TENSOR_ARITHMETIC_CALLS = DATA_PREPARATION_CALLS | {
+    "sum", "mean", "cat", "stack", "log", "exp", "pow", "mul", "add", "sub", "div", "neg", "abs",
+    "norm", "max", "min", "clamp", "gather", "masked_select", "log_softmax", "softmax", "sqrt",
+    "insert", "extend", "sort", "reversed", "sorted", "round", "sign", "prod", "std", "var",
+}
+
 #: the largest finite float16 value; masked_fill with a bigger constant overflows
 FLOAT16_MAX = 65504.0
 

@@ -322,6 +322,12 @@ class _NativeRewrite:
                 )
             block, body, end = found
             start = self._forward_start(body, end, barriers)
+            if not any(self._calls_model(body[index]) for index in range(start, end + 1)):
+                raise _Unconvertible(
+                    f"the loss of backward() is computed from tensors made elsewhere (line {s.line(body[end])} "
+                    "holds no model call): the forward pass runs elsewhere, put torch.autocast around it by hand",
+                    backward.call,
+                )
             ranges = by_block.setdefault(id(block), (block, []))[1]
             ranges.append((start, end))
         regions: List[Tuple[Block, int, int]] = []
@@ -342,6 +348,22 @@ class _NativeRewrite:
                     )
                 regions.append((block, start, end))
         return regions
+
+    def _calls_model(self, statement: cst.CSTNode) -> bool:
+        """Does the statement call something other than imported functions, tensor methods and
+        builtins: a model, a loss module, a helper that runs them?"""
+        for call in _calls_within(statement):
+            if self.imports.resolve(call.func) is not None:
+                continue
+            if isinstance(call.func, cst.Attribute):
+                called = call.func.attr.value
+            elif isinstance(call.func, cst.Name):
+                called = call.func.value
+            else:
+                return True
+            if called not in names.TENSOR_ARITHMETIC_CALLS:
+                return True
+        return False
 
     def _barrier_statements(self, unit: TrainingUnit) -> Set[int]:
         """ids of every statement (at any depth) that holds a backward, step or zero_grad call."""
