@@ -143,6 +143,15 @@ class _NativeRewrite:
             return self._result(Verdict.NOT_APPLICABLE, names.LOOP_OWNING_FRAMEWORKS[s.loop_owning_framework])
         has_training = bool(s.backwards) or any(h.kind == "autograd_backward" for h in s.hazards)
         self._warn_hazards(has_training)
+        if not has_training and s.steps:
+            step = s.steps[0]
+            self._warn(
+                "AMP215",
+                f"{step.receiver}.step() but no backward() in this file: the backward pass runs elsewhere "
+                "(a helper in another module?); nothing converted here, convert that training step by hand",
+                step.call,
+            )
+            return self._result(Verdict.UNCONVERTED, "optimizer steps without a backward() call in this file")
         if not has_training:
             reason = "no backward() call: no training step here (inference or model code)"
             return self._result(Verdict.NOTHING_TO_DO, reason)
@@ -550,20 +559,11 @@ class _NativeRewrite:
     def _insertion_point(
         self, binding_statements: List[cst.CSTNode], uses: List[cst.CSTNode], node: cst.CSTNode
     ) -> cst.CSTNode:
-        """The statement after which the scaler is created: after every binding, before every use,
-        in the deepest block that holds them all."""
-        s = self.structure
-        paths = [list(reversed(s.block_path(st))) for st in binding_statements + uses]  # outermost first
-        depth = 0
-        while all(len(p) > depth + 1 for p in paths) and len({id(p[depth + 1][0]) for p in paths}) == 1:
-            depth += 1
-        block_body = list(paths[0][depth][0].body)
-        binding_indexes = [_index_of(block_body, p[depth][1]) for p in paths[: len(binding_statements)]]
-        use_indexes = [_index_of(block_body, p[depth][1]) for p in paths[len(binding_statements):]]
-        last_binding = max(binding_indexes)
-        if use_indexes and min(use_indexes) <= last_binding:
+        """The statement after which the scaler is created (see TrainingStructure.insertion_point)."""
+        anchor = self.structure.insertion_point(binding_statements, uses)
+        if anchor is None:
             raise _Unconvertible("the optimizer is created inside the training loop or after it", node)
-        return block_body[last_binding]
+        return anchor
 
     def _class_home(self, unit: TrainingUnit, receivers: List[str]) -> _ScalerHome:
         s = self.structure

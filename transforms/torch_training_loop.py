@@ -265,6 +265,31 @@ class TrainingStructure:
                 return found
         return []
 
+    def insertion_point(
+        self, after: Sequence[cst.CSTNode], before: Sequence[cst.CSTNode] = ()
+    ) -> Optional[cst.CSTNode]:
+        """The statement after which new code runs once every statement in `after` has run and
+        before any in `before`: in the deepest block holding them all, the last statement that
+        holds one of `after`. None when no such place exists (a `before` statement holds an
+        `after` one, or comes first). E.g. after the optimizer(s), before the training loop;
+        an optimizer created in both branches of an `if` gives the whole `if`."""
+        paths = [list(reversed(self.block_path(st))) for st in list(after) + list(before)]
+        if not after or any(not p for p in paths):
+            return None
+        depth = 0
+        while all(len(p) > depth + 1 for p in paths) and len({id(p[depth + 1][0]) for p in paths}) == 1:
+            depth += 1
+        if len({id(p[depth][0]) for p in paths}) != 1:
+            return None
+        body = list(paths[0][depth][0].body)
+        indexes = [_position_in(body, p[depth][1]) for p in paths]
+        if any(i is None for i in indexes):
+            return None
+        last_after = max(indexes[: len(after)])
+        if indexes[len(after):] and min(indexes[len(after):]) <= last_after:
+            return None
+        return body[last_after]
+
     def fresh_name(self, preferred: str, *alternatives: str) -> str:
         """`preferred` unless the module already uses it, then the first free alternative."""
         for candidate in (preferred,) + alternatives:
@@ -274,6 +299,13 @@ class TrainingStructure:
         while f"{preferred}_{index}" in self.all_names:
             index += 1
         return f"{preferred}_{index}"
+
+
+def _position_in(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> Optional[int]:
+    for index, candidate in enumerate(body):
+        if candidate is statement:
+            return index
+    return None
 
 
 def analyze_training(module: cst.Module, imports: ImportMap) -> TrainingStructure:
