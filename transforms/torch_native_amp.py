@@ -1052,23 +1052,20 @@ def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) 
     calls: List[cst.Call] = []
     others: List[cst.CSTNode] = []
 
-    class _Uses(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            if node.value != name or node is function.name:
-                return
-            parent = structure.parent(node)
-            if isinstance(parent, cst.Call) and parent.func is node:
-                calls.append(parent)
-            elif isinstance(parent, cst.Attribute) and parent.attr is node:
-                return  # obj.train(...) is another function
-            elif isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param, cst.ImportAlias)):
-                return
-            elif isinstance(parent, cst.Arg) and parent.keyword is node:
-                return  # f(train=True) names a keyword, not the function
-            else:
-                others.append(node)
-
-    structure.module.visit(_Uses())
+    for node in structure.name_nodes.get(name, []):
+        if node is function.name:
+            continue
+        parent = structure.parent(node)
+        if isinstance(parent, cst.Call) and parent.func is node:
+            calls.append(parent)
+        elif isinstance(parent, cst.Attribute) and parent.attr is node:
+            continue  # obj.train(...) is another function
+        elif isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param, cst.ImportAlias)):
+            continue
+        elif isinstance(parent, cst.Arg) and parent.keyword is node:
+            continue  # f(train=True) names a keyword, not the function
+        else:
+            others.append(node)
     return calls, others
 
 

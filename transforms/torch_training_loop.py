@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
-from libcst.metadata import CodePosition, MetadataWrapper, ParentNodeProvider, PositionProvider
+from libcst.metadata import CodePosition, MetadataWrapper, PositionProvider
 
 from ampify.transforms import torch_names as names
 from ampify.transforms.imports import ImportMap, dotted_name
@@ -164,6 +164,8 @@ class TrainingStructure:
     loop_owning_framework: Optional[str] = None
     #: every Name value in the module, to pick fresh names
     all_names: Set[str] = field(default_factory=set)
+    #: every Name node, by value (to find the uses of a function without another walk)
+    name_nodes: Dict[str, List[cst.Name]] = field(default_factory=dict)
     _parents: Dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict, repr=False)
     _positions: Dict[cst.CSTNode, object] = field(default_factory=dict, repr=False)
 
@@ -312,10 +314,10 @@ def analyze_training(module: cst.Module, imports: ImportMap) -> TrainingStructur
     """Walk `module` once and describe its training structure (see the module docstring)."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     collector = _Collector(imports)
-    wrapper.visit(collector)
+    module.visit(collector)
     structure = collector.structure
     structure.module = wrapper.module
-    structure._parents = dict(wrapper.resolve(ParentNodeProvider))
+    structure._parents = collector.parents
     structure._positions = dict(wrapper.resolve(PositionProvider))
     _identify_optimizers(structure, collector)
     _group_units(structure)
@@ -385,7 +387,7 @@ def _target_names(target: cst.BaseExpression) -> List[Tuple[str, bool]]:
 class _Collector(cst.CSTVisitor):
     """One walk that records every call and binding the analysis needs."""
 
-    METADATA_DEPENDENCIES = (ParentNodeProvider,)
+    # Parents are recorded during this one walk (a ParentNodeProvider would walk the tree again).
 
     def __init__(self, imports: ImportMap) -> None:
         super().__init__()
@@ -397,6 +399,8 @@ class _Collector(cst.CSTVisitor):
         #: names bound (by assignment) to instances of optimizer wrapper classes
         self.wrapper_classes: Dict[str, cst.ClassDef] = {}
         self.step_candidates: List[CallSite] = []
+        self.parents: Dict[cst.CSTNode, cst.CSTNode] = {}
+        self._stack: List[cst.CSTNode] = []
         self.state_dict_calls: List[CallSite] = []
         self.load_state_dict_calls: List[CallSite] = []
         for framework in names.LOOP_OWNING_FRAMEWORKS:
@@ -406,6 +410,16 @@ class _Collector(cst.CSTVisitor):
         for module_name in imports.modules:
             if any(module_name == p or module_name.startswith(p + ".") for p in names.MIXED_PRECISION_PREFIXES):
                 self.structure.mixed_precision_uses.append(cst.Name(module_name.split(".")[0]))
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self._stack:
+            self.parents[node] = self._stack[-1]
+        self._stack.append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        self._stack.pop()
 
     # scopes ---------------------------------------------------------------------------
 
@@ -439,16 +453,16 @@ class _Collector(cst.CSTVisitor):
         self.classes.pop()
 
     def _is_method(self, node: cst.FunctionDef) -> bool:
-        parent = self.get_metadata(ParentNodeProvider, node, None)
-        grand = self.get_metadata(ParentNodeProvider, parent, None) if parent is not None else None
+        parent = self.parents.get(node)
+        grand = self.parents.get(parent) if parent is not None else None
         return isinstance(grand, cst.ClassDef)
 
     def _method_class(self) -> Optional[cst.ClassDef]:
         """The class of the method we are in (for `self.x` bindings)."""
         scope = self.scope
         if isinstance(scope, cst.FunctionDef):
-            parent = self.get_metadata(ParentNodeProvider, scope, None)
-            grand = self.get_metadata(ParentNodeProvider, parent, None) if parent is not None else None
+            parent = self.parents.get(scope)
+            grand = self.parents.get(parent) if parent is not None else None
             if isinstance(grand, cst.ClassDef):
                 return grand
         return None
@@ -465,7 +479,7 @@ class _Collector(cst.CSTVisitor):
         """The innermost statement around node (a compound one for `for` targets, one-liners)."""
         current: Optional[cst.CSTNode] = node
         while current is not None:
-            parent = self.get_metadata(ParentNodeProvider, current, None)
+            parent = self.parents.get(current)
             if isinstance(parent, (cst.IndentedBlock, cst.Module)):
                 return current
             current = parent
@@ -517,6 +531,7 @@ class _Collector(cst.CSTVisitor):
 
     def visit_Name(self, node: cst.Name) -> None:
         self.structure.all_names.add(node.value)
+        self.structure.name_nodes.setdefault(node.value, []).append(node)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         qualified = self.imports.resolve(node)
