@@ -130,6 +130,8 @@ def test_hazards_and_wrappers():
         s1 = scores.masked_fill(mask, -1e9)
         s2 = scores.masked_fill(mask, float("-inf"))
         s3 = scores.masked_fill(mask, -1e4)
+        s4 = scores.masked_fill(mask, torch.finfo(torch.float32).min)
+        s5 = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
         for x in data:
             loss = f(x)
             loss.backward()
@@ -140,7 +142,7 @@ def test_hazards_and_wrappers():
         """
     )
     kinds = sorted(h.kind for h in s.hazards)
-    assert kinds == ["bce", "bce", "closure", "create_graph", "masked_fill", "sigmoid", "wrapper_class"]
+    assert kinds == ["bce", "bce", "closure", "create_graph", "masked_fill", "masked_fill", "sigmoid", "wrapper_class"]
     assert "wrapped" not in s.optimizers  # a wrapper instance is not treated as an optimizer
     assert len(s.unpaired_backwards) == 1
 

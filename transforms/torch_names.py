@@ -101,6 +101,9 @@ TENSOR_ARITHMETIC_CALLS = DATA_PREPARATION_CALLS | {
     "insert", "extend", "sort", "reversed", "sorted", "round", "sign", "prod", "std", "var",
 }
 
+#: dtypes whose finfo limits overflow float16 (`torch.finfo(torch.float32).min` as a mask value)
+WIDE_FLOAT_DTYPES = {"float32", "float", "float64", "double", "single"}
+
 #: the largest finite float16 value; masked_fill with a bigger constant overflows
 FLOAT16_MAX = 65504.0
 

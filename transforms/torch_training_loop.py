@@ -634,6 +634,27 @@ class _Collector(cst.CSTVisitor):
             number = _numeric_value(value_arg) if value_arg is not None else None
             if number is not None and abs(number) > names.FLOAT16_MAX and abs(number) != float("inf"):
                 structure.hazards.append(Hazard("masked_fill", node, str(number)))
+            elif value_arg is not None and self._is_wide_finfo_limit(value_arg):
+                structure.hazards.append(Hazard("masked_fill", node, _code_of(value_arg)))
+
+    def _is_wide_finfo_limit(self, node: cst.BaseExpression) -> bool:
+        """`torch.finfo(torch.float32).min` (or of float64, or numpy's): finite, beyond float16."""
+        if isinstance(node, cst.UnaryOperation):
+            return self._is_wide_finfo_limit(node.expression)
+        if not (isinstance(node, cst.Attribute) and node.attr.value in ("min", "max")):
+            return False
+        call = node.value
+        if not (isinstance(call, cst.Call) and call.args):
+            return False
+        function = self.imports.resolve(call.func) or ""
+        if function not in ("torch.finfo", "numpy.finfo"):
+            return False
+        dtype = self.imports.resolve(call.args[0].value) or dotted_name(call.args[0].value) or ""
+        return dtype.rsplit(".", 1)[-1] in names.WIDE_FLOAT_DTYPES
+
+
+def _code_of(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
 
 
 def _calls_in(node: cst.CSTNode) -> List[cst.Call]:
