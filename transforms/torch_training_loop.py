@@ -10,11 +10,30 @@ optimizer wrapper classes). It groups backward calls with their optimizer steps 
 function) that holds a backward call and at least one optimizer step.
 
 Both PyTorch backends (native torch.amp and NVIDIA apex) build on this module; it never
-rewrites anything and never imports PyTorch. All nodes it returns belong to
-`TrainingStructure.module` (the module as wrapped for metadata), so rewrite *that* module.
+rewrites anything and never imports PyTorch. The nodes it returns are the nodes of the module
+passed in (`TrainingStructure.module` is that module), so plan edits against them by identity
+(see `torch_edits.StatementEdits`).
 
-Navigation helpers (`TrainingStructure.statement_of`, `.block_path`, `.scope_of`,
-`.position`, `.bindings_visible`) answer the questions a rewrite asks about those nodes.
+How a backend uses it (the native backend, `torch_native_amp`, is the worked example):
+
+    s = analyze_training(module, imports)
+    s.mixed_precision_uses        # non-empty: the file already uses torch.amp / apex amp
+    for unit in s.units:          # one training iteration each
+        unit.backwards            # BackwardCall: .call, .loss (receiver expression), .statement
+        unit.steps                # StepCall: .receiver ("optimizer", "self.opt"), .has_closure
+        unit.clips, unit.zero_grads
+        unit.owner, unit.scope    # the loop (or function) and the function that holds it
+        s.bindings_visible(unit.optimizers[0], unit.scope)   # where that optimizer is created
+    s.unpaired_backwards          # backward() with no optimizer step found: report, never skip
+    s.optimizers                  # name -> Optimizer(bindings, reason it is believed to be one)
+    s.optimizer_state_saves / s.optimizer_state_loads    # checkpoint call sites
+    s.parallel_wraps              # DataParallel / DDP calls (apex: amp.initialize goes before)
+    s.device_bindings, s.to_device_arguments             # the script's own device expressions
+    s.hazards                     # Hazard(kind, node, detail), kinds in HAZARD_KINDS
+
+Navigation helpers (`statement_of`, `block_of`, `block_path`, `scope_of`, `class_of`,
+`position`/`line`, `bindings_visible`, `insertion_point`, `fresh_name`) answer the questions a
+rewrite asks about those nodes.
 """
 
 from __future__ import annotations
