@@ -50,7 +50,7 @@ RULES = {
     "AMP213": "masked_fill with a constant that overflows float16",
     "AMP214": "optimizer wrapper class with its own step()",
     "AMP215": "training structure could not be followed; left unconverted",
-    "AMP216": "no device expression found; 'cuda' assumed",
+    "AMP216": "no device variable found: 'cuda' used (warning when assumed, info when the script calls .cuda())",
 }
 
 #: reductions allowed on the loss inside `<loss>.backward()` (`loss.mean().backward()`)
@@ -673,6 +673,12 @@ class _NativeRewrite:
             if text is not None:
                 return text
         if s.uses_cuda_method:
+            if not any(f.code == "AMP216" for f in self.findings):
+                self._info(
+                    "AMP216",
+                    'device "cuda" taken from the script\'s .cuda() calls (no device variable found)',
+                    node,
+                )
             return '"cuda"'
         if any(f.code == "AMP216" for f in self.findings):
             return '"cuda"'  # said once per file is enough
