@@ -90,3 +90,23 @@ def test_bfloat16_adds_no_scaler_and_keeps_closures_reported():
     assert "GradScaler" not in conversion.converted and "scaler" not in conversion.converted
     assert "dtype=torch.bfloat16" in conversion.converted
     assert {f.code for f in conversion.findings} == {"AMP201", "AMP216"}
+
+
+def test_to_dtype_or_tensor_is_not_taken_for_a_device():
+    source = textwrap.dedent(
+        """
+        import torch
+        dtype = torch.float32
+        opt = torch.optim.SGD(p)
+        for x, y in loader:
+            x = x.to(dtype)
+            y = y.to(x)
+            loss = model(x, y)
+            loss.backward()
+            opt.step()
+        """
+    )
+    conversion = convert_source(source)
+    assert "torch.device(dtype)" not in conversion.converted and "torch.device(x)" not in conversion.converted
+    assert 'device_type="cuda"' in conversion.converted
+    assert any(f.code == "AMP216" and f.severity is Severity.WARNING for f in conversion.findings)

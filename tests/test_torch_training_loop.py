@@ -7,7 +7,11 @@ import textwrap
 import libcst as cst
 
 from ampify.transforms.imports import ImportMap
-from ampify.transforms.torch_names import is_optimizer_qualname, looks_like_optimizer_name
+from ampify.transforms.torch_names import (
+    is_optimizer_qualname,
+    looks_like_device_name,
+    looks_like_optimizer_name,
+)
 from ampify.transforms.torch_training_loop import analyze_training
 
 
@@ -21,6 +25,13 @@ def test_optimizer_names():
         assert looks_like_optimizer_name(name), name
     for name in ["scheduler", "lr_scheduler", "env", "trainer", "opts", "options", "optimizer_scheduler"]:
         assert not looks_like_optimizer_name(name), name
+
+
+def test_device_names():
+    for name in ["device", "args.device", "self.gpu_id", "local_rank", "cfg.train_device", "dev"]:
+        assert looks_like_device_name(name), name
+    for name in ["dtype", "x", "target.dtype", "half", "developer"]:
+        assert not looks_like_device_name(name), name
 
 
 def test_optimizer_qualified_names():

@@ -129,3 +129,11 @@ def looks_like_optimizer_name(dotted: str) -> bool:
     return ("optimizer" in lowered or "optimiser" in lowered or lowered.startswith("optim")) and (
         "sched" not in lowered
     )
+
+
+_DEVICE_WORDS = re.compile(r"device|gpu|cuda|rank|^dev$", re.IGNORECASE)
+
+
+def looks_like_device_name(dotted: str) -> bool:
+    """`device`, `args.device`, `self.gpu_id`, `local_rank` yes; `dtype`, `x` no."""
+    return bool(_DEVICE_WORDS.search(dotted.rsplit(".", 1)[-1]))

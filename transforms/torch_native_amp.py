@@ -698,8 +698,8 @@ class _NativeRewrite:
                 return f'"{value.split(":")[0]}"'
             return None
         name = dotted_name(argument)
-        if name is None:
-            return None
+        if name is None or not names.looks_like_device_name(name):
+            return None  # `.to(dtype)`, `.to(other_tensor)`: not a device
         base = name.split(".")[0]
         if base == "self":
             if not s.bindings_visible(name, scope):
