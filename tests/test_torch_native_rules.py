@@ -110,3 +110,29 @@ def test_to_dtype_or_tensor_is_not_taken_for_a_device():
     assert "torch.device(dtype)" not in conversion.converted and "torch.device(x)" not in conversion.converted
     assert 'device_type="cuda"' in conversion.converted
     assert any(f.code == "AMP216" and f.severity is Severity.WARNING for f in conversion.findings)
+
+
+def test_import_torch_inside_a_function_does_not_count():
+    source = textwrap.dedent(
+        """\
+        from torch import optim
+
+        def make(params):
+            import torch
+            return torch.optim.SGD(params, lr=0.1)
+
+        optimizer = make(p)
+        for x in loader:
+            loss = model(x)
+            loss.backward()
+            optimizer.step()
+        """
+    )
+    conversion = convert_source(source)
+    assert conversion.converted.startswith("import torch\nfrom torch import optim\n")
+
+
+def test_aliased_torch_is_used_as_is():
+    source = "import torch as th\nopt = th.optim.SGD(p)\nfor x in l:\n    loss = m(x)\n    loss.backward()\n    opt.step()\n"
+    converted = convert_source(source).converted
+    assert "th.autocast(" in converted and "th.amp.GradScaler(" in converted and "import torch\n" not in converted

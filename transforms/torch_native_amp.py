@@ -279,7 +279,9 @@ class _NativeRewrite:
     # ---- torch name and imports -------------------------------------------------------
 
     def _torch_name(self) -> str:
-        local = sorted(self.imports.local_names_for("torch"))
+        """The module-level name bound to `torch`; "torch" (to be imported) when there is none.
+        An `import torch` inside a function does not count: the new code may run elsewhere."""
+        local = sorted(_module_level_aliases(self.module, "torch"))
         self.torch_import_needed = not local
         if "torch" in local or not local:
             return "torch"
@@ -1095,6 +1097,36 @@ def _scaled_backward(call: cst.Call, reference: str) -> cst.Call:
 
 def _scaler_call(reference: str, method: str, receiver: Optional[str]) -> cst.Call:
     return cst.parse_expression(f"{reference}.{method}({receiver})")  # type: ignore[return-value]
+
+
+class _ModuleLevelImports(cst.CSTVisitor):
+    """Local names bound by imports at module level (also under module-level if/try/with)."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.target = target
+        self.found: Set[str] = set()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            full = dotted_name(alias.name) or ""
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                if full == self.target:
+                    self.found.add(alias.asname.name.value)
+            elif full.split(".")[0] == self.target:
+                self.found.add(self.target)  # `import torch.nn` binds `torch`
+
+
+def _module_level_aliases(module: cst.Module, target: str) -> Set[str]:
+    visitor = _ModuleLevelImports(target)
+    module.visit(visitor)
+    return visitor.found
 
 
 def _add_import_torch(module: cst.Module) -> cst.Module:
