@@ -104,6 +104,9 @@ TENSOR_ARITHMETIC_CALLS = DATA_PREPARATION_CALLS | {
 #: dtypes whose finfo limits overflow float16 (`torch.finfo(torch.float32).min` as a mask value)
 WIDE_FLOAT_DTYPES = {"float32", "float", "float64", "double", "single"}
 
+#: reduced-precision dtypes: casting a model or its inputs to these by hand is manual half precision
+HALF_DTYPES = {"torch.float16", "torch.half", "torch.bfloat16"}
+
 #: the largest finite float16 value; masked_fill with a bigger constant overflows
 FLOAT16_MAX = 65504.0
 

@@ -50,6 +50,7 @@ RULES = {
     "AMP213": "masked_fill with a constant that overflows float16",
     "AMP214": "optimizer wrapper class with its own step()",
     "AMP215": "training structure could not be followed; left unconverted",
+    "AMP217": "the script casts to half precision by hand (.half(), .to(torch.float16)); left unconverted",
     "AMP216": "no device variable found: 'cuda' used (warning when assumed, info when the script calls .cuda())",
 }
 
@@ -260,6 +261,14 @@ class _NativeRewrite:
                     "through it; call scaler.step(inner_optimizer) and scaler.update() inside its step() by hand",
                     hazard.node,
                 )
+            elif hazard.kind == "manual_half" and has_training:
+                self._warn(
+                    "AMP217",
+                    f"{hazard.detail}: this script casts to half precision by hand; autocast and GradScaler "
+                    "expect float32 weights (GradScaler refuses float16 gradients). Remove the manual casts "
+                    "and rerun ampify; the training steps of this file were left unconverted",
+                    hazard.node,
+                )
             elif hazard.kind == "autograd_backward":
                 self._warn(
                     "AMP215",
@@ -270,7 +279,7 @@ class _NativeRewrite:
     def _file_blocked(self) -> bool:
         """Hazards that make any conversion of this file unsafe."""
         kinds = {h.kind for h in self.structure.hazards}
-        if "bce" in kinds:
+        if "bce" in kinds or "manual_half" in kinds:
             return True
         if self.scaling and ("create_graph" in kinds or "masked_fill" in kinds):
             return True

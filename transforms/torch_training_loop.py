@@ -146,6 +146,7 @@ HAZARD_KINDS = {
     "masked_fill": "masked_fill with a constant beyond the float16 range",
     "wrapper_class": "a class with its own step() that steps an inner optimizer",
     "autograd_backward": "torch.autograd.backward(...), which the rewrite does not follow",
+    "manual_half": "a manual cast to float16/bfloat16 (.half(), .to(torch.float16)), i.e. hand-made half precision",
 }
 
 
@@ -619,6 +620,12 @@ class _Collector(cst.CSTVisitor):
         if method == "load_state_dict" and receiver is not None:
             self.load_state_dict_calls.append(site)
             return
+        if method in ("half", "bfloat16") and isinstance(node.func, cst.Attribute) and not node.args:
+            structure.hazards.append(Hazard("manual_half", node, f".{method}()"))
+        if method == "to" and isinstance(node.func, cst.Attribute) and any(
+            (self.imports.resolve(a.value) or "") in names.HALF_DTYPES for a in node.args
+        ):
+            structure.hazards.append(Hazard("manual_half", node, ".to(half dtype)"))
         if method == "to" and isinstance(node.func, cst.Attribute) and node.args:
             first = node.args[0]
             if first.keyword is None or first.keyword.value == "device":
