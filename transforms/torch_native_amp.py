@@ -848,6 +848,8 @@ class _NativeRewrite:
                     self.edits.insert_after(statement, f"{base}[{quote}scaler{quote}] = {reference}.state_dict()")
                     self._info("AMP206", f"checkpoint also saves {reference}.state_dict() as 'scaler'", site.call)
                     continue
+            if self._save_to_sibling_file(site, parent, reference):
+                continue
             self._warn(
                 "AMP206",
                 f"{site.receiver}.state_dict() is saved in a form ampify does not extend: "
@@ -867,6 +869,9 @@ class _NativeRewrite:
                 and isinstance(statement.body[0], cst.Expr)
                 and statement.body[0].value is site.call
             )
+            if reference is not None and simple and self._load_from_sibling_file(statement, argument, reference):
+                self._info("AMP206", f"{reference} state is loaded too when its file exists", site.call)
+                continue
             if reference is None or key_node is None or not simple or dotted_name(argument.value) is None:
                 self._warn(
                     "AMP206",
@@ -883,8 +888,78 @@ class _NativeRewrite:
             )
             self._info("AMP206", f"{reference} state is loaded too when the checkpoint has it", site.call)
 
+    def _save_to_sibling_file(self, site, parent: Optional[cst.CSTNode], reference: str) -> bool:
+        """`torch.save(optimizer.state_dict(), ".../optimizer.pt")`: save the scaler next to it,
+        in a file named like the optimizer's with "scaler" for "optimizer"."""
+        s = self.structure
+        call = s.parent(parent) if isinstance(parent, cst.Arg) else None
+        if not isinstance(call, cst.Call) or self.imports.resolve(call.func) != "torch.save":
+            return False
+        if not call.args or call.args[0] is not parent:
+            return False
+        statement = s.statement_of(call)
+        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+            return False
+        path = next((a.value for a in call.args[1:2] if a.keyword is None), None)
+        path = path or next((a.value for a in call.args if a.keyword and a.keyword.value == "f"), None)
+        new_path = _renamed_optimizer_path(path) if path is not None else None
+        if new_path is None:
+            return False
+        self.edits.insert_after(statement, f"{self.torch}.save({reference}.state_dict(), {_code(new_path)})")
+        self._info("AMP206", f"{reference}.state_dict() saved too, to {_code(new_path)}", site.call)
+        return True
+
+    def _load_from_sibling_file(self, statement: cst.CSTNode, argument, reference: str) -> bool:
+        """`optimizer.load_state_dict(torch.load(".../optimizer.pt"))`: load the scaler's file too,
+        when it exists (checkpoints written before the conversion have none)."""
+        if not (isinstance(argument, cst.Call) and self.imports.resolve(argument.func) == "torch.load"):
+            return False
+        if not argument.args:
+            return False
+        new_path = _renamed_optimizer_path(argument.args[0].value)
+        if new_path is None:
+            return False
+        new_load = argument.with_changes(args=[argument.args[0].with_changes(value=new_path)] + list(argument.args[1:]))
+        self.edits.insert_after(
+            statement,
+            f"try:\n    {reference}.load_state_dict({_code(new_load)})\nexcept FileNotFoundError:\n    pass",
+        )
+        return True
+
 
 # ---- small helpers --------------------------------------------------------------------------
+
+
+class _OptimizerPathRenamer(cst.CSTTransformer):
+    """"optimizer.pt" -> "scaler.pt" inside the string parts of a path expression."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renamed = False
+
+    def _rename(self, text: str) -> str:
+        for word in ("optimizer", "optimiser", "optim"):
+            if word in text:
+                self.renamed = True
+                return text.replace(word, "scaler", 1)
+        return text
+
+    def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> cst.SimpleString:
+        if self.renamed:
+            return updated_node
+        return updated_node.with_changes(value=self._rename(updated_node.value))
+
+    def leave_FormattedStringText(self, original_node, updated_node):
+        if self.renamed:
+            return updated_node
+        return updated_node.with_changes(value=self._rename(updated_node.value))
+
+
+def _renamed_optimizer_path(path: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """The path with "optimizer" renamed to "scaler" in its string parts; None if it has none."""
+    renamer = _OptimizerPathRenamer()
+    new_path = path.visit(renamer)
+    return new_path if renamer.renamed else None
 
 
 def _code(node: cst.CSTNode) -> str:
