@@ -522,6 +522,15 @@ class _NativeRewrite:
             plan.home = self._variable_home(receivers, unit.scope, use_statement, unit.steps[0].call)
             return
         if set(kinds.values()) == {"parameter"} and isinstance(unit.scope, cst.FunctionDef):
+            for receiver in receivers:
+                owner = s.bindings_visible(receiver, unit.scope)[0].scope
+                if owner is not unit.scope:
+                    raise _Unconvertible(
+                        f"{receiver} is a parameter of the enclosing function "
+                        f"{getattr(getattr(owner, 'name', None), 'value', '?')}(): create the GradScaler there "
+                        "by hand (once per training run) and use it here",
+                        unit.steps[0].call,
+                    )
             self._thread_through_parameter(plan, receivers)
             return
         raise _Unconvertible(
