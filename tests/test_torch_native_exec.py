@@ -33,6 +33,8 @@ EXPECTED_CALLS = {
     "gan": {"step": 12, "update": 6, "scale": 18, "load_state_dict": 0},
     # 6 micro-batches, a step every 2
     "grad_accumulation": {"step": 3, "update": 3, "scale": 6, "load_state_dict": 0},
+    # 8 train_step() calls, one save (state_dict) and one load of self.scaler
+    "trainer_class": {"step": 8, "update": 8, "scale": 8, "load_state_dict": 1, "state_dict": 1},
 }
 
 
@@ -73,7 +75,7 @@ def test_converted_script_trains_in_reduced_precision(name, dtype, tmp_path):
         assert sum(evidence.scaler_calls.values()) == 0
 
 
-@pytest.mark.parametrize("name", ["cnn_classifier", "grad_accumulation"])
+@pytest.mark.parametrize("name", ["cnn_classifier", "grad_accumulation", "trainer_class"])
 def test_clipping_sees_unscaled_gradients(name, tmp_path):
     """scaler.unscale_ before clip_grad_norm_: the clipped norms stay the size of fp32 norms,
     not 65536 times larger (the GradScaler's initial scale)."""
