@@ -503,9 +503,16 @@ class _NativeRewrite:
             plan.reference = f"self.{self.scaler_name}"
             plan.home = self._class_home(unit, receivers)
             return
-        if any(r.startswith("self.") or "." in r for r in receivers):
+        other_attributes = [r for r in receivers if "." in r and not r.startswith("self.")]
+        if other_attributes:
             raise _Unconvertible(
-                f"optimizers {', '.join(receivers)} are reached in different ways (attribute and variable)",
+                f"the optimizer {other_attributes[0]} is an attribute of another object; ampify follows "
+                "variables and self.<attribute> only: create the GradScaler next to it by hand",
+                unit.steps[0].call,
+            )
+        if any(r.startswith("self.") for r in receivers):
+            raise _Unconvertible(
+                f"optimizers {', '.join(receivers)} are reached in different ways (self attribute and variable)",
                 unit.steps[0].call,
             )
         kinds = {}
