@@ -24,11 +24,11 @@ import libcst as cst
 from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms import torch_names as names
+from ampify.transforms import torch_statements as statements
 from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms.imports import ImportMap, dotted_name
 from ampify.transforms.torch_edits import StatementEdits, apply_edits
 from ampify.transforms.torch_training_loop import (
-    Binding,
     Block,
     Scope,
     TrainingStructure,
@@ -329,7 +329,7 @@ class _NativeRewrite:
                 body = list(block.body)
                 index = _index_of(body, statement)
                 for candidate in range(index - 1, -1, -1):
-                    if _assigned_names(body[candidate]) & loss_names:
+                    if statements.assigned_names(body[candidate]) & loss_names:
                         found = (block, body, candidate)
                         break
                 if found:
@@ -372,7 +372,7 @@ class _NativeRewrite:
     def _calls_model(self, statement: cst.CSTNode) -> bool:
         """Does the statement call something other than imported functions, tensor methods and
         builtins: a model, a loss module, a helper that runs them?"""
-        for call in _calls_within(statement):
+        for call in statements.calls_within(statement):
             if self.imports.resolve(call.func) is not None:
                 continue
             if isinstance(call.func, cst.Attribute):
@@ -399,26 +399,26 @@ class _NativeRewrite:
         loss = backward.loss
         if loss is None:
             return set()
-        for call in _calls_within(loss):
+        for call in statements.calls_within(loss):
             method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
             if method not in _LOSS_REDUCTIONS:
                 raise _Unconvertible(
                     "the loss is computed inside the backward() call itself; assign it to a variable first",
                     backward.call,
                 )
-        return _used_names(loss) - {"self"}
+        return statements.used_names(loss) - {"self"}
 
     def _forward_start(self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int]) -> int:
         """First statement of the forward pass that leads to the loss statement body[end]."""
-        needed = _used_names(body[end])
+        needed = statements.used_names(body[end])
         start = end
         for index in range(end - 1, -1, -1):
             statement = body[index]
-            if id(statement) in barriers or _is_jump_or_definition(statement):
+            if id(statement) in barriers or statements.is_jump_or_definition(statement):
                 break
-            if _assigned_names(statement) & needed:
-                needed |= _used_names(statement)
-                if _has_forward_call(statement):
+            if statements.assigned_names(statement) & needed:
+                needed |= statements.used_names(statement)
+                if statements.has_forward_call(statement):
                     start = index
         return start
 
@@ -452,7 +452,7 @@ class _NativeRewrite:
         first = min(_index_of(body, a) for a in anchors)
         last = max(_index_of(body, a) for a in anchors)
         for index in range(first, last + 1):
-            jump = _find_jump(body[index])
+            jump = statements.find_jump(body[index])
             if jump is not None:
                 raise _Unconvertible(
                     "a continue/break/return between the optimizer steps could skip scaler.update(); "
@@ -600,7 +600,7 @@ class _NativeRewrite:
         existing = self.homes.get(id(klass))
         if existing is not None:
             return existing
-        statements: List[cst.CSTNode] = []
+        first_bindings: List[cst.CSTNode] = []
         method: Optional[Scope] = None
         for receiver in receivers:
             bindings = [b for b in s.bindings_visible(receiver, unit.scope) if b.statement is not None]
@@ -614,8 +614,8 @@ class _NativeRewrite:
                 method = first.scope
             elif first.scope is not method:
                 raise _Unconvertible("the optimizers are created in different methods", unit.steps[0].call)
-            statements.append(first.statement)
-        after = self._insertion_point(statements, [], unit.steps[0].call)
+            first_bindings.append(first.statement)
+        after = self._insertion_point(first_bindings, [], unit.steps[0].call)
         home = _ScalerHome(method, f"self.{self.scaler_name}", after, method, s.line(after), list(receivers))
         self.homes[id(klass)] = home
         return home
@@ -632,7 +632,7 @@ class _NativeRewrite:
                 f"method {function.name.value}() receives the optimizer as a parameter; ampify does not "
                 "follow method calls", node,
             )
-        if self.scaler_name in {p.name.value for p in _all_params(function)}:
+        if self.scaler_name in {p.name.value for p in statements.all_params(function)}:
             raise _Unconvertible("the function already has a parameter named like the scaler", node)
         calls, other_uses = _calls_of_function(s, function)
         if other_uses:
@@ -645,13 +645,13 @@ class _NativeRewrite:
                 f"{function.name.value}() receives the optimizer as a parameter and is not called in this file: "
                 f"create the GradScaler where the optimizer is created and pass it in", node,
             )
-        positions = _parameter_positions(function)
+        positions = statements.parameter_positions(function)
         homes = []
         for call in calls:
             caller_scope = s.scope_of(call)
             passed = []
             for receiver in receivers:
-                argument = _argument_for(call, receiver, positions)
+                argument = statements.argument_for(call, receiver, positions)
                 name = dotted_name(argument) if argument is not None else None
                 if name is None or "." in name:
                     raise _Unconvertible(
@@ -692,7 +692,7 @@ class _NativeRewrite:
                     return f"{binding.name}.type"
         for candidate_scope in chain:
             if isinstance(candidate_scope, cst.FunctionDef):
-                for param in _all_params(candidate_scope):
+                for param in statements.all_params(candidate_scope):
                     if param.name.value == "device":
                         return f"{torch}.device(device).type"
         for argument, arg_scope in s.to_device_arguments:
@@ -767,7 +767,7 @@ class _NativeRewrite:
         reference = plan.reference
         for backward in unit.backwards:
             self.edits.replace_call(backward.call, _scaled_backward(backward.call, reference))
-            self._info("AMP202", f"{reference}.scale({_code(backward.loss)}).backward(...)", backward.call)
+            self._info("AMP202", f"{reference}.scale({statements.code_of(backward.loss)}).backward(...)", backward.call)
         for step in unit.steps:
             self.edits.replace_call(step.call, _scaler_call(reference, "step", step.receiver))
             self._info("AMP203", f"{step.receiver}.step() now {reference}.step({step.receiver})", step.call)
@@ -856,10 +856,10 @@ class _NativeRewrite:
                 continue
             if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
                 target = parent.targets[0].target
-                key_node = _string_subscript(target)
+                key_node = statements.string_subscript(target)
                 statement = s.statement_of(site.call)
                 if key_node is not None and isinstance(statement, cst.SimpleStatementLine):
-                    base = _code(target.value)
+                    base = statements.code_of(target.value)
                     quote = key_node.quote
                     self.edits.insert_after(statement, f"{base}[{quote}scaler{quote}] = {reference}.state_dict()")
                     self._info("AMP206", f"checkpoint also saves {reference}.state_dict() as 'scaler'", site.call)
@@ -878,7 +878,7 @@ class _NativeRewrite:
             reference = self._scaler_reference_in(site.scope, s.line(site.call), plans)
             statement = s.statement_of(site.call)
             argument = site.call.args[0].value if site.call.args else None
-            key_node = _string_subscript(argument) if argument is not None else None
+            key_node = statements.string_subscript(argument) if argument is not None else None
             simple = (
                 isinstance(statement, cst.SimpleStatementLine)
                 and len(statement.body) == 1
@@ -896,7 +896,7 @@ class _NativeRewrite:
                     site.call,
                 )
                 continue
-            base = _code(argument.value)
+            base = statements.code_of(argument.value)
             quote = key_node.quote
             self.edits.insert_after(
                 statement,
@@ -918,11 +918,11 @@ class _NativeRewrite:
             return False
         path = next((a.value for a in call.args[1:2] if a.keyword is None), None)
         path = path or next((a.value for a in call.args if a.keyword and a.keyword.value == "f"), None)
-        new_path = _renamed_optimizer_path(path) if path is not None else None
+        new_path = statements.renamed_optimizer_path(path) if path is not None else None
         if new_path is None:
             return False
-        self.edits.insert_after(statement, f"{self.torch}.save({reference}.state_dict(), {_code(new_path)})")
-        self._info("AMP206", f"{reference}.state_dict() saved too, to {_code(new_path)}", site.call)
+        self.edits.insert_after(statement, f"{self.torch}.save({reference}.state_dict(), {statements.code_of(new_path)})")
+        self._info("AMP206", f"{reference}.state_dict() saved too, to {statements.code_of(new_path)}", site.call)
         return True
 
     def _load_from_sibling_file(self, statement: cst.CSTNode, argument, reference: str) -> bool:
@@ -932,13 +932,13 @@ class _NativeRewrite:
             return False
         if not argument.args:
             return False
-        new_path = _renamed_optimizer_path(argument.args[0].value)
+        new_path = statements.renamed_optimizer_path(argument.args[0].value)
         if new_path is None:
             return False
         new_load = argument.with_changes(args=[argument.args[0].with_changes(value=new_path)] + list(argument.args[1:]))
         self.edits.insert_after(
             statement,
-            f"try:\n    {reference}.load_state_dict({_code(new_load)})\nexcept FileNotFoundError:\n    pass",
+            f"try:\n    {reference}.load_state_dict({statements.code_of(new_load)})\nexcept FileNotFoundError:\n    pass",
         )
         return True
 
@@ -946,212 +946,11 @@ class _NativeRewrite:
 # ---- small helpers --------------------------------------------------------------------------
 
 
-class _OptimizerPathRenamer(cst.CSTTransformer):
-    """"optimizer.pt" -> "scaler.pt" inside the string parts of a path expression."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.renamed = False
-
-    def _rename(self, text: str) -> str:
-        for word in ("optimizer", "optimiser", "optim"):
-            if word in text:
-                self.renamed = True
-                return text.replace(word, "scaler", 1)
-        return text
-
-    def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> cst.SimpleString:
-        if self.renamed:
-            return updated_node
-        return updated_node.with_changes(value=self._rename(updated_node.value))
-
-    def leave_FormattedStringText(self, original_node, updated_node):
-        if self.renamed:
-            return updated_node
-        return updated_node.with_changes(value=self._rename(updated_node.value))
-
-
-def _renamed_optimizer_path(path: cst.BaseExpression) -> Optional[cst.BaseExpression]:
-    """The path with "optimizer" renamed to "scaler" in its string parts; None if it has none."""
-    renamer = _OptimizerPathRenamer()
-    new_path = path.visit(renamer)
-    return new_path if renamer.renamed else None
-
-
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
-
-
 def _index_of(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> int:
     for index, candidate in enumerate(body):
         if candidate is statement:
             return index
     raise _Unconvertible("internal: statement not found in its block", statement)
-
-
-def _calls_within(node: cst.CSTNode) -> List[cst.Call]:
-    found: List[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_Calls())
-    return found
-
-
-class _NameCollector(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.used: Set[str] = set()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.used.add(node.value)
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        name = dotted_name(node)
-        if name:
-            self.used.add(name)
-
-
-def _used_names(node: cst.CSTNode) -> Set[str]:
-    """Every name and dotted attribute chain that appears in node."""
-    collector = _NameCollector()
-    node.visit(collector)
-    return collector.used
-
-
-class _AssignCollector(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.assigned: Set[str] = set()
-
-    def _add(self, target: cst.BaseExpression) -> None:
-        if isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._add(element.value)
-            return
-        if isinstance(target, cst.StarredElement):
-            self._add(target.value)
-            return
-        if isinstance(target, cst.Subscript):
-            self._add(target.value)
-            return
-        name = dotted_name(target)
-        if name:
-            self.assigned.add(name)
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._add(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._add(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._add(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self._add(node.target)
-
-    def visit_WithItem(self, node: cst.WithItem) -> None:
-        if node.asname is not None:
-            self._add(node.asname.name)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._add(node.target)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-
-def _assigned_names(statement: cst.CSTNode) -> Set[str]:
-    """Names (and dotted chains) a statement binds, including inside its nested blocks."""
-    collector = _AssignCollector()
-    statement.visit(collector)
-    return collector.assigned
-
-
-def _has_forward_call(statement: cst.CSTNode) -> bool:
-    """Does the statement call something that is not mere data preparation (a model, a loss)?"""
-    for call in _calls_within(statement):
-        if isinstance(call.func, cst.Attribute):
-            called = call.func.attr.value
-        elif isinstance(call.func, cst.Name):
-            called = call.func.value
-        else:
-            return True
-        if called not in names.DATA_PREPARATION_CALLS:
-            return True
-    return False
-
-
-def _is_jump_or_definition(statement: cst.CSTNode) -> bool:
-    return isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or _find_jump(statement) is not None
-
-
-class _JumpFinder(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.found: Optional[cst.CSTNode] = None
-        self.loop_depth = 0
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if self.found is not None:
-            return False
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            return False
-        if isinstance(node, (cst.For, cst.While)):
-            self.loop_depth += 1
-        if isinstance(node, (cst.Continue, cst.Break)) and self.loop_depth == 0:
-            self.found = node
-        if isinstance(node, cst.Return):
-            self.found = node
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        if isinstance(original_node, (cst.For, cst.While)):
-            self.loop_depth -= 1
-
-
-def _find_jump(statement: cst.CSTNode) -> Optional[cst.CSTNode]:
-    """A continue/break (of the enclosing loop) or return inside statement, if any."""
-    finder = _JumpFinder()
-    if isinstance(statement, (cst.For, cst.While)):
-        # jumps inside a nested loop's body belong to that loop; only its else-block matters
-        if statement.orelse is not None:
-            statement.orelse.visit(finder)
-        return finder.found
-    statement.visit(finder)
-    return finder.found
-
-
-def _all_params(function: cst.FunctionDef) -> List[cst.Param]:
-    params = function.params
-    found = list(params.posonly_params) + list(params.params) + list(params.kwonly_params)
-    for extra in (params.star_arg, params.star_kwarg):
-        if isinstance(extra, cst.Param):
-            found.append(extra)
-    return found
-
-
-def _parameter_positions(function: cst.FunctionDef) -> Dict[str, int]:
-    params = list(function.params.posonly_params) + list(function.params.params)
-    return {p.name.value: index for index, p in enumerate(params)}
-
-
-def _argument_for(call: cst.Call, parameter: str, positions: Dict[str, int]) -> Optional[cst.BaseExpression]:
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == parameter:
-            return arg.value
-    index = positions.get(parameter)
-    if index is None:
-        return None
-    positional = [a for a in call.args if a.keyword is None]
-    if any(a.star for a in positional[: index + 1]):
-        return None
-    if index < len(positional):
-        return positional[index].value
-    return None
 
 
 def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) -> Tuple[List[cst.Call], List[cst.CSTNode]]:
@@ -1175,16 +974,6 @@ def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) 
         else:
             others.append(node)
     return calls, others
-
-
-def _string_subscript(node: Optional[cst.BaseExpression]) -> Optional[cst.SimpleString]:
-    """The string key of `base["key"]`, else None."""
-    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
-        element = node.slice[0].slice
-        if isinstance(element, cst.Index) and isinstance(element.value, cst.SimpleString):
-            if dotted_name(node.value) is not None:
-                return element.value
-    return None
 
 
 def _scaled_backward(call: cst.Call, reference: str) -> cst.Call:
