@@ -90,7 +90,7 @@ class _UnitPlan:
     home: Optional[_ScalerHome] = None
     #: functions that receive the scaler as a new parameter, with their in-file calls
     threaded_function: Optional[cst.FunctionDef] = None
-    threaded_calls: List[cst.Call] = field(default_factory=list)
+    threaded_calls: List[Tuple[cst.Call, str]] = field(default_factory=list)  # (call, scaler reference)
     caller_homes: List[_ScalerHome] = field(default_factory=list)
 
 
@@ -501,7 +501,9 @@ class _NativeRewrite:
         receivers = unit.optimizers
         if all(r.startswith("self.") for r in receivers):
             plan.reference = f"self.{self.scaler_name}"
-            plan.home = self._class_home(unit, receivers)
+            if unit.klass is None:
+                raise _Unconvertible("self.<optimizer> used outside a method", unit.steps[0].call)
+            plan.home = self._class_home(unit.klass, unit.scope, receivers, unit.steps[0].call)
             return
         other_attributes = [r for r in receivers if "." in r and not r.startswith("self.")]
         if other_attributes:
@@ -592,30 +594,28 @@ class _NativeRewrite:
             raise _Unconvertible("the optimizer is created inside the training loop or after it", node)
         return anchor
 
-    def _class_home(self, unit: TrainingUnit, receivers: List[str]) -> _ScalerHome:
+    def _class_home(self, klass: cst.ClassDef, scope: Scope, receivers: List[str], node: cst.CSTNode) -> _ScalerHome:
+        """`self.scaler` created next to the class's `self.<optimizer>` assignment(s)."""
         s = self.structure
-        klass = unit.klass
-        if klass is None:
-            raise _Unconvertible("self.<optimizer> used outside a method", unit.steps[0].call)
         existing = self.homes.get(id(klass))
         if existing is not None:
             return existing
         first_bindings: List[cst.CSTNode] = []
         method: Optional[Scope] = None
         for receiver in receivers:
-            bindings = [b for b in s.bindings_visible(receiver, unit.scope) if b.statement is not None]
+            bindings = [b for b in s.bindings_visible(receiver, scope) if b.statement is not None]
             if not bindings:
                 raise _Unconvertible(
                     f"{receiver} is not assigned in class {klass.name.value} (set by a base class or from outside?)",
-                    unit.steps[0].call,
+                    node,
                 )
             first = min(bindings, key=lambda b: s.line(b.statement))
             if method is None:
                 method = first.scope
             elif first.scope is not method:
-                raise _Unconvertible("the optimizers are created in different methods", unit.steps[0].call)
+                raise _Unconvertible("the optimizers are created in different methods", node)
             first_bindings.append(first.statement)
-        after = self._insertion_point(first_bindings, [], unit.steps[0].call)
+        after = self._insertion_point(first_bindings, [], node)
         home = _ScalerHome(method, f"self.{self.scaler_name}", after, method, s.line(after), list(receivers))
         self.homes[id(klass)] = home
         return home
@@ -627,47 +627,64 @@ class _NativeRewrite:
         function = plan.unit.scope
         assert isinstance(function, cst.FunctionDef)
         node = plan.unit.steps[0].call
-        if s.class_of(function) is not None:
-            raise _Unconvertible(
-                f"method {function.name.value}() receives the optimizer as a parameter; ampify does not "
-                "follow method calls", node,
-            )
+        klass = s.class_of(function)
         if self.scaler_name in {p.name.value for p in statements.all_params(function)}:
             raise _Unconvertible("the function already has a parameter named like the scaler", node)
-        calls, other_uses = _calls_of_function(s, function)
+        if klass is not None:
+            calls, other_uses = _calls_of_method(s, function, klass)
+        else:
+            calls, other_uses = _calls_of_function(s, function)
+        what = f"{'method ' if klass is not None else ''}{function.name.value}()"
         if other_uses:
             raise _Unconvertible(
-                f"{function.name.value}() is passed around (line {s.line(other_uses[0])}), not only called; "
+                f"{what} is used at line {s.line(other_uses[0])} other than by a direct "
+                f"{'self.' if klass is not None else ''}{function.name.value}(...) call in this file; "
                 "ampify cannot add the scaler to every caller", node,
             )
         if not calls:
             raise _Unconvertible(
-                f"{function.name.value}() receives the optimizer as a parameter and is not called in this file: "
+                f"{what} receives the optimizer as a parameter and is not called in this file: "
                 f"create the GradScaler where the optimizer is created and pass it in", node,
             )
         positions = statements.parameter_positions(function)
+        if klass is not None and not _is_static(function):
+            # self.f(a, b): `a` goes to the parameter after self
+            positions = {name: index - 1 for name, index in positions.items() if index > 0}
         homes = []
+        threaded: List[Tuple[cst.Call, str]] = []
         for call in calls:
             caller_scope = s.scope_of(call)
             passed = []
             for receiver in receivers:
                 argument = statements.argument_for(call, receiver, positions)
                 name = dotted_name(argument) if argument is not None else None
-                if name is None or "." in name:
+                if name is None or ("." in name and not name.startswith("self.")):
                     raise _Unconvertible(
                         f"the call of {function.name.value}() at line {s.line(call)} does not pass "
-                        f"{receiver} as a plain variable", call,
+                        f"{receiver} as a variable or self.<attribute>", call,
                     )
                 passed.append(name)
-            bindings = [b for name in passed for b in s.bindings_visible(name, caller_scope)]
-            if any(b.kind == "parameter" for b in bindings):
+            if all(name.startswith("self.") for name in passed):
+                caller_class = s.class_of(caller_scope)
+                if caller_class is None:
+                    raise _Unconvertible(f"self.<optimizer> passed outside a method at line {s.line(call)}", call)
+                home = self._class_home(caller_class, caller_scope, passed, call)
+            elif any(name.startswith("self.") for name in passed):
                 raise _Unconvertible(
-                    f"the caller at line {s.line(call)} receives the optimizer as a parameter too; "
-                    "ampify follows one level of calls", call,
+                    f"the call at line {s.line(call)} passes optimizers reached in different ways", call
                 )
-            homes.append(self._variable_home(passed, caller_scope, s.statement_of(call), call))
+            else:
+                bindings = [b for name in passed for b in s.bindings_visible(name, caller_scope)]
+                if any(b.kind == "parameter" for b in bindings):
+                    raise _Unconvertible(
+                        f"the caller at line {s.line(call)} receives the optimizer as a parameter too; "
+                        "ampify follows one level of calls", call,
+                    )
+                home = self._variable_home(passed, caller_scope, s.statement_of(call), call)
+            homes.append(home)
+            threaded.append((call, home.reference))
         plan.threaded_function = function
-        plan.threaded_calls = calls
+        plan.threaded_calls = threaded
         plan.caller_homes = homes
 
     # ---- writing ----------------------------------------------------------------------
@@ -781,8 +798,8 @@ class _NativeRewrite:
             self._create_scaler(home)
         if plan.threaded_function is not None:
             self.edits.add_parameter(plan.threaded_function, self.scaler_name)
-            for call in plan.threaded_calls:
-                self.edits.add_keyword(call, self.scaler_name, self.scaler_name)
+            for call, caller_reference in plan.threaded_calls:
+                self.edits.add_keyword(call, self.scaler_name, caller_reference)
             self._info(
                 "AMP204",
                 f"{plan.threaded_function.name.value}() takes the GradScaler as a new keyword parameter "
@@ -974,6 +991,41 @@ def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) 
         else:
             others.append(node)
     return calls, others
+
+
+def _calls_of_method(
+    structure: TrainingStructure, method: cst.FunctionDef, klass: cst.ClassDef
+) -> Tuple[List[cst.Call], List[cst.CSTNode]]:
+    """`self.m(...)` calls of a method inside its own class, and every other use of the name
+    (`obj.m(...)` elsewhere may be this method too, so it counts as an unknown caller)."""
+    name = method.name.value
+    calls: List[cst.Call] = []
+    others: List[cst.CSTNode] = []
+    for node in structure.name_nodes.get(name, []):
+        if node is method.name:
+            continue
+        parent = structure.parent(node)
+        if isinstance(parent, cst.Attribute) and parent.attr is node:
+            call = structure.parent(parent)
+            own_call = (
+                isinstance(call, cst.Call)
+                and call.func is parent
+                and isinstance(parent.value, cst.Name)
+                and parent.value.value == "self"
+                and structure.contains(klass, call)
+            )
+            (calls if own_call else others).append(call if own_call else node)
+        elif isinstance(parent, (cst.FunctionDef, cst.Param, cst.ImportAlias)) or (
+            isinstance(parent, cst.Arg) and parent.keyword is node
+        ):
+            continue
+        else:
+            others.append(node)
+    return calls, others
+
+
+def _is_static(function: cst.FunctionDef) -> bool:
+    return any(dotted_name(d.decorator) in ("staticmethod", "classmethod") for d in function.decorators)
 
 
 def _scaled_backward(call: cst.Call, reference: str) -> cst.Call:
