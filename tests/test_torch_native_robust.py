@@ -38,6 +38,9 @@ SIMPLE = [
     "optimizer.load_state_dict(ckpt['optimizer'])",
     "train(model, optimizer)",
     "train(model, optimizer=optimizer)",
+    "self.train_epoch(loader, self.optimizer)",
+    "self.train_epoch(loader, optimizer=opt_g)",
+    "train(model, self.optimizer)",
     "continue",
     "break",
     "return loss",
@@ -55,6 +58,7 @@ HEADERS = [
     "else:",
     "def train(model, optimizer):",
     "def step(self, x):",
+    "def train_epoch(self, loader, optimizer):",
     "class Trainer:",
     "with torch.no_grad():",
 ]
