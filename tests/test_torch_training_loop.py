@@ -71,6 +71,7 @@ def test_gan_structure():
     s = analyze(GAN)
     assert set(s.optimizers) == {"opt_d", "opt_g"}
     assert s.optimizers["opt_d"].reason == "torch.optim.Adam"
+    assert s.optimizers["opt_d"].model_names == ["D"] and s.optimizers["opt_g"].model_names == ["G"]
     assert [site.receiver for site in s.other_steps] == ["sched"]  # the scheduler is not an optimizer
     assert len(s.units) == 1
     unit = s.units[0]

@@ -75,6 +75,8 @@ class Optimizer:
     name: str
     bindings: List[Binding]
     reason: str  # "torch.optim.SGD", "parameter named like an optimizer", ...
+    #: models whose parameters the optimizer is built from: `model` in SGD(model.parameters())
+    model_names: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -706,9 +708,8 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
             structure.other_steps.append(site)
             continue
         if receiver not in structure.optimizers:
-            structure.optimizers[receiver] = Optimizer(
-                receiver, structure.bindings_visible(receiver, site.scope), reason
-            )
+            bindings = structure.bindings_visible(receiver, site.scope)
+            structure.optimizers[receiver] = Optimizer(receiver, bindings, reason, _parameter_owners(bindings))
         call = site.call
         has_closure = bool(call.args) or False
         step = StepCall(call, site.statement, receiver, site.scope, has_closure=has_closure)
@@ -722,6 +723,20 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
     for site in collector.load_state_dict_calls:
         if site.receiver in optimizer_names or _optimizer_reason(structure, collector, site.receiver or "", site.scope, need_step=True):
             structure.optimizer_state_loads.append(site)
+
+
+def _parameter_owners(bindings: List[Binding]) -> List[str]:
+    """`model` for `SGD(model.parameters())`, `netD` for `Adam(netD.named_parameters())`..."""
+    owners: List[str] = []
+    for binding in bindings:
+        if binding.value is None:
+            continue
+        for call in _calls_in(binding.value):
+            if _method_name(call) in ("parameters", "named_parameters") and isinstance(call.func, cst.Attribute):
+                owner = _call_receiver(call)
+                if owner and owner not in owners:
+                    owners.append(owner)
+    return owners
 
 
 def _optimizer_reason(
