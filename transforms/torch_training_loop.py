@@ -25,7 +25,7 @@ How a backend uses it (the native backend, `torch_native_amp`, is the worked exa
         unit.owner, unit.scope    # the loop (or function) and the function that holds it
         s.bindings_visible(unit.optimizers[0], unit.scope)   # where that optimizer is created
     s.unpaired_backwards          # backward() with no optimizer step found: report, never skip
-    s.optimizers                  # name -> Optimizer(bindings, reason it is believed to be one)
+    s.optimizers                  # name -> Optimizer(bindings, reason, model_names it optimizes)
     s.optimizer_state_saves / s.optimizer_state_loads    # checkpoint call sites
     s.parallel_wraps              # DataParallel / DDP calls (apex: amp.initialize goes before)
     s.device_bindings, s.to_device_arguments             # the script's own device expressions
