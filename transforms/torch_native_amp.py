@@ -341,7 +341,15 @@ class _NativeRewrite:
                     backward.call,
                 )
             block, body, end = found
-            start = self._forward_start(body, end, barriers)
+            start, before_barrier = self._forward_start(body, end, barriers)
+            planned = by_block.get(id(block), (block, []))[1]
+            if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
+                raise _Unconvertible(
+                    f"part of the forward pass for this loss (line {s.line(body[before_barrier])}) runs before "
+                    "an earlier backward()/step(), outside any autocast region: put torch.autocast "
+                    "around it by hand",
+                    backward.call,
+                )
             if not any(self._calls_model(body[index]) for index in range(start, end + 1)):
                 raise _Unconvertible(
                     f"the loss of backward() is computed from tensors made elsewhere (line {s.line(body[end])} "
@@ -386,10 +394,12 @@ class _NativeRewrite:
         return False
 
     def _barrier_statements(self, unit: TrainingUnit) -> Set[int]:
-        """ids of every statement (at any depth) that holds a backward, step or zero_grad call."""
+        """ids of every statement (at any depth) that holds a backward or step call: an autocast
+        region never spans one. (zero_grad() is no barrier: a forward pass written before it must
+        still be found, and zero_grad() under autocast is harmless.)"""
         s = self.structure
         barrier_ids: Set[int] = set()
-        calls = [b.call for b in s.backwards] + [st.call for st in s.steps] + [z.call for z in s.zero_grads]
+        calls = [b.call for b in s.backwards] + [st.call for st in s.steps]
         for call in calls:
             for ancestor in s.ancestors(call):
                 barrier_ids.add(id(ancestor))
@@ -408,19 +418,32 @@ class _NativeRewrite:
                 )
         return statements.used_names(loss) - {"self"}
 
-    def _forward_start(self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int]) -> int:
-        """First statement of the forward pass that leads to the loss statement body[end]."""
+    def _forward_start(
+        self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int]
+    ) -> Tuple[int, Optional[int]]:
+        """First statement of the forward pass that leads to the loss statement body[end], and
+        the index of a statement with a model call that the loss needs but that sits before a
+        backward()/step() barrier (it can only be under autocast if another region holds it)."""
         needed = statements.used_names(body[end])
         start = end
+        crossed_barrier = False
+        before_barrier: Optional[int] = None
         for index in range(end - 1, -1, -1):
             statement = body[index]
-            if id(statement) in barriers or statements.is_jump_or_definition(statement):
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
                 break
+            if id(statement) in barriers:
+                crossed_barrier = True
+                continue
+            # a continue/break/return may go inside the region: leaving a `with` block is fine
             if statements.assigned_names(statement) & needed:
                 needed |= statements.used_names(statement)
-                if statements.has_forward_call(statement):
+                if crossed_barrier:
+                    if before_barrier is None and self._calls_model(statement):
+                        before_barrier = index
+                elif statements.has_forward_call(statement):
                     start = index
-        return start
+        return start, before_barrier
 
     # scaler.update() -------------------------------------------------------------------
 

@@ -147,11 +147,6 @@ def has_forward_call(statement: cst.CSTNode) -> bool:
     return False
 
 
-def is_jump_or_definition(statement: cst.CSTNode) -> bool:
-    """A def/class, or a statement that can jump out of the iteration: a forward pass stops there."""
-    return isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or find_jump(statement) is not None
-
-
 class _JumpFinder(cst.CSTVisitor):
     def __init__(self) -> None:
         super().__init__()
