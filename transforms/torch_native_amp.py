@@ -325,7 +325,8 @@ class _NativeRewrite:
             if not loss_names:
                 raise _Unconvertible("cannot tell which tensor backward() is called on", backward.call)
             found = None
-            for block, statement in s.block_path(backward.call, stop=unit.body):
+            path = s.block_path(backward.call, stop=unit.body)
+            for level, (block, statement) in enumerate(path):
                 body = list(block.body)
                 index = _index_of(body, statement)
                 for candidate in range(index - 1, -1, -1):
@@ -341,7 +342,8 @@ class _NativeRewrite:
                     backward.call,
                 )
             block, body, end = found
-            start, before_barrier = self._forward_start(body, end, barriers)
+            start, before_barrier, needed = self._forward_start(body, end, barriers)
+            self._check_outer_forward(path[level + 1:], needed, by_block, backward)
             planned = by_block.get(id(block), (block, []))[1]
             if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
                 raise _Unconvertible(
@@ -420,10 +422,11 @@ class _NativeRewrite:
 
     def _forward_start(
         self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int]
-    ) -> Tuple[int, Optional[int]]:
+    ) -> Tuple[int, Optional[int], Set[str]]:
         """First statement of the forward pass that leads to the loss statement body[end], and
         the index of a statement with a model call that the loss needs but that sits before a
-        backward()/step() barrier (it can only be under autocast if another region holds it)."""
+        backward()/step() barrier (it can only be under autocast if another region holds it), and
+        the names the loss still needs from before the block."""
         needed = statements.used_names(body[end])
         start = end
         crossed_barrier = False
@@ -443,7 +446,27 @@ class _NativeRewrite:
                         before_barrier = index
                 elif statements.has_forward_call(statement):
                     start = index
-        return start, before_barrier
+        return start, before_barrier, needed
+
+    def _check_outer_forward(self, outer_levels, needed: Set[str], by_block, backward) -> None:
+        """The loss is computed in a nested block (an `if`): a model call before that block that
+        the loss needs would stay outside the autocast region, so refuse unless a region holds it."""
+        s = self.structure
+        for block, holder in outer_levels:
+            body = list(block.body)
+            planned = by_block.get(id(block), (block, []))[1]
+            for index in range(_index_of(body, holder) - 1, -1, -1):
+                statement = body[index]
+                if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                    return
+                if statements.assigned_names(statement) & needed:
+                    needed = needed | statements.used_names(statement)
+                    if self._calls_model(statement) and not any(a <= index <= b for a, b in planned):
+                        raise _Unconvertible(
+                            f"the forward pass for this loss (line {s.line(statement)}) is outside the block "
+                            "that computes the loss: put torch.autocast around both by hand",
+                            backward.call,
+                        )
 
     # scaler.update() -------------------------------------------------------------------
 
