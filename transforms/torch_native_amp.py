@@ -17,7 +17,7 @@ Whatever cannot be placed safely is left unconverted with a WARNING finding.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -29,7 +29,9 @@ from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms.imports import ImportMap, dotted_name
 from ampify.transforms.torch_checkpoints import CheckpointWriter
 from ampify.transforms.torch_edits import StatementEdits, apply_edits
+from ampify.transforms.torch_step_plan import StepPlanner
 from ampify.transforms.torch_training_loop import (
+    Unconvertible,
     Block,
     Scope,
     TrainingStructure,
@@ -55,16 +57,6 @@ RULES = {
     "AMP216": "no device variable found: 'cuda' used (warning when assumed, info when the script calls .cuda())",
 }
 
-#: reductions allowed on the loss inside `<loss>.backward()` (`loss.mean().backward()`)
-_LOSS_REDUCTIONS = {"mean", "sum", "float", "squeeze", "view", "reshape", "double"}
-
-
-class _Unconvertible(Exception):
-    """A unit cannot be converted safely; the message says why (shown to the user)."""
-
-    def __init__(self, message: str, node: Optional[cst.CSTNode] = None) -> None:
-        super().__init__(message)
-        self.node = node
 
 
 @dataclass
@@ -138,6 +130,7 @@ class _NativeRewrite:
 
     def run(self) -> TransformResult:
         s = self.structure = analyze_training(self.module, self.imports)
+        self.planner = StepPlanner(s, self.imports)
         self.module = s.module
         if s.mixed_precision_uses:
             return self._result(Verdict.ALREADY_MIXED_PRECISION, "already uses torch.amp / torch.cuda.amp / apex amp")
@@ -175,7 +168,7 @@ class _NativeRewrite:
             saved_findings = list(self.findings)
             try:
                 plans.append(self._plan_unit(unit))
-            except _Unconvertible as problem:
+            except Unconvertible as problem:
                 self.homes = saved_homes
                 self.findings = saved_findings
                 node = problem.node or (unit.backwards[0].call if unit.backwards else unit.owner)
@@ -308,245 +301,20 @@ class _NativeRewrite:
     def _plan_unit(self, unit: TrainingUnit) -> _UnitPlan:
         s = self.structure
         if not unit.steps:
-            raise _Unconvertible("no optimizer step in this training step")
+            raise Unconvertible("no optimizer step in this training step")
         for step in unit.steps:
             if step.has_closure:
-                raise _Unconvertible(f"{step.receiver}.step(closure) cannot go through GradScaler", step.call)
-        regions = self._plan_regions(unit)
+                raise Unconvertible(f"{step.receiver}.step(closure) cannot go through GradScaler", step.call)
+        regions = self.planner.autocast_regions(unit)
         plan = _UnitPlan(unit, self.scaler_name, regions)
         if not self.scaling:
             return plan
-        plan.update_after = self._plan_update(unit)
-        plan.unscale_before = self._plan_unscale(unit)
+        plan.update_after = self.planner.update_anchor(unit)
+        plan.unscale_before = self.planner.unscale_points(unit)
         self._plan_scaler_home(plan)
         return plan
 
     # autocast regions ------------------------------------------------------------------
-
-    def _plan_regions(self, unit: TrainingUnit) -> List[Tuple[Block, int, int]]:
-        s = self.structure
-        barriers = self._barrier_statements(unit)
-        by_block: Dict[int, Tuple[Block, List[Tuple[int, int]]]] = {}
-        for backward in unit.backwards:
-            loss_names = self._loss_names(backward)
-            if not loss_names:
-                raise _Unconvertible("cannot tell which tensor backward() is called on", backward.call)
-            found = None
-            path = s.block_path(backward.call, stop=unit.body)
-            for level, (block, statement) in enumerate(path):
-                body = list(block.body)
-                index = _index_of(body, statement)
-                for candidate in range(index - 1, -1, -1):
-                    if statements.assigned_names(body[candidate]) & loss_names:
-                        found = (block, body, candidate)
-                        break
-                if found:
-                    break
-            if found is None:
-                raise _Unconvertible(
-                    f"the loss of backward() ({', '.join(sorted(loss_names))}) is not computed in this loop, "
-                    "so the forward pass cannot be put under autocast",
-                    backward.call,
-                )
-            block, body, end = found
-            start, before_barrier, needed = self._forward_start(body, end, barriers)
-            self._check_outer_forward(path[level + 1:], needed, by_block, backward)
-            planned = by_block.get(id(block), (block, []))[1]
-            if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
-                raise _Unconvertible(
-                    f"part of the forward pass for this loss (line {s.line(body[before_barrier])}) runs before "
-                    "an earlier backward()/step(), outside any autocast region: put torch.autocast "
-                    "around it by hand",
-                    backward.call,
-                )
-            if not any(self._calls_model(body[index]) for index in range(start, end + 1)):
-                raise _Unconvertible(
-                    f"the loss of backward() is computed from tensors made elsewhere (line {s.line(body[end])} "
-                    "holds no model call): the forward pass runs elsewhere, put torch.autocast around it by hand",
-                    backward.call,
-                )
-            ranges = by_block.setdefault(id(block), (block, []))[1]
-            ranges.append((start, end))
-        regions: List[Tuple[Block, int, int]] = []
-        for block, ranges in by_block.values():
-            ranges.sort()
-            merged: List[List[int]] = []
-            for start, end in ranges:
-                if merged and start <= merged[-1][1]:
-                    merged[-1][1] = max(merged[-1][1], end)
-                else:
-                    merged.append([start, end])
-            body = list(block.body)
-            for start, end in merged:
-                if any(id(body[i]) in barriers for i in range(start, end + 1)):
-                    raise _Unconvertible(
-                        "the forward passes of several backward() calls are interleaved with "
-                        "backward()/step() calls", body[start]
-                    )
-                regions.append((block, start, end))
-        return regions
-
-    def _calls_model(self, statement: cst.CSTNode) -> bool:
-        """Does the statement call something other than imported functions, tensor methods and
-        builtins: a model, a loss module, a helper that runs them?"""
-        for call in statements.calls_within(statement):
-            if self.imports.resolve(call.func) is not None:
-                continue
-            if isinstance(call.func, cst.Attribute):
-                called = call.func.attr.value
-            elif isinstance(call.func, cst.Name):
-                called = call.func.value
-            else:
-                return True
-            if called not in names.TENSOR_ARITHMETIC_CALLS:
-                return True
-        return False
-
-    def _barrier_statements(self, unit: TrainingUnit) -> Set[int]:
-        """ids of every statement (at any depth) that holds a backward or step call: an autocast
-        region never spans one. (zero_grad() is no barrier: a forward pass written before it must
-        still be found, and zero_grad() under autocast is harmless.)"""
-        s = self.structure
-        barrier_ids: Set[int] = set()
-        calls = [b.call for b in s.backwards] + [st.call for st in s.steps]
-        for call in calls:
-            for ancestor in s.ancestors(call):
-                barrier_ids.add(id(ancestor))
-        return barrier_ids
-
-    def _loss_names(self, backward) -> Set[str]:
-        loss = backward.loss
-        if loss is None:
-            return set()
-        for call in statements.calls_within(loss):
-            method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
-            if method not in _LOSS_REDUCTIONS:
-                raise _Unconvertible(
-                    "the loss is computed inside the backward() call itself; assign it to a variable first",
-                    backward.call,
-                )
-        return statements.used_names(loss) - {"self"}
-
-    def _forward_start(
-        self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int]
-    ) -> Tuple[int, Optional[int], Set[str]]:
-        """First statement of the forward pass that leads to the loss statement body[end], and
-        the index of a statement with a model call that the loss needs but that sits before a
-        backward()/step() barrier (it can only be under autocast if another region holds it), and
-        the names the loss still needs from before the block."""
-        needed = statements.used_names(body[end])
-        start = end
-        crossed_barrier = False
-        before_barrier: Optional[int] = None
-        for index in range(end - 1, -1, -1):
-            statement = body[index]
-            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-                break
-            if id(statement) in barriers:
-                crossed_barrier = True
-                continue
-            # a continue/break/return may go inside the region: leaving a `with` block is fine
-            if statements.assigned_names(statement) & needed:
-                needed |= statements.used_names(statement)
-                if crossed_barrier:
-                    if before_barrier is None and self._calls_model(statement):
-                        before_barrier = index
-                elif statements.has_forward_call(statement):
-                    start = index
-        return start, before_barrier, needed
-
-    def _check_outer_forward(self, outer_levels, needed: Set[str], by_block, backward) -> None:
-        """The loss is computed in a nested block (an `if`): a model call before that block that
-        the loss needs would stay outside the autocast region, so refuse unless a region holds it."""
-        s = self.structure
-        for block, holder in outer_levels:
-            body = list(block.body)
-            planned = by_block.get(id(block), (block, []))[1]
-            for index in range(_index_of(body, holder) - 1, -1, -1):
-                statement = body[index]
-                if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-                    return
-                if statements.assigned_names(statement) & needed:
-                    needed = needed | statements.used_names(statement)
-                    if self._calls_model(statement) and not any(a <= index <= b for a, b in planned):
-                        raise _Unconvertible(
-                            f"the forward pass for this loss (line {s.line(statement)}) is outside the block "
-                            "that computes the loss: put torch.autocast around both by hand",
-                            backward.call,
-                        )
-
-    # scaler.update() -------------------------------------------------------------------
-
-    def _plan_update(self, unit: TrainingUnit) -> cst.CSTNode:
-        s = self.structure
-        steps = sorted(unit.steps, key=lambda st: (s.line(st.call), s.position(st.call).column))
-        paths = [list(reversed(s.block_path(st.call, stop=unit.body))) for st in steps]  # outermost first
-        common_depth = 0
-        while all(len(p) > common_depth for p in paths) and len({id(p[common_depth][0]) for p in paths}) == 1:
-            common_depth += 1
-        if common_depth == 0:
-            raise _Unconvertible("the optimizer steps are not in one loop body", steps[0].call)
-        common_block = paths[0][common_depth - 1][0]
-        anchors = [p[common_depth - 1][1] for p in paths]
-        body = list(common_block.body)
-        if not any(len(p) == common_depth and isinstance(p[-1][1], cst.SimpleStatementLine) for p in paths):
-            raise _Unconvertible(
-                "every optimizer step is conditional, in different branches: place scaler.update() by hand "
-                "so that it runs exactly once after the steps",
-                steps[-1].call,
-            )
-        # a loop between the unit body and the steps would run update() several times
-        for block, statement in paths[0][: common_depth]:
-            if statement is not anchors[0] and isinstance(statement, (cst.For, cst.While)):
-                raise _Unconvertible("the optimizer steps run in an inner loop", steps[0].call)
-        for depth in range(common_depth - 1):
-            if isinstance(paths[0][depth][1], (cst.For, cst.While)):
-                raise _Unconvertible("the optimizer steps run in an inner loop", steps[0].call)
-        first = min(_index_of(body, a) for a in anchors)
-        last = max(_index_of(body, a) for a in anchors)
-        for index in range(first, last + 1):
-            jump = statements.find_jump(body[index])
-            if jump is not None:
-                raise _Unconvertible(
-                    "a continue/break/return between the optimizer steps could skip scaler.update(); "
-                    "convert this step by hand",
-                    jump,
-                )
-        return body[last]
-
-    # scaler.unscale_ before clipping ---------------------------------------------------
-
-    def _plan_unscale(self, unit: TrainingUnit) -> List[Tuple[cst.CSTNode, str]]:
-        s = self.structure
-        planned: List[Tuple[cst.CSTNode, str]] = []
-        unscaled: Dict[str, cst.CSTNode] = {}
-        steps = sorted(unit.steps, key=lambda st: (s.line(st.call), s.position(st.call).column))
-        for clip in sorted(unit.clips, key=lambda c: (s.line(c.call), s.position(c.call).column)):
-            clip_line = s.line(clip.call)
-            following = [st for st in steps if s.line(st.call) > clip_line]
-            if not following:
-                raise _Unconvertible("gradient clipping after the last optimizer step", clip.call)
-            step = following[0]
-            clip_statement = s.statement_of(clip.call)
-            if not isinstance(clip_statement, cst.SimpleStatementLine):
-                raise _Unconvertible("gradient clipping inside a one-line compound statement", clip.call)
-            step_block = s.block_of(s.statement_of(step.call))
-            clip_blocks = [block for block, _ in s.block_path(clip.call, stop=unit.body)]
-            if not any(block is step_block for block in clip_blocks):
-                raise _Unconvertible(
-                    "gradient clipping runs more often than the optimizer step it precedes "
-                    "(scaler.unscale_ may be called only once per step)",
-                    clip.call,
-                )
-            if step.receiver in unscaled:
-                if s.block_of(unscaled[step.receiver]) is not s.block_of(clip_statement):
-                    raise _Unconvertible("several clipping calls for one optimizer in different branches", clip.call)
-                continue
-            unscaled[step.receiver] = clip_statement
-            planned.append((clip_statement, step.receiver))
-        return planned
-
-    # where the scaler lives ------------------------------------------------------------
 
     def _plan_scaler_home(self, plan: _UnitPlan) -> None:
         s = self.structure
@@ -555,18 +323,18 @@ class _NativeRewrite:
         if all(r.startswith("self.") for r in receivers):
             plan.reference = f"self.{self.scaler_name}"
             if unit.klass is None:
-                raise _Unconvertible("self.<optimizer> used outside a method", unit.steps[0].call)
+                raise Unconvertible("self.<optimizer> used outside a method", unit.steps[0].call)
             plan.home = self._class_home(unit.klass, unit.scope, receivers, unit.steps[0].call)
             return
         other_attributes = [r for r in receivers if "." in r and not r.startswith("self.")]
         if other_attributes:
-            raise _Unconvertible(
+            raise Unconvertible(
                 f"the optimizer {other_attributes[0]} is an attribute of another object; ampify follows "
                 "variables and self.<attribute> only: create the GradScaler next to it by hand",
                 unit.steps[0].call,
             )
         if any(r.startswith("self.") for r in receivers):
-            raise _Unconvertible(
+            raise Unconvertible(
                 f"optimizers {', '.join(receivers)} are reached in different ways (self attribute and variable)",
                 unit.steps[0].call,
             )
@@ -574,7 +342,7 @@ class _NativeRewrite:
         for receiver in receivers:
             bindings = s.bindings_visible(receiver, unit.scope)
             if not bindings:
-                raise _Unconvertible(f"cannot find where {receiver} is created", unit.steps[0].call)
+                raise Unconvertible(f"cannot find where {receiver} is created", unit.steps[0].call)
             kinds[receiver] = "parameter" if any(b.kind == "parameter" for b in bindings) else "variable"
         if set(kinds.values()) == {"variable"}:
             if isinstance(unit.owner, (cst.For, cst.While)):
@@ -587,7 +355,7 @@ class _NativeRewrite:
             for receiver in receivers:
                 owner = s.bindings_visible(receiver, unit.scope)[0].scope
                 if owner is not unit.scope:
-                    raise _Unconvertible(
+                    raise Unconvertible(
                         f"{receiver} is a parameter of the enclosing function "
                         f"{getattr(getattr(owner, 'name', None), 'value', '?')}(): create the GradScaler there "
                         "by hand (once per training run) and use it here",
@@ -595,7 +363,7 @@ class _NativeRewrite:
                     )
             self._thread_through_parameter(plan, receivers)
             return
-        raise _Unconvertible(
+        raise Unconvertible(
             f"optimizers {', '.join(receivers)} are partly parameters, partly local variables", unit.steps[0].call
         )
 
@@ -610,17 +378,17 @@ class _NativeRewrite:
         for receiver in receivers:
             bindings = [b for b in s.bindings_visible(receiver, scope) if b.statement is not None]
             if not bindings:
-                raise _Unconvertible(f"cannot find where {receiver} is created", node)
+                raise Unconvertible(f"cannot find where {receiver} is created", node)
             if home_scope is None:
                 home_scope = bindings[0].scope
             elif bindings[0].scope is not home_scope:
-                raise _Unconvertible("the optimizers are created in different functions", node)
+                raise Unconvertible("the optimizers are created in different functions", node)
             if any(b.kind == "for" for b in bindings):
-                raise _Unconvertible(f"{receiver} is a loop variable", node)
+                raise Unconvertible(f"{receiver} is a loop variable", node)
             if home_scope is scope:
                 before = [b for b in bindings if s.line(b.statement) < use_line]
                 if not before:
-                    raise _Unconvertible(f"{receiver} is created inside the training loop", node)
+                    raise Unconvertible(f"{receiver} is created inside the training loop", node)
                 bindings = before
             latest = max(bindings, key=lambda b: s.line(b.statement))
             binding_statements.append(latest.statement)
@@ -631,7 +399,7 @@ class _NativeRewrite:
         if existing is not None:
             # one scaler per training setup: the existing one must already exist when this loop runs
             if s.line(after) > existing.line or (uses and s.line(uses[0]) <= existing.line):
-                raise _Unconvertible("two training loops in this function use optimizers created far apart", node)
+                raise Unconvertible("two training loops in this function use optimizers created far apart", node)
             existing.optimizers.extend(r for r in receivers if r not in existing.optimizers)
             return existing
         home = _ScalerHome(home_scope, self.scaler_name, after, home_scope, s.line(after), list(receivers))
@@ -644,7 +412,7 @@ class _NativeRewrite:
         """The statement after which the scaler is created (see TrainingStructure.insertion_point)."""
         anchor = self.structure.insertion_point(binding_statements, uses)
         if anchor is None:
-            raise _Unconvertible("the optimizer is created inside the training loop or after it", node)
+            raise Unconvertible("the optimizer is created inside the training loop or after it", node)
         return anchor
 
     def _class_home(self, klass: cst.ClassDef, scope: Scope, receivers: List[str], node: cst.CSTNode) -> _ScalerHome:
@@ -658,7 +426,7 @@ class _NativeRewrite:
         for receiver in receivers:
             bindings = [b for b in s.bindings_visible(receiver, scope) if b.statement is not None]
             if not bindings:
-                raise _Unconvertible(
+                raise Unconvertible(
                     f"{receiver} is not assigned in class {klass.name.value} (set by a base class or from outside?)",
                     node,
                 )
@@ -666,7 +434,7 @@ class _NativeRewrite:
             if method is None:
                 method = first.scope
             elif first.scope is not method:
-                raise _Unconvertible("the optimizers are created in different methods", node)
+                raise Unconvertible("the optimizers are created in different methods", node)
             first_bindings.append(first.statement)
         after = self._insertion_point(first_bindings, [], node)
         home = _ScalerHome(method, f"self.{self.scaler_name}", after, method, s.line(after), list(receivers))
@@ -682,20 +450,20 @@ class _NativeRewrite:
         node = plan.unit.steps[0].call
         klass = s.class_of(function)
         if self.scaler_name in {p.name.value for p in statements.all_params(function)}:
-            raise _Unconvertible("the function already has a parameter named like the scaler", node)
+            raise Unconvertible("the function already has a parameter named like the scaler", node)
         if klass is not None:
             calls, other_uses = _calls_of_method(s, function, klass)
         else:
             calls, other_uses = _calls_of_function(s, function)
         what = f"{'method ' if klass is not None else ''}{function.name.value}()"
         if other_uses:
-            raise _Unconvertible(
+            raise Unconvertible(
                 f"{what} is used at line {s.line(other_uses[0])} other than by a direct "
                 f"{'self.' if klass is not None else ''}{function.name.value}(...) call in this file; "
                 "ampify cannot add the scaler to every caller", node,
             )
         if not calls:
-            raise _Unconvertible(
+            raise Unconvertible(
                 f"{what} receives the optimizer as a parameter and is not called in this file: "
                 f"create the GradScaler where the optimizer is created and pass it in", node,
             )
@@ -712,7 +480,7 @@ class _NativeRewrite:
                 argument = statements.argument_for(call, receiver, positions)
                 name = dotted_name(argument) if argument is not None else None
                 if name is None or ("." in name and not name.startswith("self.")):
-                    raise _Unconvertible(
+                    raise Unconvertible(
                         f"the call of {function.name.value}() at line {s.line(call)} does not pass "
                         f"{receiver} as a variable or self.<attribute>", call,
                     )
@@ -720,16 +488,16 @@ class _NativeRewrite:
             if all(name.startswith("self.") for name in passed):
                 caller_class = s.class_of(caller_scope)
                 if caller_class is None:
-                    raise _Unconvertible(f"self.<optimizer> passed outside a method at line {s.line(call)}", call)
+                    raise Unconvertible(f"self.<optimizer> passed outside a method at line {s.line(call)}", call)
                 home = self._class_home(caller_class, caller_scope, passed, call)
             elif any(name.startswith("self.") for name in passed):
-                raise _Unconvertible(
+                raise Unconvertible(
                     f"the call at line {s.line(call)} passes optimizers reached in different ways", call
                 )
             else:
                 bindings = [b for name in passed for b in s.bindings_visible(name, caller_scope)]
                 if any(b.kind == "parameter" for b in bindings):
-                    raise _Unconvertible(
+                    raise Unconvertible(
                         f"the caller at line {s.line(call)} receives the optimizer as a parameter too; "
                         "ampify follows one level of calls", call,
                     )
@@ -897,13 +665,6 @@ class _NativeRewrite:
         return None
 
 # ---- small helpers --------------------------------------------------------------------------
-
-
-def _index_of(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> int:
-    for index, candidate in enumerate(body):
-        if candidate is statement:
-            return index
-    raise _Unconvertible("internal: statement not found in its block", statement)
 
 
 def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) -> Tuple[List[cst.Call], List[cst.CSTNode]]:

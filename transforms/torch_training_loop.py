@@ -55,6 +55,15 @@ UnitOwner = Union[cst.For, cst.While, cst.FunctionDef, cst.Module]
 Block = Union[cst.IndentedBlock, cst.Module]
 
 
+class Unconvertible(Exception):
+    """A training structure that cannot be converted safely; the message says why (it is shown
+    to the user, followed by what was left unconverted). `node` locates it."""
+
+    def __init__(self, message: str, node: Optional[cst.CSTNode] = None) -> None:
+        super().__init__(message)
+        self.node = node
+
+
 @dataclass
 class Binding:
     """One place where a (dotted) name gets a value: `optimizer = ...`, `self.opt = ...`, a parameter."""
