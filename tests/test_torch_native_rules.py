@@ -136,3 +136,23 @@ def test_aliased_torch_is_used_as_is():
     source = "import torch as th\nopt = th.optim.SGD(p)\nfor x in l:\n    loss = m(x)\n    loss.backward()\n    opt.step()\n"
     converted = convert_source(source).converted
     assert "th.autocast(" in converted and "th.amp.GradScaler(" in converted and "import torch\n" not in converted
+
+
+def test_class_attribute_is_not_taken_for_the_module_variable():
+    source = textwrap.dedent(
+        """\
+        import torch
+
+        class Config:
+            optimizer = torch.optim.SGD(params, lr=0.1)
+
+        for x in loader:
+            loss = model(x)
+            loss.backward()
+            optimizer.step()
+        """
+    )
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.UNCONVERTED
+    assert "scaler" not in (conversion.converted or "")
+    assert any(f.code == "AMP215" and "cannot find where optimizer is created" in f.message for f in conversion.findings)

@@ -519,6 +519,8 @@ class _Collector(cst.CSTVisitor):
     # bindings -------------------------------------------------------------------------
 
     def _bind(self, target: cst.BaseExpression, value: Optional[cst.BaseExpression], statement: cst.CSTNode, kind: str) -> None:
+        if self.classes[-1] is not None:
+            return  # a class attribute: not a variable any loop can read by its bare name
         qualified = None
         if isinstance(value, cst.Call):
             qualified = self.imports.resolve(value.func)
