@@ -53,8 +53,8 @@ RULES = {
     "AMP213": "masked_fill with a constant that overflows float16",
     "AMP214": "optimizer wrapper class with its own step()",
     "AMP215": "training structure could not be followed; left unconverted",
-    "AMP217": "the script casts to half precision by hand (.half(), .to(torch.float16)); left unconverted",
     "AMP216": "no device variable found: 'cuda' used (warning when assumed, info when the script calls .cuda())",
+    "AMP217": "the script casts to half precision by hand (.half(), .to(torch.float16)); left unconverted",
 }
 
 
