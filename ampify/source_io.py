@@ -43,8 +43,12 @@ def read_source(path: Path) -> SourceFile:
     """Read a regular file as bytes, with the stat needed to replace it safely later."""
     try:
         # stat before open: opening a FIFO named `x.py` would block forever.
-        if not stat.S_ISREG(os.stat(path).st_mode):
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
             raise SourceIOError("not a regular file")
+        if not mode & (stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH):
+            # Permission bits rule, also for root (who could read it anyway), as for writes.
+            raise SourceIOError("no permission to read the file")
         with open(path, "rb") as handle:
             st = os.fstat(handle.fileno())
             data = handle.read()

@@ -1,15 +1,55 @@
 """Wrap TF1 optimizers with enable_mixed_precision_graph_rewrite.
 
-Work in progress: this transform does not convert anything yet.
+The rule is applied where optimizers are BUILT: `X(...)` where X is a TF1 optimizer class
+(directly, through a name, dict, partial or getattr, or a class the file derives from one)
+becomes `WRAPPER(X(...))`. That one rule covers assignments, `.minimize()` one-liners, factory
+returns, if-chains and dict values. Around it: the env var that keeps pre-Volta GPUs from
+skipping the rewrite, tf.gradients rewritten to compute_gradients so the loss is scaled, and
+warnings for every pattern that cannot be converted safely.
+
+Rule codes:
+  AMP101 info     wrapped an optimizer with the mixed precision graph rewrite
+  AMP102 info     set TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE=1
+  AMP103 info     rewrote tf.gradients to the optimizer's compute_gradients
+  AMP110 warning  tf.gradients result reaches apply_gradients, form too unusual to rewrite
+  AMP111 warning  optimizer built in a loop (one loss scale per instance)
+  AMP112 warning  Keras optimizer: the wrapper refuses it, not wrapped
+  AMP113 warning  Session created before the optimizer is wrapped: no rewrite for it
+  AMP114 warning  unwrapped TF1 optimizer in a file that already uses mixed precision
+  AMP115 warning  apply_gradients with gradients not traceable to compute_gradients
+  AMP116 warning  an `*Optimizer` class from another module: not wrapped
+  AMP117 warning  optimizer built inside TensorFlow (optimize_loss, canned Estimators)
+  AMP118 warning  an optimizer class handed to code outside this file: not wrapped
+  AMP100 error    internal error: the file was left unchanged
 """
 
 from __future__ import annotations
 
-import libcst as cst
+from typing import Dict, List
 
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms.imports import ImportMap
+from ampify.transforms.tf1_gradients_rewrite import GradientsPlan, plan_gradients_rewrites
+from ampify.transforms.tf1_module_header import (
+    add_header_statements,
+    choose_wrapper_spelling,
+    wrapper_callee_for,
+)
+from ampify.transforms.tf1_names import IGNORE_PERFORMANCE_ENV, MAY_APPLY_MARKERS, normalise_tf_name
+from ampify.transforms.tf1_optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
+from ampify.transforms.tf1_survey import ModuleSurvey, OptimizerSite, survey_module
+
+NOT_APPLICABLE_REASON = (
+    "no TF1 graph training code (no Session, graph, Estimator or tf.train / tf.compat.v1 "
+    "optimizer): the TF1 mixed precision graph rewrite does not apply; for TensorFlow 2 / "
+    "Keras code use tf.keras.mixed_precision.set_global_policy('mixed_float16') (and a "
+    "tf.keras.mixed_precision.LossScaleOptimizer in custom training loops)"
+)
 
 
 class TF1GraphRewrite(Transform):
@@ -17,10 +57,335 @@ class TF1GraphRewrite(Transform):
     description = "Wrap TF1 optimizers with enable_mixed_precision_graph_rewrite."
 
     def may_apply(self, source: bytes, options: Options) -> bool:
-        return False
+        # Every file this transform changes or reports on imports tensorflow and names an
+        # optimizer, the `train` module, apply_gradients, a Session or a mixed precision API
+        # (see MAY_APPLY_MARKERS); TF2 training files name their Keras optimizer, so they are
+        # still parsed and reported as not applicable with the reason why.
+        return b"tensorflow" in source and any(marker in source for marker in MAY_APPLY_MARKERS)
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
-        return False
+        return imports.uses("tensorflow")
 
     def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
-        return TransformResult(module, Verdict.NOTHING_TO_DO)
+        try:
+            return _GraphRewrite(module, imports, options).run()
+        except Exception as error:  # a bug in ampify must never cost the user a file
+            return TransformResult(
+                module,
+                Verdict.UNCONVERTED,
+                [
+                    Finding(
+                        "AMP100",
+                        f"internal error in the TF1 graph rewrite, file left unchanged: "
+                        f"{type(error).__name__}: {error}",
+                        severity=Severity.ERROR,
+                    )
+                ],
+                "internal error in the TF1 graph rewrite",
+            )
+
+
+class _WrapAndReplace(cst.CSTTransformer):
+    """Wrap the planned optimizer constructions, swap the planned tf.gradients calls."""
+
+    def __init__(self, callees: Dict[int, str], replacements: Dict[int, cst.BaseExpression]):
+        #: id of an optimizer construction -> the wrapper's spelling there
+        self.callees = callees
+        self.replacements = replacements
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if id(original_node) in self.replacements:
+            return self.replacements[id(original_node)]
+        callee = self.callees.get(id(original_node))
+        if callee is not None:
+            return cst.Call(func=cst.parse_expression(callee), args=[cst.Arg(updated_node)])
+        return updated_node
+
+
+def _warning(code: str, message: str, line: int, column: int) -> Finding:
+    return Finding(code, message, line, column, Severity.WARNING)
+
+
+class _GraphRewrite:
+    """One apply() of the transform on one module."""
+
+    def __init__(self, module: cst.Module, imports: ImportMap, options: Options):
+        self.options = options
+        self.imports = imports
+        # No defensive deep copy: the module is freshly parsed (every node appears once) and is
+        # only read here; the copy alone cost as much as a whole walk on big files.
+        self.wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
+        self.module = self.wrapper.module
+        self.original = module
+        self.classifier = OptimizerClassifier(self.module, self.resolve)
+        self.survey: ModuleSurvey = survey_module(self.wrapper, self.resolve, self.classifier)
+        self.findings: List[Finding] = []
+
+    def resolve(self, node: cst.CSTNode):
+        return normalise_tf_name(self.imports.resolve(node))
+
+    def run(self) -> TransformResult:
+        if self.survey.mixed_precision_marker is not None:
+            return self._already_mixed_precision()
+        if not self.survey.tf1_style:
+            return TransformResult(self.original, Verdict.NOT_APPLICABLE, [], NOT_APPLICABLE_REASON)
+        return self._convert()
+
+    # -- files that already use mixed precision ----------------------------------------------
+    def _already_mixed_precision(self) -> TransformResult:
+        what, line = self.survey.mixed_precision_marker
+        if not self.survey.ngc_auto_mixed_precision:
+            for site in self._tf1_sites():
+                if site.already_wrapped or set(site.assigned_to) & self.survey.wrapped_names:
+                    continue
+                self.findings.append(
+                    _warning(
+                        "AMP114",
+                        f"{site.display} is not wrapped, in a file that already uses mixed "
+                        f"precision ({what} at line {line}): its loss is not scaled; wrap it with "
+                        "enable_mixed_precision_graph_rewrite by hand (ampify leaves this file "
+                        "unchanged)",
+                        site.line,
+                        site.column,
+                    )
+                )
+        if self.survey.tf1_style:
+            plan = self._plan_gradients(
+                rewrite=False,
+                why_not_rewritten="the file already uses mixed precision, so ampify leaves it unchanged",
+                keras_optimizer_names=self._keras_names(),
+            )
+            self.findings.extend(plan.findings)
+        return TransformResult(
+            self.original,
+            Verdict.ALREADY_MIXED_PRECISION,
+            self.findings,
+            f"already uses mixed precision ({what} at line {line})",
+        )
+
+    def _plan_gradients(self, **kwargs) -> GradientsPlan:
+        if not self.survey.has_apply_gradients:
+            return GradientsPlan()  # nothing is applied, so nothing can bypass loss scaling
+        return plan_gradients_rewrites(self.wrapper, self.resolve, **kwargs)
+
+    # -- TF1 graph code ------------------------------------------------------------------------
+    def _tf1_sites(self) -> List[OptimizerSite]:
+        return [s for s in self.survey.optimizers if s.kind == TF1]
+
+    def _keras_names(self) -> frozenset:
+        return frozenset(
+            name for s in self.survey.optimizers if s.kind in (KERAS, MIXED) for name in s.assigned_to
+        )
+
+    def _convert(self) -> TransformResult:
+        to_wrap = [s for s in self._tf1_sites() if not s.already_wrapped]
+        self._report_optimizer_sites(to_wrap)
+        self._report_sessions_before(to_wrap)
+        plan = self._plan_gradients(
+            rewrite=bool(to_wrap),
+            why_not_rewritten=(
+                "the optimizer is not built in this file, so ampify cannot tell whether it is "
+                "wrapped"
+            ),
+            keras_optimizer_names=self._keras_names(),
+        )
+        self.findings.extend(plan.findings)
+        if not to_wrap:
+            return self._unconverted()
+
+        callees, added_import = self._wrapper_callees(to_wrap)
+        new_module = self.module.visit(_WrapAndReplace(callees, plan.replacements))
+        set_env = self.options.tf_ignore_performance and not self.survey.mentions_ignore_performance_env
+        new_module, index = add_header_statements(
+            new_module, set_env_var=set_env, added_import=added_import
+        )
+        if set_env:
+            line = self._line_of_statement(index)
+            self.findings.append(
+                Finding(
+                    "AMP102",
+                    f"set {IGNORE_PERFORMANCE_ENV}=1 before TensorFlow is imported, so GPUs "
+                    "older than Volta do not silently skip the graph rewrite",
+                    line,
+                    0,
+                    Severity.INFO,
+                )
+            )
+        wrapped = len(to_wrap)
+        return TransformResult(
+            new_module,
+            Verdict.CONVERTED,
+            self.findings,
+            f"wrapped {wrapped} optimizer{'s' if wrapped != 1 else ''} with the mixed precision "
+            "graph rewrite",
+        )
+
+    def _wrapper_callees(self, to_wrap: List[OptimizerSite]):
+        """The wrapper's spelling for each site, and the module-level import to add, if any.
+
+        A site inside a function that imports TensorFlow itself uses that import, so a
+        deliberately lazy import stays lazy; every other site uses the module's own alias.
+        """
+        callees: Dict[int, str] = {}
+        needs_module_spelling = []
+        for site in to_wrap:
+            local = wrapper_callee_for(site.function_imports)
+            if local is not None:
+                callees[id(site.call)] = local
+            else:
+                needs_module_spelling.append(site)
+        added_import = None
+        if needs_module_spelling:
+            spelling = choose_wrapper_spelling(self.module)
+            added_import = spelling.added_import
+            for site in needs_module_spelling:
+                callees[id(site.call)] = spelling.callee
+        return callees, added_import
+
+    def _unconverted(self) -> TransformResult:
+        warnings = [f for f in self.findings if f.severity is not Severity.INFO]
+        if warnings:
+            return TransformResult(
+                self.original,
+                Verdict.UNCONVERTED,
+                self.findings,
+                "TF1 training code found, but nothing could be converted safely: see the warnings",
+            )
+        return TransformResult(
+            self.original,
+            Verdict.NOTHING_TO_DO,
+            self.findings,
+            "TF1 code, but no optimizer is built in this file",
+        )
+
+    def _line_of_statement(self, index: int) -> int:
+        if index < len(self.module.body):
+            return self.wrapper.resolve(PositionProvider)[self.module.body[index]].start.line
+        return 1
+
+    def _report_optimizer_sites(self, to_wrap: List[OptimizerSite]) -> None:
+        for site in to_wrap:
+            self.findings.append(
+                Finding(
+                    "AMP101",
+                    f"wrapped {site.display} with the mixed precision graph rewrite "
+                    "(float16 graph rewrite and dynamic loss scaling)",
+                    site.line,
+                    site.column,
+                    Severity.INFO,
+                )
+            )
+            if site.in_loop:
+                self.findings.append(
+                    _warning(
+                        "AMP111",
+                        f"{site.display} is built inside a loop: each instance gets its own loss "
+                        "scale; build one optimizer outside the loop and share it (e.g. across "
+                        "GPU towers)",
+                        site.line,
+                        site.column,
+                    )
+                )
+        for site in self.survey.optimizers:
+            if site.kind in (KERAS, MIXED):
+                what = (
+                    "some of the optimizers it chooses are Keras optimizers"
+                    if site.kind == MIXED
+                    else "it is a Keras optimizer"
+                )
+                self.findings.append(
+                    _warning(
+                        "AMP112",
+                        f"{site.display} not wrapped: {what}, which "
+                        "enable_mixed_precision_graph_rewrite refuses in current TensorFlow; use "
+                        "a tf.compat.v1.train optimizer, or Keras mixed precision "
+                        "(tf.keras.mixed_precision) with a LossScaleOptimizer",
+                        site.line,
+                        site.column,
+                    )
+                )
+        for call in self.survey.foreign_optimizer_calls:
+            self.findings.append(
+                _warning(
+                    "AMP116",
+                    f"{call.display} looks like an optimizer class from another module, which "
+                    "ampify cannot see: not wrapped; if it is a tf.train.Optimizer, convert the "
+                    "module that builds it or wrap it with "
+                    "tf.compat.v1.train.experimental.enable_mixed_precision_graph_rewrite",
+                    call.line,
+                    call.column,
+                )
+            )
+        for display, line, column in self.survey.built_inside_tf:
+            self.findings.append(
+                _warning(
+                    "AMP117",
+                    f"{display} builds its optimizer inside TensorFlow, so it cannot be wrapped "
+                    "here: pass an optimizer instance (optimizer=tf.compat.v1.train.AdamOptimizer"
+                    "(...)) and run ampify again",
+                    line,
+                    column,
+                )
+            )
+
+        for shown, callee, line, column in self.survey.classes_handed_off:
+            self.findings.append(
+                _warning(
+                    "AMP118",
+                    f"optimizer class {shown} is passed to {callee}, which builds the optimizer "
+                    "where ampify cannot see: it is not wrapped; build the optimizer here and pass "
+                    "the instance, or wrap it where it is built",
+                    line,
+                    column,
+                )
+            )
+
+    def _report_sessions_before(self, to_wrap: List[OptimizerSite]) -> None:
+        warned_scopes = set()
+        for session in self.survey.sessions:
+            for site in to_wrap:
+                if session.encloses is not None:
+                    before = session.scope == site.scope and (
+                        session.encloses[0] <= site.line <= session.encloses[1]
+                    )
+                else:
+                    before = session.line < site.line and session.scope in (0, site.scope)
+                if before:
+                    warned_scopes.add(site.scope)
+                    self.findings.append(
+                        _warning(
+                            "AMP113",
+                            f"{session.display} is created before the optimizer at line "
+                            f"{site.line} is wrapped: that Session does not get the mixed "
+                            "precision graph rewrite (nothing runs in float16); create the "
+                            "Session after building the optimizer",
+                            session.line,
+                            session.column,
+                        )
+                    )
+                    break
+        self._report_sessions_from_elsewhere(to_wrap, warned_scopes)
+
+    def _report_sessions_from_elsewhere(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
+        """A function that builds an optimizer and runs a Session it did not create (DCGAN's
+        `self.sess`): if that Session was created first, it never gets the rewrite."""
+        scopes_with_sessions = {session.scope for session in self.survey.sessions}
+        for site in to_wrap:
+            run = self.survey.session_runs.get(site.scope)
+            if site.scope == 0 or run is None or site.scope in scopes_with_sessions:
+                continue
+            if site.scope in warned_scopes:
+                continue
+            warned_scopes.add(site.scope)
+            shown, line = run
+            self.findings.append(
+                _warning(
+                    "AMP113",
+                    f"{site.display} is built in a function that runs a Session created elsewhere "
+                    f"({shown}, line {line}): if that Session was created before this line, it "
+                    "does not get the mixed precision graph rewrite (nothing runs in float16); "
+                    "create the Session after building the optimizer",
+                    site.line,
+                    site.column,
+                )
+            )

@@ -1,0 +1,195 @@
+"""Executable goldens: TF1 scripts converted by ampify really train with the graph rewrite on.
+
+Each script runs under TensorFlow (CPU) in a subprocess, through a small runner that does on
+this CPU machine what TensorFlow does on a GPU: for every Session created after
+enable_mixed_precision_graph_rewrite, turn on grappler's auto mixed precision pass (here the
+CPU one, `auto_mixed_precision_cpu`). Grappler then logs "Converted N/M nodes to float16",
+which is the proof that the rewrite really ran; the unconverted script, under the same runner,
+must show no converted nodes. The runner also reports every call of the loss-scale
+optimizer's compute_gradients, the only place where the loss is scaled.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ampify.convert import convert_source
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed"
+)
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "tf1"
+
+RUNNER = '''
+import runpy
+import sys
+
+import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
+from tensorflow.python.client import session as session_lib
+from tensorflow.python.eager import context
+from tensorflow.python.training.experimental import loss_scale_optimizer
+from tensorflow.python.training.experimental import mixed_precision_global_state
+
+_original_init = session_lib.BaseSession.__init__
+
+
+def _init(self, target="", graph=None, config=None):
+    # TF turns the GPU AMP pass on for Sessions created after enable_mixed_precision_graph_rewrite;
+    # turn the CPU pass on under exactly the same condition.
+    if mixed_precision_global_state.is_mixed_precision_graph_rewrite_enabled():
+        new_config = tf.compat.v1.ConfigProto()
+        new_config.CopyFrom(config if config is not None else context.context().config)
+        new_config.graph_options.rewrite_options.auto_mixed_precision_cpu = (
+            rewriter_config_pb2.RewriterConfig.ON
+        )
+        config = new_config
+        print("AMPIFY_RUNNER session with graph rewrite", file=sys.stderr, flush=True)
+    _original_init(self, target, graph, config)
+
+
+_original_compute = loss_scale_optimizer.MixedPrecisionLossScaleOptimizer.compute_gradients
+
+
+def _compute(self, *args, **kwargs):
+    print("AMPIFY_RUNNER loss-scale compute_gradients", file=sys.stderr, flush=True)
+    return _original_compute(self, *args, **kwargs)
+
+
+session_lib.BaseSession.__init__ = _init
+loss_scale_optimizer.MixedPrecisionLossScaleOptimizer.compute_gradients = _compute
+
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+runpy.run_path(script, run_name="__main__")
+'''
+
+CONVERTED_NODES = re.compile(r"Converted (\d+)/(\d+) nodes to float16")
+LOSS_LINE = re.compile(r"^step (\d+) loss ([-+0-9.eEnaif]+)$", re.MULTILINE)
+
+
+def _run(tmp_path: Path, name: str, source: str):
+    script = tmp_path / name
+    script.write_text(source)
+    runner = tmp_path / "amp_runner.py"
+    runner.write_text(RUNNER)
+    env = dict(os.environ)
+    env.update(
+        TF_USE_LEGACY_KERAS="1",
+        TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16="0",
+        TF_CPP_MIN_LOG_LEVEL="0",
+        CUDA_VISIBLE_DEVICES="",
+    )
+    result = subprocess.run(
+        [sys.executable, str(runner), str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def _losses(stdout: str):
+    return [float(value) for _, value in LOSS_LINE.findall(stdout)]
+
+
+def _converted_nodes(stderr: str) -> int:
+    return sum(int(n) for n, _ in CONVERTED_NODES.findall(stderr))
+
+
+def _assert_trains(losses):
+    assert len(losses) == 12, losses
+    assert all(value == value and abs(value) != float("inf") for value in losses), losses
+    # Dynamic loss scaling may skip the first step(s) on overflow; the loss must still fall.
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def _convert(name: str) -> str:
+    source = (FIXTURES / f"{name}.in.py").read_text()
+    conversion = convert_source(source, filename=name)
+    assert conversion.converted is not None, conversion.reason
+    return source, conversion
+
+
+def test_converted_tf1_script_trains_with_the_graph_rewrite_on(tmp_path):
+    source, conversion = _convert("exec_train_adam")
+    assert "AMP101" in {f.code for f in conversion.findings}
+
+    converted = _run(tmp_path, "converted.py", conversion.converted)
+    _assert_trains(_losses(converted.stdout))
+    assert "AMPIFY_RUNNER session with graph rewrite" in converted.stderr
+    assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" in converted.stderr
+
+    original = _run(tmp_path, "original.py", source)
+    _assert_trains(_losses(original.stdout))
+    assert "AMPIFY_RUNNER session with graph rewrite" not in original.stderr
+    assert _converted_nodes(original.stderr) == 0, original.stderr[-4000:]
+
+
+def test_bert_style_tf_gradients_script_trains_with_loss_scaling(tmp_path):
+    source, conversion = _convert("exec_bert_style_gradients")
+    codes = [f.code for f in conversion.findings]
+    assert codes.count("AMP103") == 1, codes
+    assert "tf.gradients(" not in conversion.converted
+    assert "clip_by_global_norm(grads" in conversion.converted  # the clipping is kept
+
+    converted = _run(tmp_path, "converted.py", conversion.converted)
+    _assert_trains(_losses(converted.stdout))
+    # The loss-scale optimizer's compute_gradients scaled the loss: without the tf.gradients
+    # rewrite it would never be called, and fp16 gradients would underflow silently.
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" in converted.stderr
+    assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]
+
+
+def test_wrapper_only_bert_script_would_skip_loss_scaling(tmp_path):
+    """The trap the tf.gradients rewrite exists for: wrapping alone never scales the loss."""
+    source, conversion = _convert("exec_bert_style_gradients")
+    wrapped_only = conversion.converted.replace(
+        "[g for g, _ in optimizer.compute_gradients(loss, var_list=tvars)]",
+        "tf.gradients(loss, tvars)",
+    )
+    assert wrapped_only != conversion.converted
+    result = _run(tmp_path, "wrapped_only.py", wrapped_only)
+    _assert_trains(_losses(result.stdout))
+    assert "AMPIFY_RUNNER session with graph rewrite" in result.stderr
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" not in result.stderr
+
+
+SESSION_FIRST = '''\
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+tf.disable_v2_behavior()
+sess = tf.Session()
+
+x = tf.placeholder(tf.float32, [None, 8])
+loss = tf.reduce_mean(tf.square(tf.layers.dense(x, 8)))
+train_op = tf.train.AdamOptimizer(0.01).minimize(loss)
+sess.run(tf.global_variables_initializer())
+for step in range(12):
+    _, value = sess.run([train_op, loss], {x: np.ones((4, 8), np.float32)})
+    print("step %d loss %.6f" % (step, value))
+'''
+
+
+def test_session_created_before_the_wrapper_is_warned_and_really_gets_no_rewrite(tmp_path):
+    conversion = convert_source(SESSION_FIRST, filename="session_first.py")
+    warnings = [(f.code, f.line) for f in conversion.findings if f.code == "AMP113"]
+    assert warnings == [("AMP113", 5)]
+    result = _run(tmp_path, "session_first.py", conversion.converted)
+    # The warning is a true positive: the loss is scaled, but nothing runs in float16.
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" in result.stderr
+    assert "AMPIFY_RUNNER session with graph rewrite" not in result.stderr
+    assert _converted_nodes(result.stderr) == 0

@@ -1,0 +1,335 @@
+"""Unit tests of the TF1 graph rewrite: options, verdicts, reasons, messages, edge cases."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from ampify.convert import convert_source
+from ampify.findings import FileStatus, Severity
+from ampify.options import Options
+from ampify.transforms.imports import ImportMap
+from ampify.transforms.tf1_graph_rewrite import TF1GraphRewrite
+from ampify.transforms.base import Verdict
+from golden import discover_cases
+
+ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE"
+
+
+def convert(source: str, options: Options = None):
+    return convert_source(textwrap.dedent(source), options or Options())
+
+
+def codes(conversion):
+    return [f.code for f in conversion.findings]
+
+
+def test_env_var_can_be_turned_off():
+    source = "import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\n"
+    on = convert(source)
+    off = convert(source, Options(tf_ignore_performance=False))
+    assert ENV in on.converted and "AMP102" in codes(on)
+    assert ENV not in off.converted and "import os" not in off.converted
+    assert "AMP102" not in codes(off)
+    assert "enable_mixed_precision_graph_rewrite(tf.train.AdamOptimizer(0.1))" in off.converted
+
+
+def test_import_os_not_repeated_when_already_imported_before_tensorflow():
+    source = "import os, sys\nimport tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\n"
+    out = convert(source).converted
+    assert out.count("import os") == 1
+    assert out.index(ENV) < out.index("import tensorflow")
+
+
+def test_import_os_added_when_os_is_only_imported_after_tensorflow():
+    source = "import tensorflow as tf\nimport os\nopt = tf.train.AdamOptimizer(0.1)\n"
+    out = convert(source).converted
+    assert out.startswith("import os\nos.environ.setdefault(")
+
+
+def test_env_var_set_by_hand_is_not_set_again():
+    source = (
+        "import os\nos.environ['%s'] = '1'\nimport tensorflow as tf\n"
+        "opt = tf.train.AdamOptimizer(0.1)\n" % ENV
+    )
+    conversion = convert(source)
+    assert conversion.converted.count(ENV) == 1
+    assert "AMP102" not in codes(conversion)
+
+
+def test_messages_say_what_was_done():
+    conversion = convert("import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\n")
+    messages = [f.message for f in conversion.findings if f.code == "AMP101"]
+    assert messages and messages[0].startswith(
+        "wrapped tf.train.AdamOptimizer with the mixed precision graph rewrite"
+    )
+    assert all(f.severity is Severity.INFO for f in conversion.findings)
+
+
+def test_tf2_file_is_not_applicable_with_a_reason():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        model.compile(optimizer=tf.keras.optimizers.Adam(), loss="mse")
+        """
+    )
+    assert conversion.status is FileStatus.NOT_APPLICABLE
+    assert "graph rewrite does not apply" in conversion.reason
+    assert "set_global_policy('mixed_float16')" in conversion.reason
+    assert conversion.findings == []
+
+
+def test_already_mixed_precision_reason_names_the_marker_and_line():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        opt = tf.train.AdamOptimizer(0.1)
+        opt = tf.train.experimental.enable_mixed_precision_graph_rewrite(opt)
+        """
+    )
+    assert conversion.status is FileStatus.ALREADY_MIXED_PRECISION
+    assert "enable_mixed_precision_graph_rewrite at line 3" in conversion.reason
+    assert codes(conversion) == []  # `opt` is wrapped later: no AMP114
+
+
+def test_already_mixed_precision_file_still_warns_about_tf_gradients():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        def step(loss):
+            opt = tf.train.experimental.enable_mixed_precision_graph_rewrite(
+                tf.train.AdamOptimizer(0.1))
+            tvars = tf.trainable_variables()
+            grads = tf.gradients(loss, tvars)
+            return opt.apply_gradients(zip(grads, tvars))
+        """
+    )
+    assert conversion.status is FileStatus.ALREADY_MIXED_PRECISION
+    assert codes(conversion) == ["AMP110"]
+    assert conversion.findings[0].line == 6
+    assert "without loss scaling" in conversion.findings[0].message
+
+
+def test_ngc_env_var_counts_as_mixed_precision_without_warnings():
+    conversion = convert(
+        """\
+        import os
+        os.environ['TF_ENABLE_AUTO_MIXED_PRECISION'] = '1'
+        import tensorflow as tf
+        opt = tf.train.AdamOptimizer(0.1)
+        """
+    )
+    assert conversion.status is FileStatus.ALREADY_MIXED_PRECISION
+    assert codes(conversion) == []
+
+
+def test_dict_mixing_keras_and_tf1_classes_is_not_wrapped():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        x = tf.placeholder(tf.float32)
+        OPTS = {'adam': tf.train.AdamOptimizer, 'kadam': tf.keras.optimizers.Adam}
+        opt = OPTS[name](0.1)
+        """
+    )
+    assert conversion.status is FileStatus.UNCONVERTED
+    assert codes(conversion) == ["AMP112"]
+    assert "some of the optimizers it chooses are Keras optimizers" in conversion.findings[0].message
+
+
+def test_keras_learning_rate_schedules_are_not_optimizers():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        lr = tf.keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9)
+        opt = tf.compat.v1.train.AdamOptimizer(lr)
+        """
+    )
+    assert codes(conversion) == ["AMP102", "AMP101"]
+
+
+def test_wrapping_optimizers_are_never_wrapped_themselves():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        inner = tf.train.AdamOptimizer(0.1)
+        sync = tf.train.SyncReplicasOptimizer(inner, replicas_to_aggregate=2)
+        """
+    )
+    out = conversion.converted
+    assert out.count("enable_mixed_precision_graph_rewrite(") == 1
+    assert "sync = tf.train.SyncReplicasOptimizer(inner, replicas_to_aggregate=2)" in out
+
+
+def test_local_subclass_of_a_local_subclass_is_wrapped():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        class Base(tf.train.Optimizer):
+            pass
+        class Lamb(Base):
+            pass
+        opt = Lamb(0.1)
+        """
+    )
+    assert "enable_mixed_precision_graph_rewrite(Lamb(0.1))" in conversion.converted
+
+
+def test_session_created_in_same_function_before_optimizer_is_warned():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        def train(loss):
+            sess = tf.Session()
+            op = tf.train.AdamOptimizer(0.1).minimize(loss)
+            sess.run(op)
+        def later(loss):
+            with tf.Session() as s:
+                s.run(loss)
+            op = tf.train.AdamOptimizer(0.1).minimize(loss)
+            with tf.Session() as s:
+                s.run(op)
+        """
+    )
+    warnings = [(f.code, f.line) for f in conversion.findings if f.severity is Severity.WARNING]
+    # A finished `with tf.Session()` block before the optimizer does not matter.
+    assert warnings == [("AMP113", 3)]
+
+
+def test_may_apply_holds_for_every_tf1_fixture_and_rejects_torch():
+    transform = TF1GraphRewrite()
+    for case in discover_cases("tf1"):
+        assert transform.may_apply(case.input_path.read_bytes(), Options()), case.id
+    assert not transform.may_apply(b"import torch\nopt = torch.optim.SGD([], 0.1)\n", Options())
+
+
+def test_apply_reports_internal_errors_instead_of_raising(monkeypatch):
+    import ampify.transforms.tf1_graph_rewrite as module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(module, "add_header_statements", broken)
+    source = cst.parse_module("import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\n")
+    result = TF1GraphRewrite().apply(source, ImportMap.from_module(source), Options())
+    assert result.verdict is Verdict.UNCONVERTED
+    assert result.module is source
+    assert [f.code for f in result.findings] == ["AMP100"]
+
+
+def test_class_passed_to_a_local_function_is_wrapped_where_instantiated():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        def build(loss, opt_cls, lr=0.1):
+            return opt_cls(lr).minimize(loss)
+        def model_fn(loss):
+            return build(loss, tf.train.AdamOptimizer)
+        """
+    )
+    assert "enable_mixed_precision_graph_rewrite(opt_cls(lr))" in conversion.converted
+    assert "AMP118" not in codes(conversion)
+
+
+def test_class_handed_to_another_module_is_warned():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        import trainer
+        x = tf.placeholder(tf.float32)
+        trainer.fit(x, optimizer_cls=tf.train.AdamOptimizer)
+        """
+    )
+    assert conversion.status is FileStatus.UNCONVERTED
+    assert [(f.code, f.line) for f in conversion.findings] == [("AMP118", 4)]
+
+
+def test_class_default_with_or_is_an_optimizer_class():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        def make(lr, optimizer_cls=None):
+            optimizer_cls = optimizer_cls or tf.train.AdamOptimizer
+            return optimizer_cls(lr)
+        """
+    )
+    assert "enable_mixed_precision_graph_rewrite(optimizer_cls(lr))" in conversion.converted
+
+
+def test_tf_gradients_alone_in_tf2_code_is_still_not_applicable():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        @tf.function
+        def hvp(f, x):
+            return tf.gradients(f(x), x)
+        """
+    )
+    assert conversion.status is FileStatus.NOT_APPLICABLE
+
+
+def test_optimizer_built_where_a_session_from_elsewhere_runs_is_warned():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        class Model(object):
+            def __init__(self, sess):
+                self.sess = sess
+            def train(self, loss):
+                op = tf.train.AdamOptimizer(0.1).minimize(loss)
+                self.sess.run(op)
+        def build_then_run(loss):
+            op = tf.train.AdamOptimizer(0.1).minimize(loss)
+            with tf.Session() as sess:
+                sess.run(op)
+        """
+    )
+    warnings = [f for f in conversion.findings if f.severity is Severity.WARNING]
+    assert [(f.code, f.line) for f in warnings] == [("AMP113", 6)]
+    assert "self.sess, line 7" in warnings[0].message
+
+
+def test_may_apply_skips_tensorflow_files_without_training_code():
+    model_only = b"import tensorflow as tf\ndef net(x):\n    return tf.nn.relu(tf.matmul(x, x))\n"
+    assert not TF1GraphRewrite().may_apply(model_only, Options())
+    chosen_by_getattr = b"import tensorflow as tf\nopt = getattr(tf.train, name)(0.1)\n"
+    assert TF1GraphRewrite().may_apply(chosen_by_getattr, Options())
+
+
+def test_gradients_from_a_helper_given_the_optimizer_are_traced():
+    # tensorflow/models research/slim train_image_classifier.py
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        from deployment import model_deploy
+        def main(clones, lr, variables_to_train, global_step):
+            optimizer = tf.train.MomentumOptimizer(lr, momentum=0.9)
+            total_loss, clones_gradients = model_deploy.optimize_clones(
+                clones, optimizer, var_list=variables_to_train)
+            return optimizer.apply_gradients(clones_gradients, global_step=global_step)
+        def other(clones, optimizer, helper):
+            grads = helper.compute(clones)
+            return optimizer.apply_gradients(grads)
+        """
+    )
+    assert [(f.code, f.line) for f in conversion.findings if f.severity is Severity.WARNING] == [
+        ("AMP115", 10)
+    ]
+
+
+def test_local_optimizer_that_wraps_another_is_not_wrapped_itself():
+    conversion = convert(
+        """\
+        import tensorflow as tf
+        class GradientAccumulationOptimizer(tf.train.Optimizer):
+            def __init__(self, opt, steps, name="Accumulate"):
+                super(GradientAccumulationOptimizer, self).__init__(False, name)
+                self._opt = opt
+        opt = GradientAccumulationOptimizer(tf.train.AdamOptimizer(0.1), 4)
+        """
+    )
+    out = conversion.converted
+    assert out.count("enable_mixed_precision_graph_rewrite(") == 1
+    assert "GradientAccumulationOptimizer(tf.compat.v1.train.experimental." in out

@@ -1,0 +1,441 @@
+"""Route `tf.gradients` through the wrapped optimizer so the loss is scaled.
+
+`grads = tf.gradients(loss, tvars)` followed by `opt.apply_gradients(zip(grads, tvars))` runs
+fine under enable_mixed_precision_graph_rewrite, but only `opt.compute_gradients` scales the
+loss: float16 gradients then underflow silently (google-research/bert's optimization.py does
+exactly this). Within one function body, follow where each tf.gradients result flows (plain
+assignments, tuple unpacking, `.append/.extend`, comprehensions, `tf.clip_by_global_norm`,
+`zip`) and, when it reaches `O.apply_gradients(...)` for an optimizer O bound before it, replace
+the call with `[g for g, _ in O.compute_gradients(loss, var_list=tvars, ...)]`. Everything that
+happens to the gradients in between (clipping, averaging, summaries) is kept. Forms too unusual
+to rewrite safely get a warning with the line instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set, Tuple
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from ampify.findings import Finding, Severity
+from ampify.transforms.imports import dotted_name
+from ampify.transforms.tf1_names import (
+    GRADIENTS_TO_COMPUTE_GRADIENTS_KWARGS,
+    TF_GRADIENTS,
+    TF_GRADIENTS_POSITIONAL,
+)
+from ampify.transforms.tf1_optimizer_classes import Resolver
+
+#: label for gradients that come from some optimizer's compute_gradients (already scaled)
+FROM_COMPUTE_GRADIENTS = "compute_gradients"
+_CONTAINER_MUTATORS = {"append", "extend", "insert", "add", "update"}
+
+CODE_REWROTE = "AMP103"
+CODE_NOT_REWRITABLE = "AMP110"
+CODE_UNTRACEABLE_APPLY = "AMP115"
+
+
+@dataclass
+class GradientsPlan:
+    """What to replace (keyed by id of the original tf.gradients Call) and what to report."""
+
+    replacements: Dict[int, cst.BaseExpression] = field(default_factory=dict)
+    findings: List[Finding] = field(default_factory=list)
+
+
+@dataclass
+class _GradientsCall:
+    call: cst.Call
+    statement_line: int
+    line: int
+    column: int
+
+
+@dataclass
+class _ApplyCall:
+    receiver: cst.BaseExpression
+    receiver_name: Optional[str]
+    grads: Optional[cst.BaseExpression]
+    line: int
+    column: int
+
+
+@dataclass
+class _ScopeFlow:
+    """Data flow facts of one function body (or the module body)."""
+
+    params: Set[str] = field(default_factory=set)
+    edges: List[Tuple[Set[str], Set[str], Set[object]]] = field(default_factory=list)
+    assignment_lines: Dict[str, List[int]] = field(default_factory=dict)
+    gradients_calls: List[_GradientsCall] = field(default_factory=list)
+    apply_calls: List[_ApplyCall] = field(default_factory=list)
+
+
+class _References(cst.CSTVisitor):
+    """Dotted names an expression reads, and the gradient sources (labels) it contains."""
+
+    def __init__(self, resolve: Resolver) -> None:
+        self.resolve_name = resolve
+        self.names: Set[str] = set()
+        self.labels: Set[object] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        name = dotted_name(node)
+        if name:
+            self.names.add(name)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.resolve_name(node.func) in TF_GRADIENTS:
+            self.labels.add(id(node))
+        elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "compute_gradients":
+            self.labels.add(FROM_COMPUTE_GRADIENTS)
+        else:
+            # `model_deploy.optimize_clones(clones, optimizer)`: a helper handed the optimizer
+            # computes the gradients with it (see _from_helper_given).
+            for arg in node.args:
+                name = dotted_name(arg.value)
+                if name:
+                    self.labels.add(_from_helper_given(name))
+
+
+def _from_helper_given(optimizer_name: str) -> Tuple[str, str]:
+    """Label of values computed by a call that was handed `optimizer_name`."""
+    return ("helper given", optimizer_name)
+
+
+def _target_names(target: cst.BaseExpression) -> Set[str]:
+    if isinstance(target, (cst.Tuple, cst.List)):
+        names: Set[str] = set()
+        for element in target.elements:
+            names |= _target_names(element.value)
+        return names
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    if isinstance(target, cst.Subscript):
+        # `grads[i] = ...` changes what `grads` holds.
+        return _target_names(target.value)
+    name = dotted_name(target)
+    return {name} if name else set()
+
+
+class _FlowCollector(cst.CSTVisitor):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, resolve: Resolver) -> None:
+        self.resolve_name = resolve
+        self.finished: List[_ScopeFlow] = []
+        self._stack: List[_ScopeFlow] = [_ScopeFlow()]
+        self._statement_lines: List[int] = [0]
+
+    @property
+    def _flow(self) -> _ScopeFlow:
+        return self._stack[-1]
+
+    def _line(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.line
+
+    def _references(self, *nodes: Optional[cst.CSTNode]) -> _References:
+        refs = _References(self.resolve_name)
+        for node in nodes:
+            if node is not None:
+                node.visit(refs)
+        return refs
+
+    def _edge(self, targets: Set[str], *sources: Optional[cst.CSTNode]) -> None:
+        if not targets:
+            return
+        refs = self._references(*sources)
+        self._flow.edges.append((targets, refs.names, refs.labels))
+        for target in targets:
+            self._flow.assignment_lines.setdefault(target, []).append(self._statement_lines[-1])
+
+    # scopes
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        flow = _ScopeFlow()
+        params = node.params
+        for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+            flow.params.add(param.name.value)
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                flow.params.add(star.name.value)
+        self._stack.append(flow)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.finished.append(self._stack.pop())
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        self.finished.append(self._stack.pop())
+
+    # statement lines
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._statement_lines.append(self._line(node))
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine) -> None:
+        self._statement_lines.pop()
+
+    # flows
+    def visit_Assign(self, node: cst.Assign) -> None:
+        targets: Set[str] = set()
+        for target in node.targets:
+            targets |= _target_names(target.target)
+        self._edge(targets, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._edge(_target_names(node.target), node.value)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._edge(_target_names(node.target), node.value)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._edge(_target_names(node.target), node.value)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._statement_lines.append(self._line(node))
+        self._edge(_target_names(node.target), node.iter)
+        self._statement_lines.pop()
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._edge(_target_names(node.asname.name), node.item)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if self.resolve_name(func) in TF_GRADIENTS:
+            position = self.get_metadata(PositionProvider, node).start
+            self._flow.gradients_calls.append(
+                _GradientsCall(node, self._statement_lines[-1], position.line, position.column)
+            )
+            return
+        if not isinstance(func, cst.Attribute):
+            return
+        method = func.attr.value
+        if method in _CONTAINER_MUTATORS:
+            container = dotted_name(func.value)
+            if container:
+                self._edge({container}, *[arg.value for arg in node.args])
+        elif method == "apply_gradients":
+            grads = None
+            for index, arg in enumerate(node.args):
+                if (arg.keyword is None and index == 0 and not arg.star) or (
+                    arg.keyword is not None and arg.keyword.value == "grads_and_vars"
+                ):
+                    grads = arg.value
+            position = self.get_metadata(PositionProvider, node).start
+            self._flow.apply_calls.append(
+                _ApplyCall(func.value, dotted_name(func.value), grads, position.line, position.column)
+            )
+
+
+def _taint(flow: _ScopeFlow) -> Dict[str, Set[object]]:
+    """Which gradient sources each name may hold (order-insensitive, so loops are covered)."""
+    taint: Dict[str, Set[object]] = {}
+    for _ in range(len(flow.edges) + 1):
+        changed = False
+        for targets, names, labels in flow.edges:
+            incoming = set(labels)
+            for name in names:
+                incoming |= taint.get(name, set())
+            if not incoming:
+                continue
+            for target in targets:
+                known = taint.setdefault(target, set())
+                if not incoming <= known:
+                    known |= incoming
+                    changed = True
+        if not changed:
+            break
+    return taint
+
+
+def _labels_of(expr: Optional[cst.BaseExpression], taint, resolve: Resolver) -> Set[object]:
+    if expr is None:
+        return set()
+    refs = _References(resolve)
+    expr.visit(refs)
+    labels = set(refs.labels)
+    for name in refs.names:
+        labels |= taint.get(name, set())
+    return labels
+
+
+def _unsupported_form(call: cst.Call) -> Optional[str]:
+    """Why this tf.gradients call cannot become compute_gradients, or None if it can."""
+    positional = 0
+    for arg in call.args:
+        if arg.star:
+            return "it passes *args or **kwargs"
+        if arg.keyword is None:
+            positional += 1
+            continue
+        keyword = arg.keyword.value
+        if keyword not in ("ys", "xs") and keyword not in GRADIENTS_TO_COMPUTE_GRADIENTS_KWARGS:
+            return f"it uses {keyword}=, which compute_gradients does not support"
+    if positional > len(TF_GRADIENTS_POSITIONAL):
+        return "it passes more than three positional arguments"
+    ys = _argument(call, 0, "ys")
+    xs = _argument(call, 1, "xs")
+    if ys is None or xs is None:
+        return "its loss or variables could not be found"
+    if isinstance(ys, (cst.List, cst.Tuple)):
+        return "it differentiates a list of losses; compute_gradients takes one loss (sum them)"
+    return None
+
+
+def _argument(call: cst.Call, index: int, keyword: str) -> Optional[cst.BaseExpression]:
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    if index < len(positional):
+        return positional[index].value
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg.value
+    return None
+
+
+def _compute_gradients_expression(call: cst.Call, receiver: cst.BaseExpression) -> cst.BaseExpression:
+    """`[g for g, _ in O.compute_gradients(loss, var_list=xs, ...)]` for a plain tf.gradients call."""
+    loss = _argument(call, 0, "ys")
+    variables = _argument(call, 1, "xs")
+    args = [cst.Arg(loss), cst.Arg(variables, keyword=cst.Name("var_list"), equal=_EQUAL)]
+    grad_ys = _argument(call, 2, "grad_ys")
+    if grad_ys is not None:
+        args.append(cst.Arg(grad_ys, keyword=cst.Name("grad_loss"), equal=_EQUAL))
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value not in ("ys", "xs", "grad_ys"):
+            new_keyword = GRADIENTS_TO_COMPUTE_GRADIENTS_KWARGS[arg.keyword.value]
+            args.append(cst.Arg(arg.value, keyword=cst.Name(new_keyword), equal=_EQUAL))
+    compute = cst.Call(
+        func=cst.Attribute(value=receiver.deep_clone(), attr=cst.Name("compute_gradients")),
+        args=[arg.with_changes(comma=cst.MaybeSentinel.DEFAULT) for arg in args],
+    )
+    return cst.ListComp(
+        elt=cst.Name("g"),
+        for_in=cst.CompFor(
+            target=cst.Tuple([cst.Element(cst.Name("g")), cst.Element(cst.Name("_"))], lpar=[], rpar=[]),
+            iter=compute,
+        ),
+    )
+
+
+_EQUAL = cst.AssignEqual(
+    whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+)
+
+
+def _bound_before(flow: _ScopeFlow, receiver_name: str, line: int) -> bool:
+    """Is the optimizer name bound before `line` in this body (or bound outside it)?"""
+    lines = flow.assignment_lines.get(receiver_name)
+    if not lines:
+        return True  # a parameter, a global, or an attribute set elsewhere (e.g. in __init__)
+    return any(assigned < line for assigned in lines)
+
+
+def plan_gradients_rewrites(
+    wrapper: cst.MetadataWrapper,
+    resolve: Resolver,
+    *,
+    rewrite: bool,
+    why_not_rewritten: str = "",
+    keras_optimizer_names: frozenset = frozenset(),
+) -> GradientsPlan:
+    """Find tf.gradients results that reach apply_gradients; plan rewrites or warnings.
+
+    With `rewrite=False` (the file is left alone, e.g. it already uses mixed precision)
+    every such flow gets a warning giving `why_not_rewritten`.
+    """
+    collector = _FlowCollector(resolve)
+    wrapper.visit(collector)
+    plan = GradientsPlan()
+    for flow in collector.finished:
+        _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names)
+    plan.findings.sort(key=lambda f: (f.line, f.column, f.code))
+    return plan
+
+
+def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names) -> None:
+    if not flow.apply_calls:
+        return
+    taint = _taint(flow)
+    apply_labels = [(apply, _labels_of(apply.grads, taint, resolve)) for apply in flow.apply_calls]
+
+    for apply, labels in apply_labels:
+        traced = {
+            label
+            for label in labels
+            if not isinstance(label, tuple) or label == _from_helper_given(apply.receiver_name or "")
+        }
+        if not traced and apply.receiver_name not in keras_optimizer_names:
+            plan.findings.append(
+                Finding(
+                    CODE_UNTRACEABLE_APPLY,
+                    f"{_shown(apply)}.apply_gradients receives gradients that do not come from "
+                    "compute_gradients or tf.gradients in this function: if they come from "
+                    "tf.gradients or a GradientTape the loss is not scaled and float16 gradients "
+                    f"can underflow; compute them with {_shown(apply)}.compute_gradients(loss)",
+                    apply.line,
+                    apply.column,
+                    Severity.WARNING,
+                )
+            )
+
+    for gradients in flow.gradients_calls:
+        reached = [apply for apply, labels in apply_labels if id(gradients.call) in labels]
+        if not reached:
+            continue  # e.g. a gradient penalty: never applied, nothing to scale
+        receivers = sorted({apply.receiver_name or _shown(apply) for apply in reached})
+        if all(apply.receiver_name in keras_optimizer_names for apply in reached):
+            continue  # a Keras optimizer: reported where it is built (AMP112)
+        reason = why_not_rewritten if not rewrite else _why_not(gradients, reached, receivers, flow)
+        if reason:
+            plan.findings.append(
+                Finding(
+                    CODE_NOT_REWRITABLE,
+                    f"tf.gradients result reaches {receivers[0]}.apply_gradients without loss "
+                    f"scaling (float16 gradients can underflow silently); not rewritten: {reason}. "
+                    f"Compute them with {receivers[0]}.compute_gradients(loss, var_list=...) "
+                    "instead",
+                    gradients.line,
+                    gradients.column,
+                    Severity.WARNING,
+                )
+            )
+            continue
+        plan.replacements[id(gradients.call)] = _compute_gradients_expression(
+            gradients.call, reached[0].receiver
+        )
+        plan.findings.append(
+            Finding(
+                CODE_REWROTE,
+                f"rewrote tf.gradients to {receivers[0]}.compute_gradients so the loss is scaled "
+                "before the gradients reach apply_gradients",
+                gradients.line,
+                gradients.column,
+                Severity.INFO,
+            )
+        )
+
+
+def _why_not(gradients: _GradientsCall, reached, receivers, flow: _ScopeFlow) -> str:
+    form = _unsupported_form(gradients.call)
+    if form:
+        return form
+    if len(receivers) > 1:
+        return "its gradients reach the apply_gradients of several optimizers (" + ", ".join(
+            receivers
+        ) + ")"
+    receiver_name = reached[0].receiver_name
+    if receiver_name is None:
+        return "the optimizer that applies them is not a plain name"
+    if not _bound_before(flow, receiver_name, gradients.statement_line):
+        return (
+            f"the optimizer {receiver_name} is created after tf.gradients; create it first"
+        )
+    return ""
+
+
+def _shown(apply: _ApplyCall) -> str:
+    return apply.receiver_name or cst.Module(body=[]).code_for_node(apply.receiver)

@@ -1,0 +1,364 @@
+"""One walk over a TF1 module that records every fact the graph rewrite decides on.
+
+Where optimizers are built (and whether inside a loop, or inside a wrapper already), where
+Sessions are created, whether the file already uses mixed precision, and whether it is TF1
+graph-mode code at all. Nothing is rewritten here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set, Tuple
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from ampify.transforms.imports import dotted_name
+from ampify.transforms.tf1_module_header import import_aliases
+from ampify.transforms.tf1_names import (
+    IGNORE_PERFORMANCE_ENV,
+    MIXED_PRECISION_IDENTIFIERS,
+    MIXED_PRECISION_POLICY_FUNCTIONS,
+    MIXED_PRECISION_STRINGS,
+    NGC_AUTO_MIXED_PRECISION_STRINGS,
+    NOT_FOREIGN_OPTIMIZER_MODULES,
+    CLASS_ARGUMENT_IS_LOCAL,
+    OPTIMIZER_BUILT_INSIDE_TF,
+    RUN_ON_DEFAULT_SESSION,
+    TF1_OPTIMIZER_CLASS_FACTORIES,
+    SESSION_CONSTRUCTORS,
+    is_tf1_optimizer_class,
+    is_tf1_style_marker,
+)
+from ampify.transforms.tf1_optimizer_classes import MIXED, TF1, OptimizerClassifier, Resolver
+
+
+@dataclass
+class OptimizerSite:
+    """A call that builds an optimizer."""
+
+    call: cst.Call
+    kind: str  # TF1, KERAS or MIXED
+    display: str  # the callee as written, e.g. "tf.train.AdamOptimizer"
+    line: int
+    column: int
+    scope: int  # id of the enclosing function (0: module level)
+    in_loop: bool
+    already_wrapped: bool  # directly inside a mixed precision wrapper call
+    assigned_to: Tuple[str, ...] = ()  # dotted names it is assigned to, if any
+    #: imports made inside the enclosing functions (`import tensorflow as tf` in a def)
+    function_imports: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SessionSite:
+    line: int
+    column: int
+    scope: int
+    display: str
+    #: for `with tf.Session() ...:`, the body lines it encloses; None for a plain call
+    encloses: Optional[Tuple[int, int]] = None
+
+
+@dataclass
+class ForeignOptimizerCall:
+    """`something.FooOptimizer(...)` from a module ampify cannot see into."""
+
+    display: str
+    line: int
+    column: int
+
+
+@dataclass
+class ModuleSurvey:
+    optimizers: List[OptimizerSite] = field(default_factory=list)
+    sessions: List[SessionSite] = field(default_factory=list)
+    #: scope id -> (session as written, line) of the first `sess.run(...)` on a Session the
+    #: scope did not create (a parameter, `self.sess`, the default Session)
+    session_runs: Dict[int, Tuple[str, int]] = field(default_factory=dict)
+    foreign_optimizer_calls: List[ForeignOptimizerCall] = field(default_factory=list)
+    built_inside_tf: List[Tuple[str, int, int]] = field(default_factory=list)
+    #: (class as written, callee as written, line, column): a class handed to code elsewhere
+    classes_handed_off: List[Tuple[str, str, int, int]] = field(default_factory=list)
+    #: first mixed precision marker: (what, line)
+    mixed_precision_marker: Optional[Tuple[str, int]] = None
+    ngc_auto_mixed_precision: bool = False
+    #: dotted names passed to a mixed precision wrapper (`opt` in `enable_...(opt)`)
+    wrapped_names: Set[str] = field(default_factory=set)
+    tf1_style: bool = False
+    #: some `.apply_gradients(...)` is called (else the tf.gradients analysis is skipped)
+    has_apply_gradients: bool = False
+    #: TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE appears in a string already
+    mentions_ignore_performance_env: bool = False
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+class _Surveyor(cst.CSTVisitor):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, resolve: Resolver, classifier: OptimizerClassifier) -> None:
+        self.resolve_name = resolve
+        self.classifier = classifier
+        self.survey = ModuleSurvey()
+        self._scopes: List[int] = [0]
+        self._loop_depth: List[int] = [0]
+        self._function_imports: List[Dict[str, str]] = [{}]
+        self._mixed_precision_arg_ids: Set[int] = set()
+        self._with_session_ids: Dict[int, Tuple[int, int]] = {}
+        self._assigned: Dict[int, Tuple[str, ...]] = {}
+
+    # -- scopes and loops -------------------------------------------------------------------
+    def _enter_scope(self, node: cst.CSTNode) -> None:
+        self._scopes.append(id(node))
+        self._loop_depth.append(0)
+        self._function_imports.append(dict(self._function_imports[-1]))
+
+    def _leave_scope(self) -> None:
+        self._scopes.pop()
+        self._loop_depth.pop()
+        self._function_imports.pop()
+
+    def visit_Import(self, node: cst.Import) -> None:
+        if len(self._scopes) > 1:
+            self._function_imports[-1].update(import_aliases(node))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if len(self._scopes) > 1:
+            self._function_imports[-1].update(import_aliases(node))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._enter_scope(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._leave_scope()
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        self._enter_scope(node)
+
+    def leave_Lambda(self, original_node: cst.Lambda) -> None:
+        self._leave_scope()
+
+    def _enter_loop(self, node: cst.CSTNode) -> None:
+        self._loop_depth[-1] += 1
+
+    def _leave_loop(self, node: cst.CSTNode) -> None:
+        self._loop_depth[-1] -= 1
+
+    def visit_For(self, node: cst.For) -> None:
+        self._enter_loop(node)
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self._leave_loop(original_node)
+
+    def visit_While(self, node: cst.While) -> None:
+        self._enter_loop(node)
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self._leave_loop(original_node)
+
+    def visit_ListComp(self, node: cst.ListComp) -> None:
+        self._enter_loop(node)
+
+    def leave_ListComp(self, original_node: cst.ListComp) -> None:
+        self._leave_loop(original_node)
+
+    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
+        self._enter_loop(node)
+
+    def leave_GeneratorExp(self, original_node: cst.GeneratorExp) -> None:
+        self._leave_loop(original_node)
+
+    def visit_DictComp(self, node: cst.DictComp) -> None:
+        self._enter_loop(node)
+
+    def leave_DictComp(self, original_node: cst.DictComp) -> None:
+        self._leave_loop(original_node)
+
+    def visit_SetComp(self, node: cst.SetComp) -> None:
+        self._enter_loop(node)
+
+    def leave_SetComp(self, original_node: cst.SetComp) -> None:
+        self._leave_loop(original_node)
+
+    # -- statements -------------------------------------------------------------------------
+    def visit_With(self, node: cst.With) -> None:
+        body_start = self._position(node.body).start.line
+        body_end = self._position(node.body).end.line
+        for item in node.items:
+            if isinstance(item.item, cst.Call):
+                self._with_session_ids[id(item.item)] = (body_start, body_end)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if isinstance(node.value, cst.Call):
+            names = tuple(filter(None, (dotted_name(t.target) for t in node.targets)))
+            self._assigned[id(node.value)] = names
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        try:
+            value = node.evaluated_value
+        except Exception:  # odd prefixes or escapes: not a marker
+            return
+        if isinstance(value, bytes):
+            return
+        if IGNORE_PERFORMANCE_ENV in value:
+            self.survey.mentions_ignore_performance_env = True
+        if value in MIXED_PRECISION_STRINGS:
+            self._mark_mixed_precision(value, node)
+            if value in NGC_AUTO_MIXED_PRECISION_STRINGS:
+                self.survey.ngc_auto_mixed_precision = True
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value in MIXED_PRECISION_IDENTIFIERS:
+            self._mark_mixed_precision(node.value, node)
+        self._note_style(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._note_style(node)
+        if node.attr.value in MIXED_PRECISION_POLICY_FUNCTIONS:
+            name = dotted_name(node)
+            resolved = self.resolve_name(node) or name or ""
+            if "mixed_precision" in resolved:
+                self._mark_mixed_precision(node.attr.value, node)
+
+    def _note_style(self, node: cst.CSTNode) -> None:
+        if self.survey.tf1_style:
+            return
+        resolved = self.resolve_name(node)
+        if is_tf1_style_marker(resolved) or is_tf1_optimizer_class(resolved):
+            self.survey.tf1_style = True
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        if node.name.value in self.classifier.local_optimizer_classes:
+            self.survey.tf1_style = True
+
+    def visit_Call(self, node: cst.Call) -> None:
+        resolved = self.resolve_name(node.func)
+        last = node.func.attr.value if isinstance(node.func, cst.Attribute) else (
+            node.func.value if isinstance(node.func, cst.Name) else ""
+        )
+        if last in MIXED_PRECISION_IDENTIFIERS:
+            for arg in node.args[:1]:
+                self._mixed_precision_arg_ids.add(id(arg.value))
+                name = dotted_name(arg.value)
+                if name:
+                    self.survey.wrapped_names.add(name)
+        if resolved in SESSION_CONSTRUCTORS:
+            self._record_session(node)
+        elif last == "apply_gradients":
+            self.survey.has_apply_gradients = True
+        elif last == "run" and isinstance(node.func, cst.Attribute):
+            self._record_session_run(node.func.value)
+        if resolved in OPTIMIZER_BUILT_INSIDE_TF:
+            self._check_built_inside(node, resolved)
+        elif last not in MIXED_PRECISION_IDENTIFIERS:
+            self._check_classes_handed_off(node, resolved)
+        kind = self.classifier.instance_kind(node)
+        position = self._position(node).start
+        if kind is not None:
+            self.survey.optimizers.append(
+                OptimizerSite(
+                    call=node,
+                    kind=kind,
+                    display=_code(node.func),
+                    line=position.line,
+                    column=position.column,
+                    scope=self._scopes[-1],
+                    in_loop=self._loop_depth[-1] > 0,
+                    already_wrapped=id(node) in self._mixed_precision_arg_ids,
+                    assigned_to=self._assigned.get(id(node), ()),
+                    function_imports=self._function_imports[-1],
+                )
+            )
+            if kind in (TF1, MIXED):
+                self.survey.tf1_style = True
+        elif self._looks_like_foreign_optimizer(node.func, last, resolved):
+            # `optimization.AdamWeightDecayOptimizer(...)`: defined in a module we cannot see.
+            self.survey.foreign_optimizer_calls.append(
+                ForeignOptimizerCall(_code(node.func), position.line, position.column)
+            )
+
+    def _looks_like_foreign_optimizer(
+        self, func: cst.BaseExpression, last: str, resolved: Optional[str]
+    ) -> bool:
+        if not last.endswith("Optimizer"):
+            return False
+        if resolved is not None:
+            return not resolved.startswith(NOT_FOREIGN_OPTIMIZER_MODULES)
+        # A class this file defines (and that is no TF optimizer) is not "foreign".
+        return not (isinstance(func, cst.Name) and func.value in self.classifier.defined_classes)
+
+    def _check_classes_handed_off(self, node: cst.Call, resolved: Optional[str]) -> None:
+        """An optimizer CLASS passed to code outside this file is instantiated out of reach."""
+        callee = resolved or dotted_name(node.func) or ""
+        if callee in CLASS_ARGUMENT_IS_LOCAL or callee in TF1_OPTIMIZER_CLASS_FACTORIES:
+            return
+        last = callee.rsplit(".", 1)[-1]
+        if resolved is None and last in self.classifier.defined_functions:
+            return  # a function of this file: its parameter is bound to the class
+        for arg in node.args:
+            if self.classifier.class_kind(arg.value) == TF1:
+                position = self._position(arg.value).start
+                self.survey.classes_handed_off.append(
+                    (_code(arg.value), _code(node.func), position.line, position.column)
+                )
+
+    def _record_session_run(self, receiver: cst.BaseExpression) -> None:
+        """`sess.run(...)`, `self.sess.run(...)`, `tf.global_variables_initializer().run()`."""
+        name = dotted_name(receiver)
+        if name is not None:
+            if self.resolve_name(receiver) is not None or "sess" not in name.lower():
+                return
+            shown = name
+        elif isinstance(receiver, cst.Call) and self.resolve_name(receiver.func) in RUN_ON_DEFAULT_SESSION:
+            shown = "the default Session"
+        else:
+            return
+        line = self._position(receiver).start.line
+        self.survey.session_runs.setdefault(self._scopes[-1], (shown, line))
+
+    def _record_session(self, node: cst.Call) -> None:
+        position = self._position(node).start
+        self.survey.sessions.append(
+            SessionSite(
+                line=position.line,
+                column=position.column,
+                scope=self._scopes[-1],
+                display=_code(node.func),
+                encloses=self._with_session_ids.get(id(node)),
+            )
+        )
+
+    def _check_built_inside(self, node: cst.Call, resolved: str) -> None:
+        optimizer_arg = None
+        for index, arg in enumerate(node.args):
+            if arg.keyword is not None and arg.keyword.value == "optimizer":
+                optimizer_arg = arg.value
+            elif arg.keyword is None and index == 3 and resolved.endswith("optimize_loss"):
+                optimizer_arg = arg.value
+        # An optimizer instance built right here is wrapped where it is built; a name may hold
+        # one built elsewhere. Strings, classes and the default are built inside TensorFlow.
+        if optimizer_arg is not None and not isinstance(optimizer_arg, cst.BaseString):
+            if self.classifier.class_kind(optimizer_arg) is None:
+                return
+        position = self._position(node).start
+        self.survey.built_inside_tf.append((_code(node.func), position.line, position.column))
+
+    def _mark_mixed_precision(self, what: str, node: cst.CSTNode) -> None:
+        if self.survey.mixed_precision_marker is None:
+            self.survey.mixed_precision_marker = (what, self._position(node).start.line)
+
+    def _position(self, node: cst.CSTNode):
+        return self.get_metadata(PositionProvider, node)
+
+
+def survey_module(
+    wrapper: cst.MetadataWrapper, resolve: Resolver, classifier: OptimizerClassifier
+) -> ModuleSurvey:
+    """Walk the module once and record what the TF1 graph rewrite needs to decide."""
+    surveyor = _Surveyor(resolve, classifier)
+    wrapper.visit(surveyor)
+    return surveyor.survey
+
