@@ -13,7 +13,7 @@ by golden files and compilation only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import libcst as cst
 
@@ -22,7 +22,7 @@ from ampify.options import Options
 from ampify.transforms import torch_names as names
 from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms.imports import ImportMap, dotted_name
-from ampify.transforms.statement_edits import EditPlan, apply_edits
+from ampify.transforms.torch_edits import StatementEdits, apply_edits
 from ampify.transforms.torch_training_loop import (
     BackwardCall,
     Binding,
@@ -31,6 +31,7 @@ from ampify.transforms.torch_training_loop import (
     StepCall,
     TrainingStructure,
     TrainingUnit,
+    Unconvertible,
     analyze_training,
 )
 
@@ -110,7 +111,7 @@ class _ApexConversion:
         self.s = structure
         self.options = options
         self.findings: List[Finding] = []
-        self.plan = EditPlan()
+        self.plan = StatementEdits()
         self.amp = "amp" if "amp" not in structure.all_names else structure.fresh_name("apex_amp")
         self.scaled_loss_name = structure.fresh_name("scaled_loss", "scaled")
         self.parse_config = structure.module.config_for_parsing
@@ -153,12 +154,16 @@ class _ApexConversion:
         for unit in s.units:
             attempt = self.plan.copy()
             findings_before = len(self.findings)
-            if self._convert_unit(unit):
+            try:
+                self._convert_unit(unit)
                 converted_units += 1
-            else:
+            except Unconvertible as refusal:
                 self.plan = attempt  # drop the half-planned edits of a refused unit
                 del self.findings[findings_before:]
-                self._refuse_unit(unit)
+                self._warn(
+                    "AMP317", refusal.node or unit.backwards[0].call,
+                    f"{refusal}; this training loop is left unconverted",
+                )
         if converted_units == 0:
             return self._result(Verdict.UNCONVERTED, "training code found, but none of it could be converted safely")
         self._add_import()
@@ -183,43 +188,29 @@ class _ApexConversion:
                 continue
         return blocked
 
-    def _refuse_unit(self, unit: TrainingUnit) -> None:
-        if self._refusal is None:
-            return
-        node, message = self._refusal
-        self._warn("AMP317", node, message + "; this training loop is left unconverted")
 
     # ---- one training unit ---------------------------------------------------------------
 
-    _refusal: Optional[Tuple[cst.CSTNode, str]] = None
+    @staticmethod
+    def _refuse(node: cst.CSTNode, message: str) -> NoReturn:
+        """This training unit cannot be converted safely: say why, and where."""
+        raise Unconvertible(message, node)
 
-    def _refuse(self, node: cst.CSTNode, message: str) -> None:
-        """Remember why the unit cannot be converted; callers then return None/False."""
-        self._refusal = (node, message)
-
-    def _convert_unit(self, unit: TrainingUnit) -> bool:
-        self._refusal = None
+    def _convert_unit(self, unit: TrainingUnit) -> None:
+        """Plan the whole conversion of one training unit, or raise Unconvertible."""
         if not unit.steps:
             self._refuse(unit.backwards[0].call, "no optimizer step found for this backward()")
-            return False
         setup = self._find_setup(unit)
-        if setup is None:
-            return False
         anchor = self._initialize_anchor(unit, setup)
-        if anchor is None:
-            return False
         self._plan_initialize(unit, setup, anchor)
-        if not self._plan_parallel_wraps(setup, anchor):
-            return False
-        if not self._plan_backwards(unit):
-            return False
+        self._plan_parallel_wraps(setup, anchor)
+        self._plan_backwards(unit)
         self._plan_clipping(unit)
         self._plan_checkpoints(setup, anchor)
-        return True
 
     # -- where the optimizers and models are built
 
-    def _find_setup(self, unit: TrainingUnit) -> Optional[_Setup]:
+    def _find_setup(self, unit: TrainingUnit) -> _Setup:
         scopes: List[Scope] = []
         optimizers: List[str] = []
         models: List[str] = []
@@ -227,12 +218,7 @@ class _ApexConversion:
         renames: Dict[str, str] = {}
         for optimizer in unit.optimizers:
             step = next(st for st in unit.steps if st.receiver == optimizer)
-            found = self._construction(optimizer, step.scope, depth=0)
-            if found is None:
-                if self._refusal is None:
-                    self._refuse(step.call, f"cannot find where {optimizer} is created in this file")
-                return None
-            binding, setup_name = found
+            binding, setup_name = self._construction(optimizer, step.scope, step.call, depth=0)
             scopes.append(binding.scope)
             optimizers.append(setup_name)
             renames[optimizer] = setup_name
@@ -244,46 +230,38 @@ class _ApexConversion:
                     f"cannot tell which model {setup_name} trains (no `<model>.parameters()` in its arguments); "
                     f"call {self.amp}.initialize(model, {setup_name}) by hand",
                 )
-                return None
             for model in model_names:
                 if model not in models:
                     models.append(model)
         if any(scope is not scopes[0] for scope in scopes):
             self._refuse(unit.steps[0].call, "the optimizers of this loop are created in different functions")
-            return None
         return _Setup(scopes[0], optimizers, models, statements, renames)
 
-    def _construction(self, name: str, scope: Scope, depth: int) -> Optional[Tuple[Binding, str]]:
+    def _construction(self, name: str, scope: Scope, use: cst.CSTNode, depth: int) -> Tuple[Binding, str]:
         """The binding that creates optimizer `name` as seen from `scope`, following function
         parameters to the in-file call sites (a few levels deep)."""
         bindings = self.s.bindings_visible(name, scope)
         constructions = [b for b in bindings if b.kind in ("assign", "attribute") and isinstance(b.value, cst.Call)]
         if constructions:
             if len({id(b.scope) for b in constructions}) > 1:
-                return None
+                self._refuse(use, f"{name} is created in several functions")
             return constructions[-1], name
         parameters = [b for b in bindings if b.kind == "parameter"]
         if not parameters or depth >= 3 or not isinstance(parameters[0].scope, cst.FunctionDef):
-            return None
+            self._refuse(use, f"cannot find where {name} is created in this file")
         function = parameters[0].scope
         callers = self._call_sites_of(function)
         if not callers:
             self._refuse(function, f"{name} is a parameter of {function.name.value}(), which is not called in this file")
-            return None
         found: List[Tuple[Binding, str]] = []
         for call, caller_scope in callers:
             argument = _argument_for(function, name, call)
             argument_name = dotted_name(argument) if argument is not None else None
             if argument_name is None:
                 self._refuse(call, f"{function.name.value}() is called without a plain name for {name}")
-                return None
-            result = self._construction(argument_name, caller_scope, depth + 1)
-            if result is None:
-                return None
-            found.append(result)
+            found.append(self._construction(argument_name, caller_scope, call, depth + 1))
         if any(f[0] is not found[0][0] for f in found):
             self._refuse(function, f"{function.name.value}() is called with different optimizers")
-            return None
         return found[0]
 
     def _call_sites_of(self, function: cst.FunctionDef) -> List[Tuple[cst.Call, Scope]]:
@@ -316,14 +294,13 @@ class _ApexConversion:
 
     # -- amp.initialize
 
-    def _initialize_anchor(self, unit: TrainingUnit, setup: _Setup) -> Optional[cst.CSTNode]:
+    def _initialize_anchor(self, unit: TrainingUnit, setup: _Setup) -> cst.CSTNode:
         """The statement after which amp.initialize goes: the last construction, moved past any
         later `.cuda()` / `.to(...)` of a model in the same block."""
         paths = [self.s.block_path(statement) for statement in setup.construction_statements]
         common = _deepest_common_block(paths)
         if common is None:
             self._refuse(setup.construction_statements[0], "the optimizers are created in unrelated blocks")
-            return None
         block, holders = common
         body = list(block.body)
         index = max(_index_of(body, holder) for holder in holders)
@@ -335,7 +312,6 @@ class _ApexConversion:
         anchor = body[index]
         if any(self.s.contains(anchor, b.call) for b in unit.backwards):
             self._refuse(anchor, "the optimizer is created in the same statement that trains")
-            return None
         return anchor
 
     def _plan_initialize(self, unit: TrainingUnit, setup: _Setup, anchor: cst.CSTNode) -> None:
@@ -346,15 +322,14 @@ class _ApexConversion:
         arguments = f'{model_text}, {optimizer_text}, opt_level="{self.options.apex_opt_level}"'
         if len(unit.backwards) > 1:
             arguments += f", num_losses={len(unit.backwards)}"
-        code = f"{model_text}, {optimizer_text} = {self.amp}.initialize({arguments})\n"
-        self.plan.insert_after(anchor, [cst.parse_statement(code, self.parse_config)])
+        self.plan.insert_after(anchor, f"{model_text}, {optimizer_text} = {self.amp}.initialize({arguments})")
         self._note(
             "AMP301", anchor,
             f"added {self.amp}.initialize({model_text}, {optimizer_text}, opt_level=\"{self.options.apex_opt_level}\") "
             "after the optimizer is created",
         )
 
-    def _plan_parallel_wraps(self, setup: _Setup, anchor: cst.CSTNode) -> bool:
+    def _plan_parallel_wraps(self, setup: _Setup, anchor: cst.CSTNode) -> None:
         """DataParallel/DDP must wrap the model after amp.initialize: move a wrap that comes
         before it when that is safe, else refuse."""
         anchor_block = self.s.block_of(anchor)
@@ -373,7 +348,6 @@ class _ApexConversion:
                     f"{wrapped} is wrapped in DataParallel/DistributedDataParallel before the optimizer exists, "
                     f"and apex needs the wrap after {self.amp}.initialize; move the wrap after it by hand",
                 )
-                return False
             body = list(anchor_block.body)
             between = body[_index_of(body, statement) + 1 : _index_of(body, anchor) + 1]
             if any(_uses_other_than_parameters(node, wrapped) for node in between):
@@ -382,15 +356,13 @@ class _ApexConversion:
                     f"{wrapped} is used between its DataParallel/DDP wrap and {self.amp}.initialize, so the wrap "
                     "cannot be moved safely; move it after amp.initialize by hand",
                 )
-                return False
             self.plan.remove_statement(statement)
-            self.plan.insert_after(anchor, [statement])
+            self.plan.insert_after(anchor, _code(statement).strip("\n"))
             self._note("AMP306", wrap.call, f"moved the parallel wrap of {wrapped} after {self.amp}.initialize (apex requires it)")
-        return True
 
     # -- backward, clipping, checkpoints
 
-    def _plan_backwards(self, unit: TrainingUnit) -> bool:
+    def _plan_backwards(self, unit: TrainingUnit) -> None:
         backwards = sorted(unit.backwards, key=lambda b: _pos(self.s, b.call))
         for loss_id, backward in enumerate(backwards):
             statement = backward.statement
@@ -398,21 +370,18 @@ class _ApexConversion:
                 self._refuse(
                     backward.call, "backward() is not a statement of its own; ampify cannot wrap it in amp.scale_loss"
                 )
-                return False
             optimizers = self._optimizers_after(unit, backward, backwards)
             optimizer_text = optimizers[0] if len(optimizers) == 1 else "[" + ", ".join(optimizers) + "]"
             loss_code = _code(backward.loss)
-            arguments = "".join(", " + _code(arg) for arg in backward.call.args).lstrip(", ")
             loss_id_text = f", loss_id={loss_id}" if len(backwards) > 1 else ""
-            code = (
-                f"with {self.amp}.scale_loss({loss_code}, {optimizer_text}{loss_id_text}) as {self.scaled_loss_name}:\n"
-                f"    {self.scaled_loss_name}.backward({arguments})\n"
+            header = f"with {self.amp}.scale_loss({loss_code}, {optimizer_text}{loss_id_text}) as {self.scaled_loss_name}:"
+            self.plan.wrap(statement, statement, header)
+            # the same call, arguments and all, on the scaled loss
+            scaled_call = backward.call.with_changes(
+                func=backward.call.func.with_changes(value=cst.Name(self.scaled_loss_name))
             )
-            new = cst.parse_statement(code, self.parse_config)
-            new = _keep_comments(statement, new)
-            self.plan.replace_statement(statement, [new])
+            self.plan.replace_call(backward.call, scaled_call)
             self._note("AMP302", backward.call, f"wrapped {loss_code}.backward() in {self.amp}.scale_loss({loss_code}, {optimizer_text})")
-        return True
 
     def _optimizers_after(self, unit: TrainingUnit, backward: BackwardCall, backwards: Sequence[BackwardCall]) -> List[str]:
         """The optimizers whose step consumes this backward's gradients: the first run of steps
@@ -440,13 +409,8 @@ class _ApexConversion:
             optimizer = self._step_after(unit, clip) or unit.optimizers[0]
             first = clip.call.args[0]
             replacement = cst.parse_expression(f"{self.amp}.master_params({optimizer})")
-
-            def rebuild(node: cst.CSTNode, first=first, replacement=replacement) -> cst.CSTNode:
-                args = list(node.args)
-                args[0] = args[0].with_changes(value=replacement)
-                return node.with_changes(args=args)
-
-            self.plan.rebuild_node(clip.call, rebuild)
+            arguments = [first.with_changes(value=replacement), *clip.call.args[1:]]
+            self.plan.replace_call(clip.call, clip.call.with_changes(args=arguments))
             self._note(
                 "AMP303", clip.call,
                 f"clipping now reads {self.amp}.master_params({optimizer}) instead of {_short(_code(first.value))}",
@@ -474,7 +438,7 @@ class _ApexConversion:
             if id(dictionary) in saves_done or _dict_has_key(dictionary, "amp"):
                 continue
             saves_done.add(id(dictionary))
-            self.plan.rebuild_node(dictionary, _add_amp_entry(self.amp))
+            self.plan.add_dict_element(element, "amp", f"{self.amp}.state_dict()")
             self._note("AMP304", save.call, f"the checkpoint also saves {self.amp}.state_dict()")
         for load in self.s.optimizer_state_loads:
             argument = load.call.args[0].value if load.call.args else None
@@ -487,8 +451,9 @@ class _ApexConversion:
                     f"restore {self.amp}.load_state_dict(checkpoint['amp']) by hand",
                 )
                 continue
-            code = f'if "amp" in {source_name}:\n    {self.amp}.load_state_dict({source_name}["amp"])\n'
-            self.plan.insert_after(load.statement, [cst.parse_statement(code, self.parse_config)])
+            indent = self.parse_config.default_indent
+            code = f'if "amp" in {source_name}:\n{indent}{self.amp}.load_state_dict({source_name}["amp"])'
+            self.plan.insert_after(load.statement, code)
             self._note("AMP304", load.call, f"the checkpoint load also restores {self.amp}.load_state_dict (when saved)")
             if load.scope is setup.scope and _pos(self.s, load.statement) < _pos(self.s, anchor):
                 self._warn(
@@ -501,17 +466,16 @@ class _ApexConversion:
 
     def _add_import(self) -> None:
         module = self.s.module
-        statement = "from apex import amp\n" if self.amp == "amp" else f"from apex import amp as {self.amp}\n"
-        new = cst.parse_statement(statement, self.parse_config)
+        new = "from apex import amp" if self.amp == "amp" else f"from apex import amp as {self.amp}"
         anchor = _last_leading_import(module)
         if anchor is None:
             first = module.body[0] if module.body else None
             if first is None:
                 return
-            self.plan.insert_before(first, [new])
+            self.plan.insert_before(first, new)
             self._note("AMP305", first, "added `from apex import amp`")
         else:
-            self.plan.insert_after(anchor, [new])
+            self.plan.insert_after(anchor, new)
             self._note("AMP305", anchor, "added `from apex import amp`")
 
 
@@ -655,52 +619,12 @@ def _is_lone_expression(statement: cst.CSTNode, call: cst.Call) -> bool:
     )
 
 
-def _keep_comments(original: cst.SimpleStatementLine, new: cst.BaseStatement) -> cst.BaseStatement:
-    """Comments above the old statement go above the new one; a trailing comment stays on the
-    line that does the backward."""
-    new = new.with_changes(leading_lines=original.leading_lines)
-    trailing = original.trailing_whitespace
-    if trailing.comment is not None and isinstance(new, cst.With):
-        inner = new.body.body[-1]
-        new = new.with_deep_changes(inner, trailing_whitespace=trailing)
-    return new
-
-
 def _dict_has_key(dictionary: cst.Dict, key: str) -> bool:
     for element in dictionary.elements:
         if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
             if element.key.evaluated_value == key:
                 return True
     return False
-
-
-def _add_amp_entry(amp: str):
-    """A rebuilder that appends `"amp": amp.state_dict()` to a dict literal in its own layout:
-    one line stays one line; a dict with one entry per line gets one more such line."""
-
-    def rebuild(node: cst.Dict) -> cst.Dict:
-        elements = list(node.elements)
-        new = cst.DictElement(cst.SimpleString('"amp"'), cst.parse_expression(f"{amp}.state_dict()"))
-        if not elements:
-            return node.with_changes(elements=[new])
-        last = elements[-1]
-        if isinstance(last.comma, cst.Comma):
-            # trailing comma: the old last entry takes the separator between entries, the new one
-            # takes the old trailing comma (and with it the line break before the closing brace)
-            separator = elements[-2].comma if len(elements) > 1 else cst.Comma(
-                whitespace_after=node.lbrace.whitespace_after
-            )
-            elements[-1] = last.with_changes(comma=separator)
-            elements.append(new.with_changes(comma=last.comma))
-        else:
-            separator = elements[-2].comma if len(elements) > 1 else cst.Comma(
-                whitespace_after=cst.SimpleWhitespace(" ")
-            )
-            elements[-1] = last.with_changes(comma=separator)
-            elements.append(new)
-        return node.with_changes(elements=elements)
-
-    return rebuild
 
 
 def _last_leading_import(module: cst.Module) -> Optional[cst.CSTNode]:
