@@ -26,8 +26,28 @@ class StatementEdits:
     parameters: Dict[int, str] = field(default_factory=dict)
     keywords: Dict[int, List[Tuple[str, str]]] = field(default_factory=dict)
     dict_elements: Dict[int, List[Tuple[str, str]]] = field(default_factory=dict)
+    #: statements to drop (a statement that moves: removed here, inserted elsewhere as code)
+    removed: Set[int] = field(default_factory=set)
     #: bookkeeping for callers: statements after which a scaler is already created
     created_scalers: Set[int] = field(default_factory=set)
+
+    def copy(self) -> "StatementEdits":
+        """An independent copy, to plan a unit tentatively and drop it if the unit is refused."""
+        return StatementEdits(
+            before={k: list(v) for k, v in self.before.items()},
+            after={k: list(v) for k, v in self.after.items()},
+            wraps=dict(self.wraps),
+            calls=dict(self.calls),
+            parameters=dict(self.parameters),
+            keywords={k: list(v) for k, v in self.keywords.items()},
+            dict_elements={k: list(v) for k, v in self.dict_elements.items()},
+            removed=set(self.removed),
+            created_scalers=set(self.created_scalers),
+        )
+
+    def remove_statement(self, statement: cst.CSTNode) -> None:
+        """Drop `statement` from its block (edits planned before/after it still apply)."""
+        self.removed.add(id(statement))
 
     def insert_before(self, statement: cst.CSTNode, code: str) -> None:
         """Insert statement(s) `code` right before `statement`, in its block."""
@@ -79,14 +99,17 @@ class _EditApplier(cst.CSTTransformer):
 
     def _rebuild(self, original: List[cst.BaseStatement], updated: List[cst.BaseStatement]) -> List[cst.BaseStatement]:
         if not any(
-            id(o) in self.edits.before or id(o) in self.edits.after or id(o) in self.edits.wraps for o in original
+            id(o) in self.edits.before or id(o) in self.edits.after or id(o) in self.edits.wraps
+            or id(o) in self.edits.removed
+            for o in original
         ):
             return updated
         expanded: List[Tuple[int, cst.BaseStatement]] = []  # (id of original or 0, statement)
         for o, u in zip(original, updated):
             for code in self.edits.before.get(id(o), []):
                 expanded.extend((0, s) for s in self._parse(code))
-            expanded.append((id(o), u))
+            if id(o) not in self.edits.removed:
+                expanded.append((id(o), u))
             for code in self.edits.after.get(id(o), []):
                 expanded.extend((0, s) for s in self._parse(code))
         result: List[cst.BaseStatement] = []
