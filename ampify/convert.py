@@ -46,13 +46,17 @@ def convert_source(
     module = _parse(source)
     imports = ImportMap.from_module(module)
     results: List[TransformResult] = []
-    for transform in transforms:
+    for index, transform in enumerate(transforms):
         if not transform.concerns(imports, options):
             continue
         result = transform.apply(module, imports, options)
         results.append(result)
         if result.module is not module:
             module = result.module
+            if index + 1 < len(transforms):
+                # Transforms wrap modules for metadata without LibCST's defensive copy, which
+                # needs a tree with no shared nodes: hand the next one a freshly parsed tree.
+                module = cst.parse_module(module.bytes)
             imports = ImportMap.from_module(module)
 
     findings = sorted(

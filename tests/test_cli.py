@@ -152,7 +152,7 @@ def test_gitignore_excludes_junk_folders_and_symlinks(tmp_path):
 
 
 def test_json_report_lists_every_file_and_finding(tmp_path):
-    make_tree(tmp_path, {"train.py": TF1_SCRIPT, "other.py": NOT_TRAINING, "broken.py": "import tensorflow as tf\ndef f(:\n"})
+    make_tree(tmp_path, {"train.py": TF1_SCRIPT, "other.py": NOT_TRAINING, "broken.py": "import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\ndef f(:\n"})
     report_path = tmp_path / "report.json"
     result = run_ampify("--report", report_path, tmp_path)
     assert result.returncode == 1  # broken.py failed
@@ -176,7 +176,7 @@ def test_bad_inputs_fail_alone_with_one_line_each_and_stay_byte_for_byte(tmp_pat
         "syntax.py": "import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1\n",
         "binary.py": b"\x00\x01tensorflow\xff\xfe\x00Optimizer\x89PNG",
         "unreadable.py": TF1_SCRIPT,
-        "bad_encoding.py": b"# -*- coding: no-such-codec -*-\nimport tensorflow as tf\n",
+        "bad_encoding.py": b"# -*- coding: no-such-codec -*-\nimport tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\n",
     }
     make_tree(tmp_path, {**bad, "good.py": TF1_SCRIPT, "latin1_crlf.py": latin1_crlf})
     (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -23,27 +25,22 @@ def ampify(*args, cwd):
     )
 
 
-def test_tf1_example_is_rewritten_and_verified_on_cpu(tmp_path):
-    script = tmp_path / "tf1_classifier.py"
-    shutil.copy(ROOT / "examples" / "tf1_classifier.py", script)
+@pytest.mark.parametrize(
+    "example, change_code, evidence",
+    [
+        ("tf1_classifier.py", "AMP101", "CPU emulation"),
+        ("torch_classifier.py", "AMP201", "ran in float16"),
+    ],
+)
+def test_example_is_rewritten_and_verified_on_cpu(tmp_path, example, change_code, evidence):
+    script = tmp_path / example
+    shutil.copy(ROOT / "examples" / example, script)
 
     before = ampify("verify", script, cwd=tmp_path)
     assert before.returncode == 1, before.stdout + before.stderr
+    assert "not active" in before.stdout
 
     result = ampify(script, "--verify", script, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "AMP101" in result.stdout
-    assert "verified" in result.stdout and "CPU emulation" in result.stdout
-
-
-def test_torch_example_is_rewritten_and_verified_on_cpu(tmp_path):
-    script = tmp_path / "torch_classifier.py"
-    shutil.copy(ROOT / "examples" / "torch_classifier.py", script)
-
-    before = ampify("verify", script, cwd=tmp_path)
-    assert before.returncode == 1, before.stdout + before.stderr
-
-    result = ampify(script, "--verify", script, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "AMP201" in result.stdout
-    assert "verified" in result.stdout
+    assert change_code in result.stdout
+    assert "verified" in result.stdout and evidence in result.stdout

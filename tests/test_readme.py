@@ -38,3 +38,15 @@ def test_the_example_command_prints_a_diff_for_every_example_and_writes_nothing(
     for path in examples:
         assert f"+++ b/examples/{path.name}" in result.stdout, path.name
         assert path.read_bytes() == before[path]
+
+
+def test_every_rule_code_ampify_can_emit_is_documented():
+    readme = (ROOT / "README.md").read_text()
+    documented = set(re.findall(r"^\| (AMP\d{3}) \|", readme, flags=re.M))
+    emitted = set()
+    for source in list((ROOT / "transforms").glob("*.py")) + list((ROOT / "ampify").glob("*.py")):
+        emitted |= set(re.findall(r"\"(AMP\d{3})\"", source.read_text()))
+    for findings in (ROOT / "fixtures").glob("*/*.findings.txt"):
+        emitted |= set(re.findall(r" (AMP\d{3})$", findings.read_text(), flags=re.M))
+    assert emitted, "no rule codes found at all"
+    assert emitted - documented == set()

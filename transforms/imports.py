@@ -16,10 +16,17 @@ from libcst.helpers import get_full_name_for_node
 
 
 def dotted_name(node: cst.CSTNode) -> Optional[str]:
-    """`a.b.c` for a Name/Attribute chain, else None."""
-    if isinstance(node, (cst.Name, cst.Attribute)):
-        return get_full_name_for_node(node)
-    return None
+    """`a.b.c` for a pure Name/Attribute chain, else None.
+
+    Not a name: `f(x).backward` or `xs[0].step` (LibCST's get_full_name_for_node would call them
+    `f.backward` and `xs.step`, which resolves a method of a call's result as if it were a
+    module attribute)."""
+    current = node
+    while isinstance(current, cst.Attribute):
+        current = current.value
+    if not isinstance(current, cst.Name):
+        return None
+    return get_full_name_for_node(node)
 
 
 @dataclass

@@ -71,6 +71,8 @@ class _ScopeFlow:
     assignment_lines: Dict[str, List[int]] = field(default_factory=dict)
     gradients_calls: List[_GradientsCall] = field(default_factory=list)
     apply_calls: List[_ApplyCall] = field(default_factory=list)
+    #: name -> line of its `global` / `nonlocal` declaration in this body
+    declared_lines: Dict[str, int] = field(default_factory=dict)
 
 
 class _References(cst.CSTVisitor):
@@ -170,6 +172,14 @@ class _FlowCollector(cst.CSTVisitor):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         self.finished.append(self._stack.pop())
+
+    def visit_Global(self, node: cst.Global) -> None:
+        for item in node.names:
+            self._flow.declared_lines.setdefault(item.name.value, self._line(node))
+
+    def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+        for item in node.names:
+            self._flow.declared_lines.setdefault(item.name.value, self._line(node))
 
     # statement lines
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
@@ -430,6 +440,9 @@ def _why_not(gradients: _GradientsCall, reached, receivers, flow: _ScopeFlow) ->
     receiver_name = reached[0].receiver_name
     if receiver_name is None:
         return "the optimizer that applies them is not a plain name"
+    if flow.declared_lines.get(receiver_name, 0) > gradients.statement_line:
+        # using the name before its `global` declaration would not even compile
+        return f"{receiver_name} is declared global/nonlocal only after tf.gradients"
     if not _bound_before(flow, receiver_name, gradients.statement_line):
         return (
             f"the optimizer {receiver_name} is created after tf.gradients; create it first"

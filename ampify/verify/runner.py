@@ -1,0 +1,167 @@
+"""Run a script under the probes in a subprocess and judge whether mixed precision engaged."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ampify.verify import detect
+from ampify.verify.judge import FRAMEWORK_OF_BACKEND, RunFacts, judge
+from ampify.verify.result import CANNOT_VERIFY, SCRIPT_FAILED, VerifyResult
+
+PROBE_DIRECTORY = Path(__file__).resolve().parent / "probes"
+PROBE_MAIN = PROBE_DIRECTORY / "_ampify_probe_main.py"
+TERMINATE_GRACE_SECONDS = 3.0
+CUDA_CHECK_TIMEOUT_SECONDS = 120.0
+
+# Must match the names in probes/_ampify_probe_common.py (which cannot import ampify).
+EVIDENCE_PATH_ENV = "_AMPIFY_PROBE_EVIDENCE"
+FULL_RUN_ENV = "_AMPIFY_PROBE_FULL"
+FRAMEWORK_ENV = "_AMPIFY_PROBE_FRAMEWORK"
+
+_CUDA_CHECK = "import torch, sys; sys.stdout.write('cuda=%s' % torch.cuda.is_available())"
+
+
+def _no_gpu_device_files() -> bool:
+    """On Linux a CUDA (or ROCm) GPU shows up as device files; none at all means no GPU, cheaply."""
+    if not sys.platform.startswith("linux"):
+        return False
+    dev = Path("/dev")
+    return not any(dev.glob("nvidia*")) and not (dev / "dxg").exists() and not (dev / "kfd").exists()
+
+
+def cuda_available(python: str) -> Optional[bool]:
+    """Ask the target interpreter (never this one, which may lack torch) whether it sees a CUDA GPU.
+
+    Returns None when torch cannot even be imported there.
+    """
+    if _no_gpu_device_files():
+        return False
+    try:
+        completed = subprocess.run(
+            [python, "-c", _CUDA_CHECK], capture_output=True, text=True, timeout=CUDA_CHECK_TIMEOUT_SECONDS,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if "cuda=True" in completed.stdout:
+        return True
+    if "cuda=False" in completed.stdout:
+        return False
+    return None
+
+
+def _kill_group(process: subprocess.Popen, sig: int) -> None:
+    """Signal the script's whole process group (it runs in its own session)."""
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(process.pid, sig)
+        elif process.poll() is None:  # Windows: no process groups to signal
+            process.kill()
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _run_child(command, env, timeout, output_path):
+    """Run the probed script in its own process group; return (returncode, timed_out)."""
+    with open(output_path, "wb") as output:
+        process = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(process, signal.SIGTERM)  # the probe saves its evidence on SIGTERM
+            try:
+                returncode = process.wait(timeout=TERMINATE_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                _kill_group(process, signal.SIGKILL)
+                returncode = process.wait()
+        # Whatever the script started (data loader workers, servers) goes with it.
+        _kill_group(process, signal.SIGKILL)
+    return returncode, timed_out
+
+
+def _read_probe_evidence(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _cannot_verify(script: str, backend: str, reason: str, started: float) -> VerifyResult:
+    framework, backend_name = FRAMEWORK_OF_BACKEND[backend]
+    return VerifyResult(
+        script=script, status=CANNOT_VERIFY, framework=framework, backend=backend_name,
+        verdict="cannot verify here: %s" % reason, reason=reason, elapsed=time.monotonic() - started,
+    )
+
+
+def _not_started(script: str, reason: str, started: float) -> VerifyResult:
+    return VerifyResult(script=script, status=SCRIPT_FAILED, framework="unknown", backend="unknown",
+                        verdict="script failed: %s" % reason, reason=reason, elapsed=time.monotonic() - started)
+
+
+def verify_script(
+    script: Path,
+    script_args: Sequence[str] = (),
+    python: Optional[str] = None,
+    full: bool = False,
+    timeout: Optional[float] = None,
+) -> VerifyResult:
+    """Run `python SCRIPT ARGS` under the probes and report whether mixed precision really ran.
+
+    The script is never edited: probe modules are started before it and write their evidence to
+    a file this process reads. By default the script is stopped after its first training step
+    once evidence is in; `full` lets it finish; `timeout` bounds it (whole process group killed).
+    """
+    started = time.monotonic()
+    as_given = os.fspath(script)  # sys.argv[0] is exactly what the user typed ("./train.py" stays so)
+    script = Path(as_given)
+    python = python or sys.executable
+    if not script.is_file():
+        reason = ("not a script file (a directory or zip app cannot be verified): %s" % as_given
+                  if script.exists() else "no such script: %s" % as_given)
+        return _not_started(as_given, reason, started)
+    backend = detect.detect_backend(detect.read_script_text(script))
+    if backend == detect.APEX:
+        cuda = cuda_available(python)
+        if not cuda:
+            reason = "apex amp needs a CUDA GPU"
+            if cuda is None:
+                reason += " (torch could not be imported by %s)" % python
+            return _cannot_verify(as_given, backend, reason, started)
+
+    command = [python, str(PROBE_MAIN), as_given, *script_args]
+    env = dict(os.environ)
+    env[FULL_RUN_ENV] = "1" if full else "0"
+    env[FRAMEWORK_ENV] = backend
+    env["PYTHONUNBUFFERED"] = "1"  # keep the script's prints and the framework logs in order
+    with tempfile.TemporaryDirectory(prefix="ampify-verify-") as work:
+        evidence_path = Path(work) / "evidence.json"
+        output_path = Path(work) / "output.log"
+        env[EVIDENCE_PATH_ENV] = str(evidence_path)
+        try:
+            returncode, timed_out = _run_child(command, env, timeout, output_path)
+        except OSError as error:  # --python names nothing runnable
+            return _not_started(as_given, "cannot run %s: %s" % (python, error.strerror or error), started)
+        output = output_path.read_bytes().decode("utf-8", errors="replace")
+        probe = _read_probe_evidence(evidence_path)
+
+    facts = RunFacts(output=output, probe=probe, returncode=returncode, timed_out=timed_out, timeout=timeout)
+    backend, judgement = judge(backend, facts)
+    framework, backend_name = FRAMEWORK_OF_BACKEND[backend]
+    elapsed = time.monotonic() - started
+    return VerifyResult(
+        script=as_given, status=judgement.status, framework=framework, backend=backend_name,
+        verdict="%s, %.1f s" % (judgement.verdict, elapsed), reason=judgement.reason,
+        evidence=judgement.evidence, elapsed=elapsed, output=output, returncode=returncode,
+        stopped_early=facts.stopped_early, timed_out=timed_out, command=command,
+    )

@@ -1,0 +1,30 @@
+"""The wheel installs `transforms/` as `ampify.transforms`, never as a top-level `transforms`:
+training repositories have their own `transforms.py`, and `verify` runs inside them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_maps_transforms_under_ampify(tmp_path):
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert build.returncode == 0, build.stderr
+    [wheel] = tmp_path.glob("ampify-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top_level = {name.split("/")[0] for name in names}
+    assert top_level == {"ampify", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
+    for module in ("tf1_graph_rewrite", "torch_native_amp", "torch_apex_amp", "base", "imports"):
+        assert f"ampify/transforms/{module}.py" in names
+    assert "ampify/verify/probes/_ampify_probe_main.py" in names
+    entry_points = zipfile.ZipFile(wheel).read(
+        next(n for n in names if n.endswith("entry_points.txt"))
+    ).decode()
+    assert "ampify = ampify.cli:main" in entry_points

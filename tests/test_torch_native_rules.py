@@ -1,0 +1,158 @@
+"""Focused checks of the native transform that golden files do not show well."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from ampify.convert import convert_source
+from ampify.findings import FileStatus, Severity
+from ampify.options import Options
+from ampify.transforms import torch_native_amp
+from ampify.transforms.imports import ImportMap
+from ampify.transforms.torch_native_amp import RULES, TorchNativeAmp
+from ampify.transforms.torch_training_loop import analyze_training
+
+
+def test_bytes_keep_crlf_and_tab_indentation():
+    source = b"import torch\r\nopt = torch.optim.SGD(p)\r\nfor x in loader:\r\n\tloss = model(x)  # fwd\r\n\tloss.backward()\r\n\topt.step()\r\n"
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.CHANGED
+    assert conversion.converted == (
+        b"import torch\r\nopt = torch.optim.SGD(p)\r\nscaler = torch.amp.GradScaler(\"cuda\")\r\n"
+        b"for x in loader:\r\n\twith torch.autocast(device_type=\"cuda\", dtype=torch.float16):\r\n"
+        b"\t\tloss = model(x)  # fwd\r\n\tscaler.scale(loss).backward()\r\n\tscaler.step(opt)\r\n\tscaler.update()\r\n"
+    )
+
+
+def test_apply_never_raises(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RecursionError("deep")
+
+    monkeypatch.setattr(torch_native_amp, "analyze_training", broken)
+    module = cst.parse_module("import torch\nloss.backward()\n")
+    result = TorchNativeAmp().apply(module, ImportMap.from_module(module), Options())
+    assert result.module is module
+    assert result.verdict.value == "unconverted"
+    assert result.findings[0].code == "AMP215" and result.findings[0].severity is Severity.WARNING
+
+
+def test_every_emitted_code_is_documented():
+    source = (
+        "import torch\nopt = torch.optim.SGD(p)\nfor x in loader:\n    loss = model(x)\n"
+        "    loss.backward()\n    torch.nn.utils.clip_grad_norm_(p, 1.0)\n    opt.step()\n"
+        "torch.save({'opt': opt.state_dict()}, 'c.pt')\n"
+    )
+    conversion = convert_source(source)
+    codes = {f.code for f in conversion.findings}
+    assert codes == {"AMP201", "AMP202", "AMP203", "AMP204", "AMP205", "AMP206", "AMP216"}
+    assert codes <= set(RULES)
+
+
+def test_apex_backend_leaves_the_file_to_the_apex_transform():
+    source = "import torch\nopt = torch.optim.SGD(p)\nfor x in l:\n    loss = m(x)\n    loss.backward()\n    opt.step()\n"
+    transform = TorchNativeAmp()
+    assert not transform.may_apply(source.encode(), Options(backend="apex"))
+    assert transform.may_apply(source.encode(), Options())
+
+
+def test_insertion_point_after_both_branches_of_an_if():
+    source = textwrap.dedent(
+        """
+        import torch
+        def main(args):
+            if args.sgd:
+                optimizer = torch.optim.SGD(p, lr=0.1)
+            else:
+                optimizer = torch.optim.Adam(p)
+            for x in loader:
+                loss = model(x)
+                loss.backward()
+                optimizer.step()
+        """
+    )
+    module = cst.parse_module(source)
+    structure = analyze_training(module, ImportMap.from_module(module))
+    bindings = [b.statement for b in structure.bindings if b.name == "optimizer"]
+    loop = structure.units[0].owner
+    anchor = structure.insertion_point(bindings, [loop])
+    assert isinstance(anchor, cst.If)
+    assert structure.insertion_point([loop], bindings) is None
+
+    conversion = convert_source(source)
+    assert "        optimizer = torch.optim.Adam(p)\n    scaler = torch.amp.GradScaler(" in conversion.converted
+
+
+def test_bfloat16_adds_no_scaler_and_keeps_closures_reported():
+    source = "import torch\nopt = torch.optim.SGD(p)\nfor x in l:\n    loss = m(x)\n    loss.backward()\n    opt.step()\n"
+    conversion = convert_source(source, Options(dtype="bfloat16"))
+    assert "GradScaler" not in conversion.converted and "scaler" not in conversion.converted
+    assert "dtype=torch.bfloat16" in conversion.converted
+    assert {f.code for f in conversion.findings} == {"AMP201", "AMP216"}
+
+
+def test_to_dtype_or_tensor_is_not_taken_for_a_device():
+    source = textwrap.dedent(
+        """
+        import torch
+        dtype = torch.float32
+        opt = torch.optim.SGD(p)
+        for x, y in loader:
+            x = x.to(dtype)
+            y = y.to(x)
+            loss = model(x, y)
+            loss.backward()
+            opt.step()
+        """
+    )
+    conversion = convert_source(source)
+    assert "torch.device(dtype)" not in conversion.converted and "torch.device(x)" not in conversion.converted
+    assert 'device_type="cuda"' in conversion.converted
+    assert any(f.code == "AMP216" and f.severity is Severity.WARNING for f in conversion.findings)
+
+
+def test_import_torch_inside_a_function_does_not_count():
+    source = textwrap.dedent(
+        """\
+        from torch import optim
+
+        def make(params):
+            import torch
+            return torch.optim.SGD(params, lr=0.1)
+
+        optimizer = make(p)
+        for x in loader:
+            loss = model(x)
+            loss.backward()
+            optimizer.step()
+        """
+    )
+    conversion = convert_source(source)
+    assert conversion.converted.startswith("import torch\nfrom torch import optim\n")
+
+
+def test_aliased_torch_is_used_as_is():
+    source = "import torch as th\nopt = th.optim.SGD(p)\nfor x in l:\n    loss = m(x)\n    loss.backward()\n    opt.step()\n"
+    converted = convert_source(source).converted
+    assert "th.autocast(" in converted and "th.amp.GradScaler(" in converted and "import torch\n" not in converted
+
+
+def test_class_attribute_is_not_taken_for_the_module_variable():
+    source = textwrap.dedent(
+        """\
+        import torch
+
+        class Config:
+            optimizer = torch.optim.SGD(params, lr=0.1)
+
+        for x in loader:
+            loss = model(x)
+            loss.backward()
+            optimizer.step()
+        """
+    )
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.UNCONVERTED
+    assert "scaler" not in (conversion.converted or "")
+    assert any(f.code == "AMP215" and "cannot find where optimizer is created" in f.message for f in conversion.findings)

@@ -1,0 +1,142 @@
+"""Data tables for the PyTorch analysis: which qualified names mean what.
+
+Kept apart from the logic (as tf_upgrade_v2 keeps its tables apart from its engine) so that
+adding an optimizer library or a clipping function is a one-line change.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: qualified-name prefixes whose calls build an optimizer
+OPTIMIZER_PREFIXES = (
+    "torch.optim.",
+    "transformers.AdamW",
+    "transformers.Adafactor",
+    "transformers.optimization.AdamW",
+    "transformers.optimization.Adafactor",
+    "apex.optimizers.",
+    "timm.optim.create_optimizer",
+    "timm.optim.",
+    "bitsandbytes.optim.",
+    "torch_optimizer.",
+    "deepspeed.ops.adam.",
+)
+
+#: qualified-name prefixes under OPTIMIZER_PREFIXES that are NOT optimizers
+NOT_OPTIMIZER_PREFIXES = (
+    "torch.optim.lr_scheduler.",
+    "torch.optim.swa_utils.",
+    "timm.optim.scheduler",
+    "timm.scheduler.",
+)
+
+#: a name is optimizer-like when one of its words is one of these ("optimizerD", "opt_g", "g_optim")
+_OPTIMIZER_WORDS = {"optimizer", "optimiser", "optim", "opt", "optimizers"}
+_NOT_OPTIMIZER_WORDS = {"sched", "scheduler", "schedulers", "lr", "warmup", "options", "opts"}
+_WORD_SPLIT = re.compile(r"_+|(?<=[a-z0-9])(?=[A-Z])")
+
+#: clipping functions that must see unscaled gradients
+CLIP_FUNCTIONS = (
+    "torch.nn.utils.clip_grad_norm_",
+    "torch.nn.utils.clip_grad_norm",
+    "torch.nn.utils.clip_grad_value_",
+    "torch.nn.utils.clip_grad.clip_grad_norm_",
+    "torch.nn.utils.clip_grad.clip_grad_value_",
+)
+#: attribute spellings of the same functions, for `utils.clip_grad_norm_` reached some other way
+CLIP_ATTRIBUTES = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_")
+
+#: constructors of a torch.device value (the emitted device is then `<name>.type`)
+DEVICE_CONSTRUCTORS = ("torch.device", "torch.accelerator.current_accelerator")
+
+#: model wrappers for data parallel training
+PARALLEL_WRAPPERS = (
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+)
+
+#: binary cross entropy on probabilities: CUDA autocast raises on these
+BCE_LOSS_CLASSES = ("torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss")
+BCE_FUNCTIONS = ("torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy")
+SIGMOID_MODULES = ("torch.nn.Sigmoid", "torch.nn.modules.activation.Sigmoid")
+
+#: anything under these means the file already trains in mixed precision
+MIXED_PRECISION_PREFIXES = (
+    "torch.autocast",
+    "torch.amp",
+    "torch.cuda.amp",
+    "torch.cpu.amp",
+    "torch.xpu.amp",
+    "apex.amp",
+    "apex.fp16_utils",
+)
+
+#: frameworks that own the training loop and their own mixed precision switch
+LOOP_OWNING_FRAMEWORKS = {
+    "accelerate": "Hugging Face Accelerate manages mixed precision: use Accelerator(mixed_precision='fp16'/'bf16')",
+    "pytorch_lightning": "Lightning manages mixed precision: use Trainer(precision='16-mixed'/'bf16-mixed')",
+    "lightning": "Lightning manages mixed precision: use Trainer(precision='16-mixed'/'bf16-mixed')",
+    "deepspeed": "DeepSpeed manages mixed precision: enable \"fp16\"/\"bf16\" in the DeepSpeed config",
+}
+
+#: calls that only move or build input data; a statement with nothing but these is not "forward"
+DATA_PREPARATION_CALLS = {
+    "to", "cuda", "cpu", "next", "iter", "len", "enumerate", "size", "fill_", "zero_", "item",
+    "float", "long", "int", "view", "reshape", "unsqueeze", "squeeze", "permute", "contiguous",
+    "detach", "clone", "range", "zip", "full", "full_like", "zeros", "zeros_like", "ones",
+    "ones_like", "randn", "randn_like", "rand", "rand_like", "randint", "empty", "arange",
+    "tensor", "as_tensor", "from_numpy", "Variable", "zero_grad", "train", "eval", "print",
+    "isinstance", "type", "get", "items", "keys", "values", "append", "time", "perf_counter",
+    "update", "format", "str", "dict", "list", "tuple", "split", "chunk", "cat", "stack",
+}
+
+#: tensor methods and builtins that compute on tensors already made: a region whose calls are
+#: all of these (or of imported functions such as torch.cat) holds no model forward pass
+TENSOR_ARITHMETIC_CALLS = DATA_PREPARATION_CALLS | {
+    "sum", "mean", "cat", "stack", "log", "exp", "pow", "mul", "add", "sub", "div", "neg", "abs",
+    "norm", "max", "min", "clamp", "gather", "masked_select", "log_softmax", "softmax", "sqrt",
+    "insert", "extend", "sort", "reversed", "sorted", "round", "sign", "prod", "std", "var",
+}
+
+#: dtypes whose finfo limits overflow float16 (`torch.finfo(torch.float32).min` as a mask value)
+WIDE_FLOAT_DTYPES = {"float32", "float", "float64", "double", "single"}
+
+#: reduced-precision dtypes: casting a model or its inputs to these by hand is manual half precision
+HALF_DTYPES = {"torch.float16", "torch.half", "torch.bfloat16"}
+
+#: the largest finite float16 value; masked_fill with a bigger constant overflows
+FLOAT16_MAX = 65504.0
+
+
+def is_optimizer_qualname(qualified: str) -> bool:
+    """Does a call to `qualified` build an optimizer (and not a scheduler)?"""
+    if any(qualified.startswith(p) for p in NOT_OPTIMIZER_PREFIXES):
+        return False
+    if "lr_scheduler" in qualified or "scheduler" in qualified.lower():
+        return False
+    return any(qualified == p or qualified.startswith(p) for p in OPTIMIZER_PREFIXES)
+
+
+def looks_like_optimizer_name(dotted: str) -> bool:
+    """`optimizerD`, `opt_g`, `self.g_optim` yes; `scheduler`, `opt` args, `env` no."""
+    last = dotted.rsplit(".", 1)[-1]
+    words = {w.lower() for w in _WORD_SPLIT.split(last) if w}
+    if words & _NOT_OPTIMIZER_WORDS:
+        return False
+    if words & _OPTIMIZER_WORDS:
+        return True
+    lowered = last.lower()
+    return ("optimizer" in lowered or "optimiser" in lowered or lowered.startswith("optim")) and (
+        "sched" not in lowered
+    )
+
+
+_DEVICE_WORDS = re.compile(r"device|gpu|cuda|rank|^dev$", re.IGNORECASE)
+
+
+def looks_like_device_name(dotted: str) -> bool:
+    """`device`, `args.device`, `self.gpu_id`, `local_rank` yes; `dtype`, `x` no."""
+    return bool(_DEVICE_WORDS.search(dotted.rsplit(".", 1)[-1]))

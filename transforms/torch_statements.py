@@ -1,0 +1,225 @@
+"""Facts about statements and expressions that the PyTorch rewrites ask: which names a
+statement uses and binds, whether it jumps (continue/break/return), which calls it makes,
+which argument a call passes for a parameter. Pure functions on LibCST nodes, no state.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Set
+
+import libcst as cst
+
+from ampify.transforms import torch_names as names
+from ampify.transforms.imports import dotted_name
+
+
+class _OptimizerPathRenamer(cst.CSTTransformer):
+    """"optimizer.pt" -> "scaler.pt" inside the string parts of a path expression."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renamed = False
+
+    def _rename(self, text: str) -> str:
+        for word in ("optimizer", "optimiser", "optim"):
+            if word in text:
+                self.renamed = True
+                return text.replace(word, "scaler", 1)
+        return text
+
+    def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> cst.SimpleString:
+        if self.renamed:
+            return updated_node
+        return updated_node.with_changes(value=self._rename(updated_node.value))
+
+    def leave_FormattedStringText(self, original_node, updated_node):
+        if self.renamed:
+            return updated_node
+        return updated_node.with_changes(value=self._rename(updated_node.value))
+
+
+def renamed_optimizer_path(path: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """The path with "optimizer" renamed to "scaler" in its string parts; None if it has none."""
+    renamer = _OptimizerPathRenamer()
+    new_path = path.visit(renamer)
+    return new_path if renamer.renamed else None
+
+
+def code_of(node: cst.CSTNode) -> str:
+    """The source text of a node."""
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def calls_within(node: cst.CSTNode) -> List[cst.Call]:
+    """Every call inside node, outermost first."""
+    found: List[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(_Calls())
+    return found
+
+
+class _NameCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used: Set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.used.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        name = dotted_name(node)
+        if name:
+            self.used.add(name)
+
+
+def used_names(node: cst.CSTNode) -> Set[str]:
+    """Every name and dotted attribute chain that appears in node."""
+    collector = _NameCollector()
+    node.visit(collector)
+    return collector.used
+
+
+class _AssignCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.assigned: Set[str] = set()
+
+    def _add(self, target: cst.BaseExpression) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._add(element.value)
+            return
+        if isinstance(target, cst.StarredElement):
+            self._add(target.value)
+            return
+        if isinstance(target, cst.Subscript):
+            self._add(target.value)
+            return
+        name = dotted_name(target)
+        if name:
+            self.assigned.add(name)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._add(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._add(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._add(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._add(node.target)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._add(node.asname.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._add(node.target)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+
+def assigned_names(statement: cst.CSTNode) -> Set[str]:
+    """Names (and dotted chains) a statement binds, including inside its nested blocks."""
+    collector = _AssignCollector()
+    statement.visit(collector)
+    return collector.assigned
+
+
+def has_forward_call(statement: cst.CSTNode) -> bool:
+    """Does the statement call something that is not mere data preparation (a model, a loss)?"""
+    for call in calls_within(statement):
+        if isinstance(call.func, cst.Attribute):
+            called = call.func.attr.value
+        elif isinstance(call.func, cst.Name):
+            called = call.func.value
+        else:
+            return True
+        if called not in names.DATA_PREPARATION_CALLS:
+            return True
+    return False
+
+
+class _JumpFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: Optional[cst.CSTNode] = None
+        self.loop_depth = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.found is not None:
+            return False
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return False
+        if isinstance(node, (cst.For, cst.While)):
+            self.loop_depth += 1
+        if isinstance(node, (cst.Continue, cst.Break)) and self.loop_depth == 0:
+            self.found = node
+        if isinstance(node, cst.Return):
+            self.found = node
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if isinstance(original_node, (cst.For, cst.While)):
+            self.loop_depth -= 1
+
+
+def find_jump(statement: cst.CSTNode) -> Optional[cst.CSTNode]:
+    """A continue/break (of the enclosing loop) or return inside statement, if any."""
+    finder = _JumpFinder()
+    if isinstance(statement, (cst.For, cst.While)):
+        # jumps inside a nested loop's body belong to that loop; only its else-block matters
+        if statement.orelse is not None:
+            statement.orelse.visit(finder)
+        return finder.found
+    statement.visit(finder)
+    return finder.found
+
+
+def all_params(function: cst.FunctionDef) -> List[cst.Param]:
+    """Every parameter of a function, *args and **kwargs included."""
+    params = function.params
+    found = list(params.posonly_params) + list(params.params) + list(params.kwonly_params)
+    for extra in (params.star_arg, params.star_kwarg):
+        if isinstance(extra, cst.Param):
+            found.append(extra)
+    return found
+
+
+def parameter_positions(function: cst.FunctionDef) -> Dict[str, int]:
+    """Positional index of each parameter that can be passed by position."""
+    params = list(function.params.posonly_params) + list(function.params.params)
+    return {p.name.value: index for index, p in enumerate(params)}
+
+
+def argument_for(call: cst.Call, parameter: str, positions: Dict[str, int]) -> Optional[cst.BaseExpression]:
+    """The expression a call passes for `parameter` (by keyword or position), if it can be told."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == parameter:
+            return arg.value
+    index = positions.get(parameter)
+    if index is None:
+        return None
+    positional = [a for a in call.args if a.keyword is None]
+    if any(a.star for a in positional[: index + 1]):
+        return None
+    if index < len(positional):
+        return positional[index].value
+    return None
+
+
+def string_subscript(node: Optional[cst.BaseExpression]) -> Optional[cst.SimpleString]:
+    """The string key of `base["key"]`, else None."""
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        element = node.slice[0].slice
+        if isinstance(element, cst.Index) and isinstance(element.value, cst.SimpleString):
+            if dotted_name(node.value) is not None:
+                return element.value
+    return None

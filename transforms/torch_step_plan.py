@@ -1,0 +1,269 @@
+"""Where the mixed precision pieces go inside one training iteration.
+
+`StepPlanner` answers three placement questions for a `TrainingUnit`, or raises `Unconvertible`
+with the reason shown to the user: which statements form the forward pass + loss of each
+backward() (the autocast regions), after which statement `scaler.update()` runs exactly once per
+iteration, and before which clipping calls `scaler.unscale_(optimizer)` goes. Shared by the
+PyTorch backends; it plans, it never edits.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+import libcst as cst
+
+from ampify.transforms import torch_names as names
+from ampify.transforms import torch_statements as statements
+from ampify.transforms.imports import ImportMap
+from ampify.transforms.torch_training_loop import Block, TrainingStructure, TrainingUnit, Unconvertible
+
+#: reductions allowed on the loss inside `<loss>.backward()` (`loss.mean().backward()`)
+_LOSS_REDUCTIONS = {"mean", "sum", "float", "squeeze", "view", "reshape", "double"}
+
+
+class StepPlanner:
+    """Placement decisions for the training units of one analysed module."""
+
+    def __init__(self, structure: TrainingStructure, imports: ImportMap) -> None:
+        self.structure = structure
+        self.imports = imports
+
+    def autocast_regions(self, unit: TrainingUnit) -> List[Tuple[Block, int, int]]:
+        """(block, first index, last index) runs of statements to put under autocast: for every
+        backward() of the unit, the forward pass through the statement computing its loss."""
+        s = self.structure
+        barriers = self._barrier_statements(unit)
+        by_block: Dict[int, Tuple[Block, List[Tuple[int, int]]]] = {}
+        for backward in unit.backwards:
+            loss_names = self._loss_names(backward)
+            if not loss_names:
+                raise Unconvertible("cannot tell which tensor backward() is called on", backward.call)
+            found = None
+            path = s.block_path(backward.call, stop=unit.body)
+            for level, (block, statement) in enumerate(path):
+                body = list(block.body)
+                index = index_of(body, statement)
+                for candidate in range(index - 1, -1, -1):
+                    if statements.assigned_names(body[candidate]) & loss_names:
+                        found = (block, body, candidate)
+                        break
+                if found:
+                    break
+            if found is None:
+                raise Unconvertible(
+                    f"the loss of backward() ({', '.join(sorted(loss_names))}) is not computed in this loop, "
+                    "so the forward pass cannot be put under autocast",
+                    backward.call,
+                )
+            block, body, end = found
+            start, before_barrier, needed = self._forward_start(body, end, barriers)
+            self._check_outer_forward(path[level + 1:], needed, by_block, backward)
+            planned = by_block.get(id(block), (block, []))[1]
+            if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
+                raise Unconvertible(
+                    f"part of the forward pass for this loss (line {s.line(body[before_barrier])}) runs before "
+                    "an earlier backward()/step(), outside any autocast region: put torch.autocast "
+                    "around it by hand",
+                    backward.call,
+                )
+            if not any(self._calls_model(body[index]) for index in range(start, end + 1)):
+                raise Unconvertible(
+                    f"the loss of backward() is computed from tensors made elsewhere (line {s.line(body[end])} "
+                    "holds no model call): the forward pass runs elsewhere, put torch.autocast around it by hand",
+                    backward.call,
+                )
+            ranges = by_block.setdefault(id(block), (block, []))[1]
+            ranges.append((start, end))
+        regions: List[Tuple[Block, int, int]] = []
+        for block, ranges in by_block.values():
+            ranges.sort()
+            merged: List[List[int]] = []
+            for start, end in ranges:
+                if merged and start <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], end)
+                else:
+                    merged.append([start, end])
+            body = list(block.body)
+            for start, end in merged:
+                if any(id(body[i]) in barriers for i in range(start, end + 1)):
+                    raise Unconvertible(
+                        "the forward passes of several backward() calls are interleaved with "
+                        "backward()/step() calls", body[start]
+                    )
+                regions.append((block, start, end))
+        return regions
+
+    def _calls_model(self, statement: cst.CSTNode) -> bool:
+        """Does the statement call something other than imported functions, tensor methods and
+        builtins: a model, a loss module, a helper that runs them?"""
+        for call in statements.calls_within(statement):
+            if self.imports.resolve(call.func) is not None:
+                continue
+            if isinstance(call.func, cst.Attribute):
+                called = call.func.attr.value
+            elif isinstance(call.func, cst.Name):
+                called = call.func.value
+            else:
+                return True
+            if called not in names.TENSOR_ARITHMETIC_CALLS:
+                return True
+        return False
+
+    def _barrier_statements(self, unit: TrainingUnit) -> Set[int]:
+        """ids of every statement (at any depth) that holds a backward or step call: an autocast
+        region never spans one. (zero_grad() is no barrier: a forward pass written before it must
+        still be found, and zero_grad() under autocast is harmless.)"""
+        s = self.structure
+        barrier_ids: Set[int] = set()
+        calls = [b.call for b in s.backwards] + [st.call for st in s.steps]
+        for call in calls:
+            for ancestor in s.ancestors(call):
+                barrier_ids.add(id(ancestor))
+        return barrier_ids
+
+    def _loss_names(self, backward) -> Set[str]:
+        loss = backward.loss
+        if loss is None:
+            return set()
+        for call in statements.calls_within(loss):
+            method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+            if method not in _LOSS_REDUCTIONS:
+                raise Unconvertible(
+                    "the loss is computed inside the backward() call itself; assign it to a variable first",
+                    backward.call,
+                )
+        return statements.used_names(loss) - {"self"}
+
+    def _forward_start(
+        self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int]
+    ) -> Tuple[int, Optional[int], Set[str]]:
+        """First statement of the forward pass that leads to the loss statement body[end], and
+        the index of a statement with a model call that the loss needs but that sits before a
+        backward()/step() barrier (it can only be under autocast if another region holds it), and
+        the names the loss still needs from before the block."""
+        needed = statements.used_names(body[end])
+        start = end
+        crossed_barrier = False
+        before_barrier: Optional[int] = None
+        for index in range(end - 1, -1, -1):
+            statement = body[index]
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                break
+            if id(statement) in barriers:
+                crossed_barrier = True
+                continue
+            # a continue/break/return may go inside the region: leaving a `with` block is fine
+            if statements.assigned_names(statement) & needed:
+                needed |= statements.used_names(statement)
+                if crossed_barrier:
+                    if before_barrier is None and self._calls_model(statement):
+                        before_barrier = index
+                elif statements.has_forward_call(statement):
+                    start = index
+        return start, before_barrier, needed
+
+    def _check_outer_forward(self, outer_levels, needed: Set[str], by_block, backward) -> None:
+        """The loss is computed in a nested block (an `if`): a model call before that block that
+        the loss needs would stay outside the autocast region, so refuse unless a region holds it."""
+        s = self.structure
+        for block, holder in outer_levels:
+            body = list(block.body)
+            planned = by_block.get(id(block), (block, []))[1]
+            for index in range(index_of(body, holder) - 1, -1, -1):
+                statement = body[index]
+                if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                    return
+                if statements.assigned_names(statement) & needed:
+                    needed = needed | statements.used_names(statement)
+                    if self._calls_model(statement) and not any(a <= index <= b for a, b in planned):
+                        raise Unconvertible(
+                            f"the forward pass for this loss (line {s.line(statement)}) is outside the block "
+                            "that computes the loss: put torch.autocast around both by hand",
+                            backward.call,
+                        )
+
+    # scaler.update() -------------------------------------------------------------------
+
+    def update_anchor(self, unit: TrainingUnit) -> cst.CSTNode:
+        """The statement after which `scaler.update()` runs exactly once per iteration that stepped:
+        after the last step, in the deepest block holding every step, with no jump in between."""
+        s = self.structure
+        steps = sorted(unit.steps, key=lambda st: (s.line(st.call), s.position(st.call).column))
+        paths = [list(reversed(s.block_path(st.call, stop=unit.body))) for st in steps]  # outermost first
+        common_depth = 0
+        while all(len(p) > common_depth for p in paths) and len({id(p[common_depth][0]) for p in paths}) == 1:
+            common_depth += 1
+        if common_depth == 0:
+            raise Unconvertible("the optimizer steps are not in one loop body", steps[0].call)
+        common_block = paths[0][common_depth - 1][0]
+        anchors = [p[common_depth - 1][1] for p in paths]
+        body = list(common_block.body)
+        if not any(len(p) == common_depth and isinstance(p[-1][1], cst.SimpleStatementLine) for p in paths):
+            raise Unconvertible(
+                "every optimizer step is conditional, in different branches: place scaler.update() by hand "
+                "so that it runs exactly once after the steps",
+                steps[-1].call,
+            )
+        # a loop between the unit body and the steps would run update() several times
+        for block, statement in paths[0][: common_depth]:
+            if statement is not anchors[0] and isinstance(statement, (cst.For, cst.While)):
+                raise Unconvertible("the optimizer steps run in an inner loop", steps[0].call)
+        for depth in range(common_depth - 1):
+            if isinstance(paths[0][depth][1], (cst.For, cst.While)):
+                raise Unconvertible("the optimizer steps run in an inner loop", steps[0].call)
+        first = min(index_of(body, a) for a in anchors)
+        last = max(index_of(body, a) for a in anchors)
+        for index in range(first, last + 1):
+            jump = statements.find_jump(body[index])
+            if jump is not None:
+                raise Unconvertible(
+                    "a continue/break/return between the optimizer steps could skip scaler.update(); "
+                    "convert this step by hand",
+                    jump,
+                )
+        return body[last]
+
+    # scaler.unscale_ before clipping ---------------------------------------------------
+
+    def unscale_points(self, unit: TrainingUnit) -> List[Tuple[cst.CSTNode, str]]:
+        """(clipping statement, optimizer) pairs: `scaler.unscale_(optimizer)` goes right before
+        each, once per optimizer step."""
+        s = self.structure
+        planned: List[Tuple[cst.CSTNode, str]] = []
+        unscaled: Dict[str, cst.CSTNode] = {}
+        steps = sorted(unit.steps, key=lambda st: (s.line(st.call), s.position(st.call).column))
+        for clip in sorted(unit.clips, key=lambda c: (s.line(c.call), s.position(c.call).column)):
+            clip_line = s.line(clip.call)
+            following = [st for st in steps if s.line(st.call) > clip_line]
+            if not following:
+                raise Unconvertible("gradient clipping after the last optimizer step", clip.call)
+            step = following[0]
+            clip_statement = s.statement_of(clip.call)
+            if not isinstance(clip_statement, cst.SimpleStatementLine):
+                raise Unconvertible("gradient clipping inside a one-line compound statement", clip.call)
+            step_block = s.block_of(s.statement_of(step.call))
+            clip_blocks = [block for block, _ in s.block_path(clip.call, stop=unit.body)]
+            if not any(block is step_block for block in clip_blocks):
+                raise Unconvertible(
+                    "gradient clipping runs more often than the optimizer step it precedes "
+                    "(scaler.unscale_ may be called only once per step)",
+                    clip.call,
+                )
+            if step.receiver in unscaled:
+                if s.block_of(unscaled[step.receiver]) is not s.block_of(clip_statement):
+                    raise Unconvertible("several clipping calls for one optimizer in different branches", clip.call)
+                continue
+            unscaled[step.receiver] = clip_statement
+            planned.append((clip_statement, step.receiver))
+        return planned
+
+    # where the scaler lives ------------------------------------------------------------
+
+
+def index_of(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> int:
+    """Position of a statement in its block's body (by identity)."""
+    for index, candidate in enumerate(body):
+        if candidate is statement:
+            return index
+    raise Unconvertible("internal: statement not found in its block", statement)

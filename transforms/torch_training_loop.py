@@ -1,0 +1,827 @@
+"""Find the training structure of a PyTorch script, without changing it.
+
+`analyze_training(module, imports)` walks a module once and returns a `TrainingStructure`:
+the optimizers and where each is bound, every `backward()` call, every optimizer `step()`,
+`zero_grad()`, gradient clipping call, checkpoint save/load of optimizer state, the script's
+device expressions, DataParallel/DDP wraps, and the hazards that make automatic mixed
+precision unsafe (BCELoss, step(closure), create_graph gradients, huge masked_fill constants,
+optimizer wrapper classes). It groups backward calls with their optimizer steps into
+`TrainingUnit`s: one unit is one training iteration, the body of the innermost loop (or
+function) that holds a backward call and at least one optimizer step.
+
+Both PyTorch backends (native torch.amp and NVIDIA apex) build on this module; it never
+rewrites anything and never imports PyTorch. The nodes it returns are the nodes of the module
+passed in (`TrainingStructure.module` is that module), so plan edits against them by identity
+(see `torch_edits.StatementEdits`).
+
+How a backend uses it (the native backend, `torch_native_amp`, is the worked example):
+
+    s = analyze_training(module, imports)
+    s.mixed_precision_uses        # non-empty: the file already uses torch.amp / apex amp
+    for unit in s.units:          # one training iteration each
+        unit.backwards            # BackwardCall: .call, .loss (receiver expression), .statement
+        unit.steps                # StepCall: .receiver ("optimizer", "self.opt"), .has_closure
+        unit.clips, unit.zero_grads
+        unit.owner, unit.scope    # the loop (or function) and the function that holds it
+        s.bindings_visible(unit.optimizers[0], unit.scope)   # where that optimizer is created
+    s.unpaired_backwards          # backward() with no optimizer step found: report, never skip
+    s.optimizers                  # name -> Optimizer(bindings, reason, model_names it optimizes)
+    s.optimizer_state_saves / s.optimizer_state_loads    # checkpoint call sites
+    s.parallel_wraps              # DataParallel / DDP calls (apex: amp.initialize goes before)
+    s.device_bindings, s.to_device_arguments             # the script's own device expressions
+    s.hazards                     # Hazard(kind, node, detail), kinds in HAZARD_KINDS
+
+Navigation helpers (`statement_of`, `block_of`, `block_path`, `scope_of`, `class_of`,
+`position`/`line`, `bindings_visible`, `insertion_point`, `fresh_name`) answer the questions a
+rewrite asks about those nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
+
+import libcst as cst
+from libcst.metadata import CodePosition, MetadataWrapper, PositionProvider
+
+from ampify.transforms import torch_names as names
+from ampify.transforms.imports import ImportMap, dotted_name
+
+#: where a name can be bound: a function (parameters and locals) or the module
+Scope = Union[cst.FunctionDef, cst.Module]
+#: the node whose body is one training iteration
+UnitOwner = Union[cst.For, cst.While, cst.FunctionDef, cst.Module]
+#: a node that holds a list of statements
+Block = Union[cst.IndentedBlock, cst.Module]
+
+
+class Unconvertible(Exception):
+    """A training structure that cannot be converted safely; the message says why (it is shown
+    to the user, followed by what was left unconverted). `node` locates it."""
+
+    def __init__(self, message: str, node: Optional[cst.CSTNode] = None) -> None:
+        super().__init__(message)
+        self.node = node
+
+
+@dataclass
+class Binding:
+    """One place where a (dotted) name gets a value: `optimizer = ...`, `self.opt = ...`, a parameter."""
+
+    name: str  # "optimizer", "self.optimizer"
+    statement: Optional[cst.CSTNode]  # the statement that binds it; None for a parameter
+    scope: Scope  # the function (or module) whose namespace holds it
+    value: Optional[cst.BaseExpression]  # the assigned expression, None for parameters and loop targets
+    qualified_call: Optional[str]  # "torch.optim.SGD" when value is a call to an imported name
+    kind: str  # "assign", "tuple", "parameter", "for", "with", "attribute"
+    klass: Optional[cst.ClassDef] = None  # for "self.x" bindings: the class of the method
+
+
+@dataclass
+class Optimizer:
+    """A name the script steps as an optimizer, and why we believe it is one."""
+
+    name: str
+    bindings: List[Binding]
+    reason: str  # "torch.optim.SGD", "parameter named like an optimizer", ...
+    #: models whose parameters the optimizer is built from: `model` in SGD(model.parameters())
+    model_names: List[str] = field(default_factory=list)
+
+
+@dataclass
+class CallSite:
+    """A call of interest, with the statement that holds it."""
+
+    call: cst.Call
+    statement: cst.CSTNode
+    receiver: Optional[str]  # dotted receiver for method calls: "optimizer" in optimizer.step()
+    scope: Scope
+
+
+@dataclass
+class BackwardCall(CallSite):
+    """`<loss>.backward(...)`; `loss` is the receiver expression."""
+
+    loss: Optional[cst.BaseExpression] = None
+
+
+@dataclass
+class StepCall(CallSite):
+    """`<optimizer>.step(...)` on an identified optimizer."""
+
+    has_closure: bool = False
+
+
+@dataclass
+class TrainingUnit:
+    """One training iteration: backward calls and the optimizer steps that consume their gradients."""
+
+    owner: UnitOwner  # a loop, or a function/module when the iteration is its whole body
+    scope: Scope  # the function holding the owner (the owner itself for a function)
+    klass: Optional[cst.ClassDef]
+    backwards: List[BackwardCall] = field(default_factory=list)
+    steps: List[StepCall] = field(default_factory=list)
+    clips: List[CallSite] = field(default_factory=list)
+    zero_grads: List[CallSite] = field(default_factory=list)
+
+    @property
+    def body(self) -> Block:
+        """The block that runs once per iteration."""
+        return self.owner if isinstance(self.owner, cst.Module) else self.owner.body
+
+    @property
+    def optimizers(self) -> List[str]:
+        """Stepped optimizer names, in order of first step, without repeats."""
+        seen: List[str] = []
+        for step in self.steps:
+            if step.receiver and step.receiver not in seen:
+                seen.append(step.receiver)
+        return seen
+
+
+@dataclass
+class Hazard:
+    """A pattern that makes mixed precision unsafe; `kind` is one of the keys of HAZARD_KINDS."""
+
+    kind: str
+    node: cst.CSTNode
+    detail: str = ""
+
+
+#: hazard kinds and what they mean
+HAZARD_KINDS = {
+    "bce": "nn.BCELoss / F.binary_cross_entropy, which CUDA autocast refuses",
+    "sigmoid": "an nn.Sigmoid layer (a model ending in Sigmoid usually feeds BCELoss)",
+    "closure": "optimizer.step(closure), which GradScaler does not support",
+    "create_graph": "torch.autograd.grad(..., create_graph=True), which needs manual loss scaling",
+    "masked_fill": "masked_fill with a constant beyond the float16 range",
+    "wrapper_class": "a class with its own step() that steps an inner optimizer",
+    "autograd_backward": "torch.autograd.backward(...), which the rewrite does not follow",
+    "manual_half": "a manual cast to float16/bfloat16 (.half(), .to(torch.float16)), i.e. hand-made half precision",
+}
+
+
+@dataclass
+class TrainingStructure:
+    """Everything `analyze_training` found; nodes belong to `module`."""
+
+    module: cst.Module
+    imports: ImportMap
+    optimizers: Dict[str, Optimizer] = field(default_factory=dict)
+    bindings: List[Binding] = field(default_factory=list)
+    backwards: List[BackwardCall] = field(default_factory=list)
+    steps: List[StepCall] = field(default_factory=list)
+    #: `.step()` calls on objects that are not identified optimizers (schedulers, envs, wrappers)
+    other_steps: List[CallSite] = field(default_factory=list)
+    zero_grads: List[CallSite] = field(default_factory=list)
+    clips: List[CallSite] = field(default_factory=list)
+    units: List[TrainingUnit] = field(default_factory=list)
+    #: backward calls that no unit holds (no optimizer step in any enclosing loop or function)
+    unpaired_backwards: List[BackwardCall] = field(default_factory=list)
+    #: `<optimizer>.state_dict()` calls (checkpoint saves)
+    optimizer_state_saves: List[CallSite] = field(default_factory=list)
+    #: `<optimizer>.load_state_dict(...)` calls (checkpoint loads)
+    optimizer_state_loads: List[CallSite] = field(default_factory=list)
+    #: bindings whose value is a torch.device(...) / current_accelerator() call
+    device_bindings: List[Binding] = field(default_factory=list)
+    #: argument expressions of `.to(...)` calls, in source order
+    to_device_arguments: List[Tuple[cst.BaseExpression, Scope]] = field(default_factory=list)
+    uses_cuda_method: bool = False  # the script calls `.cuda()`
+    parallel_wraps: List[CallSite] = field(default_factory=list)
+    hazards: List[Hazard] = field(default_factory=list)
+    #: nodes that show the file already uses torch.amp / torch.cuda.amp / apex amp
+    mixed_precision_uses: List[cst.CSTNode] = field(default_factory=list)
+    #: name of a framework that owns the loop (accelerate, lightning ...), if imported
+    loop_owning_framework: Optional[str] = None
+    #: every Name value in the module, to pick fresh names
+    all_names: Set[str] = field(default_factory=set)
+    #: every Name node, by value (to find the uses of a function without another walk)
+    name_nodes: Dict[str, List[cst.Name]] = field(default_factory=dict)
+    _parents: Dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict, repr=False)
+    _positions: Dict[cst.CSTNode, object] = field(default_factory=dict, repr=False)
+
+    # ---- navigation -------------------------------------------------------------------
+
+    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The node's parent, None for the module."""
+        return self._parents.get(node)
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        """Parent, grandparent, ... up to the module."""
+        current = self._parents.get(node)
+        while current is not None:
+            yield current
+            current = self._parents.get(current)
+
+    def position(self, node: cst.CSTNode) -> CodePosition:
+        """Start line (1-based) and column (0-based) of a node."""
+        found = self._positions.get(node)
+        return found.start if found is not None else CodePosition(0, 0)
+
+    def line(self, node: cst.CSTNode) -> int:
+        """The node's 1-based start line."""
+        return self.position(node).line
+
+    def statement_of(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The statement that directly sits in a block (IndentedBlock or Module) and holds node."""
+        current: Optional[cst.CSTNode] = node
+        while current is not None:
+            parent = self._parents.get(current)
+            if isinstance(parent, (cst.IndentedBlock, cst.Module)) and isinstance(
+                current, (cst.SimpleStatementLine, cst.BaseCompoundStatement)
+            ):
+                return current
+            current = parent
+        return None
+
+    def block_of(self, statement: cst.CSTNode) -> Optional[Block]:
+        """The IndentedBlock or Module that lists `statement`."""
+        parent = self._parents.get(statement)
+        return parent if isinstance(parent, (cst.IndentedBlock, cst.Module)) else None
+
+    def block_path(self, node: cst.CSTNode, stop: Optional[Block] = None) -> List[Tuple[Block, cst.CSTNode]]:
+        """(block, statement of that block holding node) pairs, innermost first, up to `stop`
+        (a block, usually a unit's body) or the module."""
+        path: List[Tuple[Block, cst.CSTNode]] = []
+        statement = self.statement_of(node)
+        while statement is not None:
+            block = self.block_of(statement)
+            if block is None:
+                break
+            path.append((block, statement))
+            if block is stop or isinstance(block, cst.Module):
+                break
+            owner = self._parents.get(block)
+            statement = self.statement_of(owner) if owner is not None else None
+        return path
+
+    def scope_of(self, node: cst.CSTNode) -> Scope:
+        """The innermost function holding node, else the module."""
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, cst.FunctionDef):
+                return ancestor
+        return self.module
+
+    def class_of(self, scope: Scope) -> Optional[cst.ClassDef]:
+        """The class whose method `scope` is, if it is a method."""
+        if isinstance(scope, cst.FunctionDef):
+            parent = self._parents.get(scope)
+            if isinstance(parent, cst.IndentedBlock) and isinstance(self._parents.get(parent), cst.ClassDef):
+                return self._parents.get(parent)  # type: ignore[return-value]
+        return None
+
+    def contains(self, outer: cst.CSTNode, node: cst.CSTNode) -> bool:
+        """Is `node` inside `outer` (or outer itself)?"""
+        return node is outer or any(a is outer for a in self.ancestors(node))
+
+    def enclosing_scopes(self, scope: Scope) -> List[Scope]:
+        """scope, the functions around it, and the module: where a free name is looked up."""
+        chain: List[Scope] = [scope]
+        for ancestor in self.ancestors(scope):
+            if isinstance(ancestor, cst.FunctionDef):
+                chain.append(ancestor)
+        if scope is not self.module:
+            chain.append(self.module)
+        return chain
+
+    def bindings_visible(self, name: str, scope: Scope) -> List[Binding]:
+        """Bindings of `name` as seen from `scope`: the class's `self.x` bindings, else the
+        nearest enclosing scope that binds the name (locals, closures, module)."""
+        if name.startswith("self."):
+            klass = self.class_of(scope)
+            if klass is None:
+                return []
+            return [b for b in self.bindings if b.name == name and b.klass is klass]
+        for candidate in self.enclosing_scopes(scope):
+            found = [b for b in self.bindings if b.name == name and b.scope is candidate]
+            if found:
+                return found
+        return []
+
+    def insertion_point(
+        self, after: Sequence[cst.CSTNode], before: Sequence[cst.CSTNode] = ()
+    ) -> Optional[cst.CSTNode]:
+        """The statement after which new code runs once every statement in `after` has run and
+        before any in `before`: in the deepest block holding them all, the last statement that
+        holds one of `after`. None when no such place exists (a `before` statement holds an
+        `after` one, or comes first). E.g. after the optimizer(s), before the training loop;
+        an optimizer created in both branches of an `if` gives the whole `if`."""
+        paths = [list(reversed(self.block_path(st))) for st in list(after) + list(before)]
+        if not after or any(not p for p in paths):
+            return None
+        depth = 0
+        while all(len(p) > depth + 1 for p in paths) and len({id(p[depth + 1][0]) for p in paths}) == 1:
+            depth += 1
+        if len({id(p[depth][0]) for p in paths}) != 1:
+            return None
+        body = list(paths[0][depth][0].body)
+        indexes = [_position_in(body, p[depth][1]) for p in paths]
+        if any(i is None for i in indexes):
+            return None
+        last_after = max(indexes[: len(after)])
+        if indexes[len(after):] and min(indexes[len(after):]) <= last_after:
+            return None
+        return body[last_after]
+
+    def fresh_name(self, preferred: str, *alternatives: str) -> str:
+        """`preferred` unless the module already uses it, then the first free alternative."""
+        for candidate in (preferred,) + alternatives:
+            if candidate not in self.all_names:
+                return candidate
+        index = 1
+        while f"{preferred}_{index}" in self.all_names:
+            index += 1
+        return f"{preferred}_{index}"
+
+
+def _position_in(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> Optional[int]:
+    for index, candidate in enumerate(body):
+        if candidate is statement:
+            return index
+    return None
+
+
+def analyze_training(module: cst.Module, imports: ImportMap) -> TrainingStructure:
+    """Walk `module` once and describe its training structure (see the module docstring)."""
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    collector = _Collector(imports)
+    module.visit(collector)
+    structure = collector.structure
+    structure.module = wrapper.module
+    structure._parents = collector.parents
+    structure._positions = dict(wrapper.resolve(PositionProvider))
+    _identify_optimizers(structure, collector)
+    _group_units(structure)
+    return structure
+
+
+# ---- collection -----------------------------------------------------------------------------
+
+
+def _call_receiver(call: cst.Call) -> Optional[str]:
+    if isinstance(call.func, cst.Attribute):
+        return dotted_name(call.func.value)
+    return None
+
+
+def _method_name(call: cst.Call) -> Optional[str]:
+    if isinstance(call.func, cst.Attribute):
+        return call.func.attr.value
+    if isinstance(call.func, cst.Name):
+        return call.func.value
+    return None
+
+
+def _is_true(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "True"
+
+
+def _numeric_value(node: cst.BaseExpression) -> Optional[float]:
+    """The value of `1e9`, `-1e9`, `float("-1e9")`; None for anything else."""
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        inner = _numeric_value(node.expression)
+        return None if inner is None else -inner
+    if isinstance(node, (cst.Integer, cst.Float)):
+        try:
+            return float(node.evaluated_value)
+        except (ValueError, OverflowError):
+            return None
+    if (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Name)
+        and node.func.value == "float"
+        and len(node.args) == 1
+        and isinstance(node.args[0].value, cst.SimpleString)
+    ):
+        try:
+            return float(node.args[0].value.evaluated_value)
+        except (ValueError, TypeError):
+            return None
+    return None
+
+
+def _target_names(target: cst.BaseExpression) -> List[Tuple[str, bool]]:
+    """Dotted names bound by an assignment target, with True when part of a tuple."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        found = []
+        for element in target.elements:
+            value = element.value
+            for name, _ in _target_names(value):
+                found.append((name, True))
+        return found
+    if isinstance(target, cst.StarredElement):
+        return [(n, True) for n, _ in _target_names(target.value)]
+    name = dotted_name(target)
+    return [(name, False)] if name else []
+
+
+class _Collector(cst.CSTVisitor):
+    """One walk that records every call and binding the analysis needs."""
+
+    # Parents are recorded during this one walk (a ParentNodeProvider would walk the tree again).
+
+    def __init__(self, imports: ImportMap) -> None:
+        super().__init__()
+        self.imports = imports
+        self.structure = TrainingStructure(module=cst.Module(body=[]), imports=imports)
+        self.scopes: List[Scope] = []
+        self.classes: List[Optional[cst.ClassDef]] = [None]
+        self.statements: List[cst.CSTNode] = []
+        #: names bound (by assignment) to instances of optimizer wrapper classes
+        self.wrapper_classes: Dict[str, cst.ClassDef] = {}
+        self.step_candidates: List[CallSite] = []
+        self.parents: Dict[cst.CSTNode, cst.CSTNode] = {}
+        self._stack: List[cst.CSTNode] = []
+        self.state_dict_calls: List[CallSite] = []
+        self.load_state_dict_calls: List[CallSite] = []
+        for framework in names.LOOP_OWNING_FRAMEWORKS:
+            if imports.uses(framework):
+                self.structure.loop_owning_framework = framework
+                break
+        for module_name in imports.modules:
+            if any(module_name == p or module_name.startswith(p + ".") for p in names.MIXED_PRECISION_PREFIXES):
+                self.structure.mixed_precision_uses.append(cst.Name(module_name.split(".")[0]))
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self._stack:
+            self.parents[node] = self._stack[-1]
+        self._stack.append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        self._stack.pop()
+
+    # scopes ---------------------------------------------------------------------------
+
+    @property
+    def scope(self) -> Scope:
+        return self.scopes[-1] if self.scopes else self.structure.module
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.structure.module = node
+        self.scopes.append(node)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node)
+        self._note_wrapper_class(node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.classes.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        klass = self.classes[-1] if self._is_method(node) else None
+        self.scopes.append(node)
+        params = node.params
+        for param in list(params.posonly_params) + list(params.params) + list(params.kwonly_params):
+            self.structure.bindings.append(
+                Binding(param.name.value, None, node, None, None, "parameter", klass)
+            )
+        self.classes.append(None)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.scopes.pop()
+        self.classes.pop()
+
+    def _is_method(self, node: cst.FunctionDef) -> bool:
+        parent = self.parents.get(node)
+        grand = self.parents.get(parent) if parent is not None else None
+        return isinstance(grand, cst.ClassDef)
+
+    def _method_class(self) -> Optional[cst.ClassDef]:
+        """The class of the method we are in (for `self.x` bindings)."""
+        scope = self.scope
+        if isinstance(scope, cst.FunctionDef):
+            parent = self.parents.get(scope)
+            grand = self.parents.get(parent) if parent is not None else None
+            if isinstance(grand, cst.ClassDef):
+                return grand
+        return None
+
+    # statements -----------------------------------------------------------------------
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self.statements.append(node)
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine) -> None:
+        self.statements.pop()
+
+    def _current_statement(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The innermost statement around node (a compound one for `for` targets, one-liners)."""
+        current: Optional[cst.CSTNode] = node
+        while current is not None:
+            parent = self.parents.get(current)
+            if isinstance(parent, (cst.IndentedBlock, cst.Module)):
+                return current
+            current = parent
+        return node
+
+    # bindings -------------------------------------------------------------------------
+
+    def _bind(self, target: cst.BaseExpression, value: Optional[cst.BaseExpression], statement: cst.CSTNode, kind: str) -> None:
+        if self.classes[-1] is not None:
+            return  # a class attribute: not a variable any loop can read by its bare name
+        qualified = None
+        if isinstance(value, cst.Call):
+            qualified = self.imports.resolve(value.func)
+        for name, in_tuple in _target_names(target):
+            klass = self._method_class() if name.startswith("self.") else None
+            binding = Binding(
+                name, statement, self.scope, None if in_tuple else value, None if in_tuple else qualified,
+                "tuple" if in_tuple else ("attribute" if "." in name else kind), klass,
+            )
+            self.structure.bindings.append(binding)
+            if not in_tuple and self._builds_device(value):
+                self.structure.device_bindings.append(binding)
+            if not in_tuple and isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+                wrapper = self.wrapper_classes.get(value.func.value)
+                if wrapper is not None:
+                    self.wrapper_classes[name] = wrapper
+
+    def _builds_device(self, value: Optional[cst.BaseExpression]) -> bool:
+        """`torch.device(...)`, `current_accelerator()`, or a conditional choosing between them."""
+        if isinstance(value, cst.IfExp):
+            return self._builds_device(value.body) and self._builds_device(value.orelse)
+        if isinstance(value, cst.Call):
+            return self.imports.resolve(value.func) in names.DEVICE_CONSTRUCTORS
+        return False
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        statement = self._current_statement(node)
+        for target in node.targets:
+            self._bind(target.target, node.value, statement, "assign")
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind(node.target, node.value, self._current_statement(node), "assign")
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(node.target, None, node, "for")
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._bind(node.asname.name, node.item, self._current_statement(node), "with")
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.structure.all_names.add(node.value)
+        self.structure.name_nodes.setdefault(node.value, []).append(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        qualified = self.imports.resolve(node)
+        if qualified and any(
+            qualified == p or qualified.startswith(p + ".") for p in names.MIXED_PRECISION_PREFIXES
+        ):
+            self.structure.mixed_precision_uses.append(node)
+
+    # classes --------------------------------------------------------------------------
+
+    def _note_wrapper_class(self, node: cst.ClassDef) -> None:
+        """A class with a `step` method that steps an attribute is an optimizer wrapper,
+        unless it subclasses an optimizer itself."""
+        for base in node.bases:
+            base_name = self.imports.resolve(base.value) or dotted_name(base.value) or ""
+            if "Optimizer" in base_name or base_name.startswith("torch.optim"):
+                return
+        if not isinstance(node.body, cst.IndentedBlock):
+            return
+        for item in node.body.body:
+            if isinstance(item, cst.FunctionDef) and item.name.value == "step":
+                inner_steps = [
+                    call for call in _calls_in(item)
+                    if _method_name(call) == "step" and (_call_receiver(call) or "").startswith("self.")
+                ]
+                if inner_steps:
+                    self.wrapper_classes[node.name.value] = node
+                    self.structure.hazards.append(Hazard("wrapper_class", node, node.name.value))
+                return
+
+    # calls ----------------------------------------------------------------------------
+
+    def visit_Call(self, node: cst.Call) -> None:
+        structure = self.structure
+        statement = self._current_statement(node)
+        qualified = self.imports.resolve(node.func)
+        method = _method_name(node)
+        receiver = _call_receiver(node)
+        site = CallSite(node, statement, receiver, self.scope)
+
+        if qualified and any(qualified == p or qualified.startswith(p + ".") for p in names.MIXED_PRECISION_PREFIXES):
+            structure.mixed_precision_uses.append(node)
+        if qualified == "torch.autograd.backward":
+            structure.hazards.append(Hazard("autograd_backward", node))
+            return
+        if method == "backward" and isinstance(node.func, cst.Attribute) and qualified is None:
+            structure.backwards.append(
+                BackwardCall(node, statement, receiver, self.scope, loss=node.func.value)
+            )
+            return
+        if method == "step" and isinstance(node.func, cst.Attribute) and receiver is not None:
+            self.step_candidates.append(site)
+            return
+        if method == "zero_grad":
+            structure.zero_grads.append(site)
+            return
+        if qualified in names.CLIP_FUNCTIONS or (
+            qualified is None and method in names.CLIP_ATTRIBUTES and receiver is not None
+            and receiver.endswith("utils")
+        ):
+            structure.clips.append(site)
+            return
+        if method == "state_dict" and receiver is not None and not node.args:
+            self.state_dict_calls.append(site)
+            return
+        if method == "load_state_dict" and receiver is not None:
+            self.load_state_dict_calls.append(site)
+            return
+        if method in ("half", "bfloat16") and isinstance(node.func, cst.Attribute) and not node.args:
+            structure.hazards.append(Hazard("manual_half", node, f".{method}()"))
+        if method == "to" and isinstance(node.func, cst.Attribute) and any(
+            (self.imports.resolve(a.value) or "") in names.HALF_DTYPES for a in node.args
+        ):
+            structure.hazards.append(Hazard("manual_half", node, ".to(half dtype)"))
+        if method == "to" and isinstance(node.func, cst.Attribute) and node.args:
+            first = node.args[0]
+            if first.keyword is None or first.keyword.value == "device":
+                structure.to_device_arguments.append((first.value, self.scope))
+            for arg in node.args[1:]:
+                if arg.keyword is not None and arg.keyword.value == "device":
+                    structure.to_device_arguments.append((arg.value, self.scope))
+            return
+        if method == "cuda" and isinstance(node.func, cst.Attribute):
+            structure.uses_cuda_method = True
+            return
+        if qualified in names.PARALLEL_WRAPPERS:
+            structure.parallel_wraps.append(site)
+            return
+        if qualified in names.BCE_LOSS_CLASSES or qualified in names.BCE_FUNCTIONS:
+            structure.hazards.append(Hazard("bce", node, qualified))
+            return
+        if qualified in names.SIGMOID_MODULES:
+            structure.hazards.append(Hazard("sigmoid", node, qualified))
+            return
+        if qualified == "torch.autograd.grad":
+            if any(a.keyword is not None and a.keyword.value == "create_graph" and _is_true(a.value) for a in node.args):
+                structure.hazards.append(Hazard("create_graph", node))
+            return
+        if method in ("masked_fill", "masked_fill_"):
+            value_arg = None
+            for index, arg in enumerate(node.args):
+                if arg.keyword is not None and arg.keyword.value == "value":
+                    value_arg = arg.value
+                elif arg.keyword is None and index == (1 if isinstance(node.func, cst.Attribute) and qualified is None else 2):
+                    value_arg = arg.value
+            number = _numeric_value(value_arg) if value_arg is not None else None
+            if number is not None and abs(number) > names.FLOAT16_MAX and abs(number) != float("inf"):
+                structure.hazards.append(Hazard("masked_fill", node, str(number)))
+            elif value_arg is not None and self._is_wide_finfo_limit(value_arg):
+                structure.hazards.append(Hazard("masked_fill", node, _code_of(value_arg)))
+
+    def _is_wide_finfo_limit(self, node: cst.BaseExpression) -> bool:
+        """`torch.finfo(torch.float32).min` (or of float64, or numpy's): finite, beyond float16."""
+        if isinstance(node, cst.UnaryOperation):
+            return self._is_wide_finfo_limit(node.expression)
+        if not (isinstance(node, cst.Attribute) and node.attr.value in ("min", "max")):
+            return False
+        call = node.value
+        if not (isinstance(call, cst.Call) and call.args):
+            return False
+        function = self.imports.resolve(call.func) or ""
+        if function not in ("torch.finfo", "numpy.finfo"):
+            return False
+        dtype = self.imports.resolve(call.args[0].value) or dotted_name(call.args[0].value) or ""
+        return dtype.rsplit(".", 1)[-1] in names.WIDE_FLOAT_DTYPES
+
+
+def _code_of(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def _calls_in(node: cst.CSTNode) -> List[cst.Call]:
+    found: List[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(_Calls())
+    return found
+
+
+# ---- optimizers -----------------------------------------------------------------------------
+
+
+def _identify_optimizers(structure: TrainingStructure, collector: _Collector) -> None:
+    """Decide which `.step()` receivers are optimizers; record them, their state saves and loads."""
+    for site in collector.step_candidates:
+        receiver = site.receiver or ""
+        reason = _optimizer_reason(structure, collector, receiver, site.scope)
+        if reason is None:
+            structure.other_steps.append(site)
+            continue
+        if receiver not in structure.optimizers:
+            bindings = structure.bindings_visible(receiver, site.scope)
+            structure.optimizers[receiver] = Optimizer(receiver, bindings, reason, _parameter_owners(bindings))
+        call = site.call
+        has_closure = bool(call.args) or False
+        step = StepCall(call, site.statement, receiver, site.scope, has_closure=has_closure)
+        structure.steps.append(step)
+        if has_closure:
+            structure.hazards.append(Hazard("closure", call, receiver))
+    optimizer_names = set(structure.optimizers)
+    for site in collector.state_dict_calls:
+        if site.receiver in optimizer_names or _optimizer_reason(structure, collector, site.receiver or "", site.scope, need_step=True):
+            structure.optimizer_state_saves.append(site)
+    for site in collector.load_state_dict_calls:
+        if site.receiver in optimizer_names or _optimizer_reason(structure, collector, site.receiver or "", site.scope, need_step=True):
+            structure.optimizer_state_loads.append(site)
+
+
+def _parameter_owners(bindings: List[Binding]) -> List[str]:
+    """`model` for `SGD(model.parameters())`, `netD` for `Adam(netD.named_parameters())`..."""
+    owners: List[str] = []
+    for binding in bindings:
+        if binding.value is None:
+            continue
+        for call in _calls_in(binding.value):
+            if _method_name(call) in ("parameters", "named_parameters") and isinstance(call.func, cst.Attribute):
+                owner = _call_receiver(call)
+                if owner and owner not in owners:
+                    owners.append(owner)
+    return owners
+
+
+def _optimizer_reason(
+    structure: TrainingStructure, collector: _Collector, receiver: str, scope: Scope, need_step: bool = False
+) -> Optional[str]:
+    """Why `receiver` is an optimizer, or None when it is not (or we cannot tell)."""
+    if not receiver:
+        return None
+    bindings = structure.bindings_visible(receiver, scope)
+    for binding in bindings:
+        if receiver in collector.wrapper_classes or binding.name in collector.wrapper_classes:
+            return None
+        if binding.qualified_call:
+            if names.is_optimizer_qualname(binding.qualified_call):
+                return binding.qualified_call
+            if "sched" in binding.qualified_call.lower():
+                return None
+    if receiver in collector.wrapper_classes:
+        return None
+    if names.looks_like_optimizer_name(receiver):
+        return "named like an optimizer"
+    return None
+
+
+# ---- grouping -------------------------------------------------------------------------------
+
+
+def _loop_body_owner(structure: TrainingStructure, node: cst.CSTNode, scope: Scope) -> List[UnitOwner]:
+    """Loops whose body holds node (innermost first, within scope), then the scope itself."""
+    owners: List[UnitOwner] = []
+    child = node
+    for ancestor in structure.ancestors(node):
+        if ancestor is scope:
+            break
+        if isinstance(ancestor, (cst.For, cst.While)) and child is ancestor.body:
+            owners.append(ancestor)
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return owners  # a nested def/class inside the scope: stop here
+        child = ancestor
+    owners.append(scope)
+    return owners
+
+
+def _group_units(structure: TrainingStructure) -> None:
+    """Pair backward calls with steps: the innermost loop (or function) holding both."""
+    units: Dict[int, TrainingUnit] = {}
+    step_owners = [(step, _loop_body_owner(structure, step.call, step.scope)) for step in structure.steps]
+    for backward in structure.backwards:
+        owners = _loop_body_owner(structure, backward.call, backward.scope)
+        chosen: Optional[UnitOwner] = None
+        for owner in owners:
+            if any(any(o is owner for o in s_owners) for _, s_owners in step_owners):
+                chosen = owner
+                break
+        if chosen is None:
+            structure.unpaired_backwards.append(backward)
+            continue
+        unit = units.get(id(chosen))
+        if unit is None:
+            unit = TrainingUnit(chosen, backward.scope, structure.class_of(backward.scope))
+            units[id(chosen)] = unit
+            structure.units.append(unit)
+        unit.backwards.append(backward)
+    # every step, clip and zero_grad belongs to the innermost unit that holds it
+    for step, s_owners in step_owners:
+        for owner in s_owners:
+            unit = units.get(id(owner))
+            if unit is not None:
+                unit.steps.append(step)
+                break
+    for attribute, sites in (("clips", structure.clips), ("zero_grads", structure.zero_grads)):
+        for site in sites:
+            for owner in _loop_body_owner(structure, site.call, site.scope):
+                unit = units.get(id(owner))
+                if unit is not None:
+                    getattr(unit, attribute).append(site)
+                    break
