@@ -24,7 +24,7 @@ from ampify.findings import FileStatus, Severity
 from ampify.options import Options
 
 PROPERTY_SETTINGS = settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 OPTIONS = st.sampled_from([Options(), Options(dtype="bfloat16"), Options(backend="apex")])
 INPUT_FAULTS = ("not valid Python 3", "cannot decode")
@@ -76,7 +76,7 @@ def test_arbitrary_programs(program, options):
     assert_convert_invariants(program, options)
 
 
-@PROPERTY_SETTINGS
+@settings(PROPERTY_SETTINGS, max_examples=15)  # each example parses and analyses a training script
 @given(program=hypothesmith.from_grammar(), options=OPTIONS)
 def test_arbitrary_programs_inside_a_training_script(program, options):
     source = TORCH_HEADER + program + ("\n" if not program.endswith("\n") else "") + TRAINING_FOOTER
