@@ -99,6 +99,13 @@ def rewrite(
         for line in lines:
             print(line, file=sys.stderr if result.status is FileStatus.FAILED else out)
     summary = summarize(results)
+    if found.ignored_by_gitignore:
+        count = found.ignored_by_gitignore
+        print(
+            f"ampify: {count} Python file{'s' if count != 1 else ''} left out by .gitignore "
+            "(--no-gitignore includes them)",
+            file=out,
+        )
     print(render_summary(summary, wrote=mode is Mode.WRITE, interrupted=interrupted), file=out)
     if report is not None:
         write_json_report(report, results, summary, options, mode.value, interrupted)

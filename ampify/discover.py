@@ -39,6 +39,8 @@ class Discovery:
     candidates: List[Candidate] = field(default_factory=list)
     #: (display path, reason) for entries that were seen but will not be read
     skipped: List[tuple] = field(default_factory=list)
+    #: `*.py` files left out because .gitignore excludes them
+    ignored_by_gitignore: int = 0
 
 
 def discover(
@@ -51,7 +53,7 @@ def discover(
     for root in paths:
         if root.is_dir() and not root.is_symlink():
             base = root.resolve()
-            names = _walk_python_files(root, respect_gitignore)
+            names = _walk_python_files(root, respect_gitignore, result)
             for relative in names:
                 if exclude_spec is not None and exclude_spec.match_file(relative):
                     continue
@@ -61,7 +63,7 @@ def discover(
                      real_if_not_link=base / relative)
         elif root.is_dir():
             # A symlinked folder named on the command line is the user's explicit choice.
-            for relative in _walk_python_files(root, respect_gitignore):
+            for relative in _walk_python_files(root, respect_gitignore, result):
                 if exclude_spec is None or not exclude_spec.match_file(relative):
                     _add(result, seen, root / relative, _display(root, relative), boundary=root.resolve())
         else:
@@ -116,8 +118,9 @@ def _is_within(path: Path, folder: Path) -> bool:
         return False
 
 
-def _walk_python_files(root: Path, respect_gitignore: bool) -> List[str]:
-    """Relative paths of `*.py` files under `root`, junk folders pruned, gitignore applied."""
+def _walk_python_files(root: Path, respect_gitignore: bool, result: Discovery) -> List[str]:
+    """Relative paths of `*.py` files under `root`, junk folders pruned, gitignore applied
+    (the files it leaves out are counted in `result.ignored_by_gitignore`)."""
     tracked_or_unignored = _git_visible_files(root) if respect_gitignore else None
     found: List[str] = []
     for folder, dirs, files in os.walk(root, followlinks=False):
@@ -128,6 +131,7 @@ def _walk_python_files(root: Path, respect_gitignore: bool) -> List[str]:
                 continue
             relative = name if rel_folder == "." else os.path.join(rel_folder, name)
             if tracked_or_unignored is not None and relative not in tracked_or_unignored:
+                result.ignored_by_gitignore += 1
                 continue
             found.append(relative)
     return found
@@ -141,6 +145,13 @@ def _git_visible_files(root: Path) -> Optional[Set[str]]:
             capture_output=True, text=True, timeout=30,
         )
         if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return None
+        ignored_itself = subprocess.run(
+            ["git", "-C", str(root), "check-ignore", "-q", "."], capture_output=True, timeout=30
+        )
+        if ignored_itself.returncode == 0:
+            # The user named a folder git ignores as a whole (a pyenv's lib, a vendored copy):
+            # that is an explicit request, so its contents are not filtered by .gitignore.
             return None
         listing = subprocess.run(
             ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."],

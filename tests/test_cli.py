@@ -146,6 +146,12 @@ def test_gitignore_excludes_junk_folders_and_symlinks(tmp_path):
     assert by_path["loop.py"]["status"] == "skipped"
     assert set(by_path) == {"train.py", "link_out.py", "loop.py"}
 
+    assert "2 Python files left out by .gitignore" in result.stdout
+
+    # A folder that git ignores as a whole, named explicitly, is converted (an explicit request).
+    ignored_whole = run_ampify("--check", repo / "generated")
+    assert "1 would be changed" in ignored_whole.stdout, ignored_whole.stdout
+
     # --no-gitignore brings the ignored files back, but never the junk folders.
     result = run_ampify("--no-gitignore", "--check", repo)
     assert "3 would be changed" in result.stdout
@@ -255,3 +261,21 @@ def test_workers_give_the_same_results_as_one_process(tmp_path):
         return sorted((Path(f["path"]).name, f["status"], len(f["findings"])) for f in data["files"])
 
     assert statuses(tmp_path / "one.json") == statuses(tmp_path / "many.json")
+
+
+def test_check_over_the_whole_installed_stdlib_changes_nothing_and_fails_only_on_non_python3(tmp_path):
+    import ast
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    result = run_ampify("--check", "--report", tmp_path / "stdlib.json", stdlib)
+    report = json.loads((tmp_path / "stdlib.json").read_text())
+    assert report["summary"]["scanned"] > 500, "the stdlib was not walked"
+    assert report["summary"]["changed"] == 0
+    for entry in report["files"]:
+        if entry["status"] == "failed":
+            # only files that really are not Python 3 may fail, and they must say so
+            assert "not valid Python 3" in entry["reason"] or "cannot decode" in entry["reason"], entry
+            with pytest.raises((SyntaxError, ValueError, UnicodeDecodeError)):
+                ast.parse(Path(entry["path"]).read_bytes())
+    assert result.returncode == (1 if report["summary"]["failed"] else 0)
