@@ -60,6 +60,9 @@ class _ApplyCall:
     grads: Optional[cst.BaseExpression]
     line: int
     column: int
+    #: `acc.apply_gradients()` with no arguments is some wrapper's own method, not
+    #: tf.train.Optimizer.apply_gradients (which needs grads_and_vars)
+    has_args: bool = True
 
 
 @dataclass
@@ -96,6 +99,8 @@ class _References(cst.CSTVisitor):
             self.labels.add(id(node))
         elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "compute_gradients":
             self.labels.add(FROM_COMPUTE_GRADIENTS)
+        elif _is_other_gradients(node.func):
+            self.labels.add(_other_gradients(node))
         else:
             # `model_deploy.optimize_clones(clones, optimizer)`: a helper handed the optimizer
             # computes the gradients with it (see _from_helper_given).
@@ -103,6 +108,22 @@ class _References(cst.CSTVisitor):
                 name = dotted_name(arg.value)
                 if name:
                     self.labels.add(_from_helper_given(name))
+
+
+def _is_other_gradients(func: cst.BaseExpression) -> bool:
+    """`memory_saving_gradients.gradients(...)`, `tape.gradient(...)`: gradients computed by
+    something other than tf.gradients or compute_gradients, so never loss-scaled."""
+    if isinstance(func, cst.Attribute):
+        return func.attr.value in _OTHER_GRADIENT_FUNCTIONS
+    return isinstance(func, cst.Name) and func.value in _OTHER_GRADIENT_FUNCTIONS
+
+
+_OTHER_GRADIENT_FUNCTIONS = frozenset({"gradients", "gradient"})
+
+
+def _other_gradients(call: cst.Call) -> Tuple[str, int]:
+    """Label of the gradients one such call computes."""
+    return ("other gradients", id(call))
 
 
 def _from_helper_given(optimizer_name: str) -> Tuple[str, str]:
@@ -132,6 +153,8 @@ class _FlowCollector(cst.CSTVisitor):
         self.resolve_name = resolve
         self.finished: List[_ScopeFlow] = []
         self._stack: List[_ScopeFlow] = [_ScopeFlow()]
+        #: id of an other-gradients call -> (callee as written, line, column)
+        self.other_gradients: Dict[int, Tuple[str, int, int]] = {}
         self._statement_lines: List[int] = [0]
 
     @property
@@ -221,6 +244,10 @@ class _FlowCollector(cst.CSTVisitor):
                 _GradientsCall(node, self._statement_lines[-1], position.line, position.column)
             )
             return
+        if _is_other_gradients(func):
+            position = self.get_metadata(PositionProvider, node).start
+            shown = cst.Module(body=[]).code_for_node(func)
+            self.other_gradients[id(node)] = (shown, position.line, position.column)
         if not isinstance(func, cst.Attribute):
             return
         method = func.attr.value
@@ -237,7 +264,14 @@ class _FlowCollector(cst.CSTVisitor):
                     grads = arg.value
             position = self.get_metadata(PositionProvider, node).start
             self._flow.apply_calls.append(
-                _ApplyCall(func.value, dotted_name(func.value), grads, position.line, position.column)
+                _ApplyCall(
+                    func.value,
+                    dotted_name(func.value),
+                    grads,
+                    position.line,
+                    position.column,
+                    has_args=bool(node.args),
+                )
             )
 
 
@@ -362,6 +396,7 @@ def plan_gradients_rewrites(
     plan = GradientsPlan()
     for flow in collector.finished:
         _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names)
+        _warn_other_gradients(flow, resolve, collector.other_gradients, plan, keras_optimizer_names)
     plan.findings.sort(key=lambda f: (f.line, f.column, f.code))
     return plan
 
@@ -378,6 +413,8 @@ def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer
             for label in labels
             if not isinstance(label, tuple) or label == _from_helper_given(apply.receiver_name or "")
         }
+        if _other_labels(labels) or not apply.has_args:
+            continue  # reported by _warn_other_gradients / not an Optimizer's apply_gradients
         if not traced and apply.receiver_name not in keras_optimizer_names:
             plan.findings.append(
                 Finding(
@@ -427,6 +464,37 @@ def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer
                 Severity.INFO,
             )
         )
+
+
+def _other_labels(labels: Set[object]) -> Set[object]:
+    return {label for label in labels if isinstance(label, tuple) and label[0] == "other gradients"}
+
+
+def _warn_other_gradients(flow, resolve, other_gradients, plan, keras_optimizer_names) -> None:
+    """Gradients from `memory_saving_gradients.gradients` or a tape that reach apply_gradients
+    are never loss-scaled, even when another branch's tf.gradients is rewritten."""
+    if not flow.apply_calls:
+        return
+    taint = _taint(flow)
+    warned: Set[object] = set()
+    for apply in flow.apply_calls:
+        if apply.receiver_name in keras_optimizer_names:
+            continue
+        for label in sorted(_other_labels(_labels_of(apply.grads, taint, resolve)) - warned, key=str):
+            warned.add(label)
+            shown, line, column = other_gradients.get(label[1], ("gradients", apply.line, apply.column))
+            plan.findings.append(
+                Finding(
+                    CODE_UNTRACEABLE_APPLY,
+                    f"gradients from {shown}(...) reach {_shown(apply)}.apply_gradients (line "
+                    f"{apply.line}) without loss scaling, so float16 gradients can underflow "
+                    f"silently; not rewritten: compute them with {_shown(apply)}."
+                    "compute_gradients(loss, var_list=...) when mixed precision is on",
+                    line,
+                    column,
+                    Severity.WARNING,
+                )
+            )
 
 
 def _why_not(gradients: _GradientsCall, reached, receivers, flow: _ScopeFlow) -> str:

@@ -20,6 +20,7 @@ Rule codes:
   AMP116 warning  an `*Optimizer` class from another module: not wrapped
   AMP117 warning  optimizer built inside TensorFlow (optimize_loss, canned Estimators)
   AMP118 warning  an optimizer class handed to code outside this file: not wrapped
+  AMP119 warning  the code reads an attribute the wrapper does not forward: not wrapped
   AMP100 error    internal error: the file was left unchanged
 """
 
@@ -42,7 +43,7 @@ from ampify.transforms.tf1_module_header import (
 )
 from ampify.transforms.tf1_names import IGNORE_PERFORMANCE_ENV, MAY_APPLY_MARKERS, normalise_tf_name
 from ampify.transforms.tf1_optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
-from ampify.transforms.tf1_survey import ModuleSurvey, OptimizerSite, survey_module
+from ampify.transforms.tf1_survey import ModuleSurvey, OptimizerSite, SessionSite, survey_module
 
 NOT_APPLICABLE_REASON = (
     "no TF1 graph training code (no Session, graph, Estimator or tf.train / tf.compat.v1 "
@@ -100,6 +101,21 @@ class _WrapAndReplace(cst.CSTTransformer):
         if callee is not None:
             return cst.Call(func=cst.parse_expression(callee), args=[cst.Arg(updated_node)])
         return updated_node
+
+
+def _session_before_message(session: SessionSite, site: OptimizerSite) -> str:
+    if session.obtained:
+        return (
+            f"{session.display}() hands out a Session before the optimizer at line {site.line} "
+            "is wrapped: if it creates that Session there (or returns one created earlier), the "
+            "Session does not get the mixed precision graph rewrite (nothing runs in float16); "
+            "obtain the Session after building the optimizer"
+        )
+    return (
+        f"{session.display} is created before the optimizer at line {site.line} is wrapped: "
+        "that Session does not get the mixed precision graph rewrite (nothing runs in "
+        "float16); create the Session after building the optimizer"
+    )
 
 
 def _warning(code: str, message: str, line: int, column: int) -> Finding:
@@ -178,7 +194,9 @@ class _GraphRewrite:
         )
 
     def _convert(self) -> TransformResult:
-        to_wrap = [s for s in self._tf1_sites() if not s.already_wrapped]
+        to_wrap = [
+            s for s in self._tf1_sites() if not s.already_wrapped and not self._reads_unforwarded(s)
+        ]
         self._report_optimizer_sites(to_wrap)
         self._report_sessions_before(to_wrap)
         plan = self._plan_gradients(
@@ -219,6 +237,41 @@ class _GraphRewrite:
             f"wrapped {wrapped} optimizer{'s' if wrapped != 1 else ''} with the mixed precision "
             "graph rewrite",
         )
+
+    def _reads_unforwarded(self, site: OptimizerSite) -> bool:
+        """Does the code read an attribute of this optimizer that the wrapper lacks?
+
+        MixedPrecisionLossScaleOptimizer forwards nothing but the Optimizer API, so wrapping
+        an optimizer whose `_lr` (or K-FAC's `cov_update_op`) is read later would raise
+        AttributeError: such a site is left alone and reported (AMP119).
+        """
+        foreign_names = {
+            name for call in self.survey.foreign_optimizer_calls for name in call.assigned_to
+        }
+        for name in site.assigned_to:
+            if name in foreign_names:
+                continue  # the name also holds another optimizer: the attribute may be its own
+            for read in self.survey.unforwarded_reads.get(name, ()):
+                # A plain local name only means this optimizer in its own function; an
+                # attribute (`self.opt`) is shared by the class's methods.
+                if "." not in name and read.scope != site.scope:
+                    continue
+                self.findings.append(
+                    _warning(
+                        "AMP119",
+                        f"{site.display} not wrapped: the code reads {name}.{read.attr} (line "
+                        f"{read.line}), which the mixed precision wrapper does not forward (it "
+                        "only has compute_gradients, apply_gradients, minimize, get_slot, "
+                        "get_slot_names, variables and get_name), so wrapping it would raise "
+                        "AttributeError; keep a reference to the inner optimizer for that "
+                        "attribute and wrap it with tf.compat.v1.train.experimental."
+                        "enable_mixed_precision_graph_rewrite by hand",
+                        site.line,
+                        site.column,
+                    )
+                )
+                return True
+        return False
 
     def _wrapper_callees(self, to_wrap: List[OptimizerSite]):
         """The wrapper's spelling for each site, and the module-level import to add, if any.
@@ -305,6 +358,20 @@ class _GraphRewrite:
                     )
                 )
         for call in self.survey.foreign_optimizer_calls:
+            if call.wraps is not None:
+                self.findings.append(
+                    _warning(
+                        "AMP116",
+                        f"{call.display} (from another module, which ampify cannot see) wraps "
+                        f"{call.wraps}, which is wrapped with the mixed precision graph rewrite "
+                        f"here: the loss is scaled only if {call.display} computes its gradients "
+                        f"with the inner optimizer's compute_gradients or minimize; if it calls "
+                        "tf.gradients itself, make it call compute_gradients",
+                        call.line,
+                        call.column,
+                    )
+                )
+                continue
             self.findings.append(
                 _warning(
                     "AMP116",
@@ -353,15 +420,7 @@ class _GraphRewrite:
                 if before:
                     warned_scopes.add(site.scope)
                     self.findings.append(
-                        _warning(
-                            "AMP113",
-                            f"{session.display} is created before the optimizer at line "
-                            f"{site.line} is wrapped: that Session does not get the mixed "
-                            "precision graph rewrite (nothing runs in float16); create the "
-                            "Session after building the optimizer",
-                            session.line,
-                            session.column,
-                        )
+                        _warning("AMP113", _session_before_message(session, site), session.line, session.column)
                     )
                     break
         self._report_sessions_from_elsewhere(to_wrap, warned_scopes)

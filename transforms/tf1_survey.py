@@ -22,11 +22,14 @@ from ampify.transforms.tf1_names import (
     MIXED_PRECISION_STRINGS,
     NGC_AUTO_MIXED_PRECISION_STRINGS,
     NOT_FOREIGN_OPTIMIZER_MODULES,
+    NOT_SESSION_GETTER_PREFIXES,
     CLASS_ARGUMENT_IS_LOCAL,
     OPTIMIZER_BUILT_INSIDE_TF,
     RUN_ON_DEFAULT_SESSION,
     TF1_OPTIMIZER_CLASS_FACTORIES,
     SESSION_CONSTRUCTORS,
+    SESSION_GETTERS,
+    WRAPPER_FORWARDED_ATTRIBUTES,
     is_tf1_optimizer_class,
     is_tf1_style_marker,
 )
@@ -58,6 +61,9 @@ class SessionSite:
     display: str
     #: for `with tf.Session() ...:`, the body lines it encloses; None for a plain call
     encloses: Optional[Tuple[int, int]] = None
+    #: True for a call that hands out a Session built elsewhere (`get_session()`), False
+    #: for a Session constructor
+    obtained: bool = False
 
 
 @dataclass
@@ -67,6 +73,20 @@ class ForeignOptimizerCall:
     display: str
     line: int
     column: int
+    #: the optimizer it is handed, when that is a TF1 optimizer this file builds (and wraps):
+    #: then it is a wrapper like gpt-2's AccumulatingOptimizer, not an unwrapped optimizer
+    wraps: Optional[str] = None
+    assigned_to: Tuple[str, ...] = ()
+
+
+@dataclass
+class AttributeRead:
+    """`name.attr` where attr is not something the mixed precision wrapper forwards."""
+
+    attr: str
+    line: int
+    column: int
+    scope: int
 
 
 @dataclass
@@ -90,6 +110,8 @@ class ModuleSurvey:
     has_apply_gradients: bool = False
     #: TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE appears in a string already
     mentions_ignore_performance_env: bool = False
+    #: dotted name -> reads of attributes the wrapper does not forward (`opt._lr`)
+    unforwarded_reads: Dict[str, List[AttributeRead]] = field(default_factory=dict)
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -217,6 +239,13 @@ class _Surveyor(cst.CSTVisitor):
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self._note_style(node)
+        if node.attr.value not in WRAPPER_FORWARDED_ATTRIBUTES:
+            owner = dotted_name(node.value)
+            if owner is not None:
+                position = self._position(node.attr).start
+                self.survey.unforwarded_reads.setdefault(owner, []).append(
+                    AttributeRead(node.attr.value, position.line, position.column, self._scopes[-1])
+                )
         if node.attr.value in MIXED_PRECISION_POLICY_FUNCTIONS:
             name = dotted_name(node)
             resolved = self.resolve_name(node) or name or ""
@@ -247,6 +276,8 @@ class _Surveyor(cst.CSTVisitor):
                     self.survey.wrapped_names.add(name)
         if resolved in SESSION_CONSTRUCTORS:
             self._record_session(node)
+        elif self._hands_out_session(resolved, last):
+            self._record_session(node, obtained=True)
         elif last == "apply_gradients":
             self.survey.has_apply_gradients = True
         elif last == "run" and isinstance(node.func, cst.Attribute):
@@ -277,8 +308,42 @@ class _Surveyor(cst.CSTVisitor):
         elif self._looks_like_foreign_optimizer(node.func, last, resolved):
             # `optimization.AdamWeightDecayOptimizer(...)`: defined in a module we cannot see.
             self.survey.foreign_optimizer_calls.append(
-                ForeignOptimizerCall(_code(node.func), position.line, position.column)
+                ForeignOptimizerCall(
+                    _code(node.func),
+                    position.line,
+                    position.column,
+                    self._wrapped_argument(node),
+                    self._assigned.get(id(node), ()),
+                )
             )
+
+    def _wrapped_argument(self, node: cst.Call) -> Optional[str]:
+        """The TF1 optimizer (built in this file, so wrapped) a call is handed, as written."""
+        tf1_names = {
+            name for site in self.survey.optimizers if site.kind == TF1 for name in site.assigned_to
+        }
+        for arg in node.args:
+            value = arg.value
+            if isinstance(value, cst.Call) and self.classifier.instance_kind(value) == TF1:
+                return _code(value.func)
+            if dotted_name(value) in tf1_names:
+                return _code(value)
+        return None
+
+    @staticmethod
+    def _hands_out_session(resolved: Optional[str], last: str) -> bool:
+        """`get_session()`, `tf.get_default_session()`, `sv.managed_session()`: a Session made
+        elsewhere (or earlier) is handed to this code."""
+        if resolved in SESSION_GETTERS:
+            return True
+        if resolved is not None and resolved.startswith("tensorflow"):
+            return False  # TensorFlow's other *Session names are classes handled elsewhere
+        lowered = last.lower()
+        return (
+            lowered.endswith("session")
+            and lowered != "session"
+            and not lowered.startswith(NOT_SESSION_GETTER_PREFIXES)
+        )
 
     def _looks_like_foreign_optimizer(
         self, func: cst.BaseExpression, last: str, resolved: Optional[str]
@@ -319,7 +384,7 @@ class _Surveyor(cst.CSTVisitor):
         line = self._position(receiver).start.line
         self.survey.session_runs.setdefault(self._scopes[-1], (shown, line))
 
-    def _record_session(self, node: cst.Call) -> None:
+    def _record_session(self, node: cst.Call, obtained: bool = False) -> None:
         position = self._position(node).start
         self.survey.sessions.append(
             SessionSite(
@@ -328,6 +393,7 @@ class _Surveyor(cst.CSTVisitor):
                 scope=self._scopes[-1],
                 display=_code(node.func),
                 encloses=self._with_session_ids.get(id(node)),
+                obtained=obtained,
             )
         )
 
