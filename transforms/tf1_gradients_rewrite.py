@@ -70,6 +70,8 @@ class _ScopeFlow:
     """Data flow facts of one function body (or the module body)."""
 
     params: Set[str] = field(default_factory=set)
+    #: the enclosing function's name ("" for the module body)
+    function_name: str = ""
     edges: List[Tuple[Set[str], Set[str], Set[object]]] = field(default_factory=list)
     assignment_lines: Dict[str, List[int]] = field(default_factory=dict)
     gradients_calls: List[_GradientsCall] = field(default_factory=list)
@@ -181,7 +183,7 @@ class _FlowCollector(cst.CSTVisitor):
 
     # scopes
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        flow = _ScopeFlow()
+        flow = _ScopeFlow(function_name=node.name.value)
         params = node.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             flow.params.add(param.name.value)
@@ -413,7 +415,7 @@ def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer
             for label in labels
             if not isinstance(label, tuple) or label == _from_helper_given(apply.receiver_name or "")
         }
-        if _other_labels(labels) or not apply.has_args:
+        if _other_labels(labels) or not apply.has_args or _passes_through(flow, apply, resolve):
             continue  # reported by _warn_other_gradients / not an Optimizer's apply_gradients
         if not traced and apply.receiver_name not in keras_optimizer_names:
             plan.findings.append(
@@ -464,6 +466,17 @@ def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer
                 Severity.INFO,
             )
         )
+
+
+def _passes_through(flow: _ScopeFlow, apply: _ApplyCall, resolve: Resolver) -> bool:
+    """`def apply_gradients(self, grads_and_vars, ...): return self._opt.apply_gradients(
+    grads_and_vars, ...)`: a wrapper handing its caller's gradients on; the caller's own
+    apply_gradients call is the one that is checked."""
+    if flow.function_name != "apply_gradients" or apply.grads is None:
+        return False
+    refs = _References(resolve)
+    apply.grads.visit(refs)
+    return bool(refs.names) and refs.names <= flow.params
 
 
 def _other_labels(labels: Set[object]) -> Set[object]:

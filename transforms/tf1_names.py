@@ -89,6 +89,14 @@ TF1_OPTIMIZER_CLASS_FACTORIES = frozenset(
     {"tensorflow.contrib.opt.extend_with_decoupled_weight_decay"}
 )
 
+#: Dicts of TF1 optimizer classes by name: `OPTIMIZER_CLS_NAMES[name](lr)` builds a TF1 optimizer.
+TF1_OPTIMIZER_CLASS_TABLES = frozenset(
+    {
+        "tensorflow.contrib.layers.OPTIMIZER_CLS_NAMES",
+        "tensorflow.contrib.layers.python.layers.optimizers.OPTIMIZER_CLS_NAMES",
+    }
+)
+
 #: The graph rewrite wrapper, by the attribute path that reaches it from each importable module.
 #: Order is preference: the first module the script binds at module level is used.
 WRAPPER_PATH_FROM_MODULE = (
