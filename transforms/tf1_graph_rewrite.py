@@ -245,12 +245,9 @@ class _GraphRewrite:
         an optimizer whose `_lr` (or K-FAC's `cov_update_op`) is read later would raise
         AttributeError: such a site is left alone and reported (AMP119).
         """
-        foreign_names = {
-            name for call in self.survey.foreign_optimizer_calls for name in call.assigned_to
-        }
         for name in site.assigned_to:
-            if name in foreign_names:
-                continue  # the name also holds another optimizer: the attribute may be its own
+            if name in self.survey.bound_to_other_calls:
+                continue  # the name also holds another object: the attribute may be its own
             for read in self.survey.unforwarded_reads.get(name, ()):
                 # A plain local name only means this optimizer in its own function; an
                 # attribute (`self.opt`) is shared by the class's methods.

@@ -112,6 +112,9 @@ class ModuleSurvey:
     mentions_ignore_performance_env: bool = False
     #: dotted name -> reads of attributes the wrapper does not forward (`opt._lr`)
     unforwarded_reads: Dict[str, List[AttributeRead]] = field(default_factory=dict)
+    #: dotted names also bound to the result of a call that builds no TF1 optimizer (gpt-2
+    #: reuses `opt` for its AccumulatingOptimizer): their attributes may be that object's
+    bound_to_other_calls: Set[str] = field(default_factory=set)
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -217,6 +220,20 @@ class _Surveyor(cst.CSTVisitor):
         if isinstance(node.value, cst.Call):
             names = tuple(filter(None, (dotted_name(t.target) for t in node.targets)))
             self._assigned[id(node.value)] = names
+            if not self._builds_tf1_optimizer(node.value):
+                self.survey.bound_to_other_calls.update(names)
+
+    def _builds_tf1_optimizer(self, call: cst.Call) -> bool:
+        """`X(...)` for a TF1 optimizer X, also inside a mixed precision wrapper call."""
+        if self.classifier.instance_kind(call) == TF1:
+            return True
+        last = call.func.attr.value if isinstance(call.func, cst.Attribute) else (
+            call.func.value if isinstance(call.func, cst.Name) else ""
+        )
+        return last in MIXED_PRECISION_IDENTIFIERS and any(
+            isinstance(arg.value, cst.Call) and self._builds_tf1_optimizer(arg.value)
+            for arg in call.args[:1]
+        )
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         try:

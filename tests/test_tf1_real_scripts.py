@@ -1,0 +1,62 @@
+"""Patterns from real public TF1 training scripts that once fooled the transform."""
+
+from ampify.convert import convert_source
+from ampify.findings import FileStatus
+
+
+def _codes(conversion, code):
+    return [f.line for f in conversion.findings if f.code == code]
+
+
+def test_a_name_shared_with_a_local_accumulating_wrapper_does_not_block_wrapping():
+    # nshepperd/gpt-2 train.py: `opt` is an AccumulatingOptimizer in one branch (whose reset()
+    # is read), a plain Adam optimizer in the other; both Adam optimizers must be wrapped.
+    source = (
+        "import tensorflow as tf\n"
+        "class AccumulatingOptimizer(object):\n"
+        "    def __init__(self, opt, var_list):\n"
+        "        self.opt = opt\n"
+        "    def reset(self):\n"
+        "        return tf.no_op()\n"
+        "def build(loss, train_vars, accumulate):\n"
+        "    if accumulate:\n"
+        "        opt = AccumulatingOptimizer(opt=tf.train.AdamOptimizer(1e-3), var_list=train_vars)\n"
+        "        reset = opt.reset()\n"
+        "    else:\n"
+        "        opt = tf.train.AdamOptimizer(1e-3)\n"
+        "    return opt\n"
+    )
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.CHANGED
+    assert _codes(conversion, "AMP101") == [9, 12]
+    assert _codes(conversion, "AMP119") == []
+
+
+def test_an_optimizer_whose_private_attribute_is_read_is_reported_not_wrapped():
+    source = (
+        "import tensorflow as tf\n"
+        "optimizer = None\n"
+        "optimizer = tf.train.MomentumOptimizer(0.1, 0.9)\n"
+        "train_op = optimizer.minimize(loss)\n"
+        "tf.summary.scalar('lr', optimizer._learning_rate)\n"
+    )
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.UNCONVERTED
+    assert _codes(conversion, "AMP119") == [3]
+    assert "_learning_rate (line 5)" in conversion.findings[0].message
+
+
+def test_tape_gradients_reaching_apply_gradients_are_warned_at_the_tape_call():
+    source = (
+        "import tensorflow as tf\n"
+        "tf.enable_eager_execution()\n"
+        "opt = tf.train.AdamOptimizer(1e-3)\n"
+        "with tf.GradientTape() as tape:\n"
+        "    loss = model(x)\n"
+        "grads = tape.gradient(loss, model.variables)\n"
+        "opt.apply_gradients(zip(grads, model.variables))\n"
+    )
+    conversion = convert_source(source)
+    warnings = [(f.code, f.line) for f in conversion.findings if f.severity.name == "WARNING"]
+    assert warnings == [("AMP115", 6)]
+    assert any("tape.gradient(...)" in f.message for f in conversion.findings if f.code == "AMP115")
