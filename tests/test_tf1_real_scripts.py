@@ -60,3 +60,44 @@ def test_tape_gradients_reaching_apply_gradients_are_warned_at_the_tape_call():
     warnings = [(f.code, f.line) for f in conversion.findings if f.severity.name == "WARNING"]
     assert warnings == [("AMP115", 6)]
     assert any("tape.gradient(...)" in f.message for f in conversion.findings if f.code == "AMP115")
+
+
+def _optimizer_after_gradients(between: str, optimizer: str = "opt = tf.train.AdamOptimizer(self.lr)") -> str:
+    return (
+        "import tensorflow as tf\n"
+        "class A(object):\n"
+        "    def build(self, loss, params):\n"
+        "        grads = tf.gradients(loss, params)\n"
+        f"        {between}\n"
+        f"        {optimizer}\n"
+        "        return opt.apply_gradients(zip(grads, params))\n"
+    )
+
+
+def test_optimizer_moves_above_tf_gradients_only_when_nothing_between_changes_it():
+    moved = convert_source(_optimizer_after_gradients("grads, _ = tf.clip_by_global_norm(grads, 5.0)"))
+    assert _codes(moved, "AMP103") == [4] and _codes(moved, "AMP110") == []
+    lines = [line.strip() for line in moved.converted.splitlines()]
+    start = lines.index("def build(self, loss, params):")
+    assert lines[start + 1].startswith("opt = tf.compat.v1.train.experimental.")
+    assert lines[start + 2] == "grads = [g for g, _ in opt.compute_gradients(loss, var_list=params)]"
+
+    for between, why in [
+        ("self.lr = self.lr * 2", "sets self.lr"),
+        ("self.update_lr()", "calls methods of self"),
+        ("print(opt)", "already uses opt"),
+    ]:
+        kept = convert_source(_optimizer_after_gradients(between))
+        assert _codes(kept, "AMP103") == [], between
+        warning = [f for f in kept.findings if f.code == "AMP110"]
+        assert len(warning) == 1 and why in warning[0].message, (between, warning)
+        assert "tf.gradients(loss, params)" in kept.converted
+
+
+def test_an_optimizer_assigned_twice_is_not_moved():
+    source = _optimizer_after_gradients(
+        "opt = None", optimizer="opt = tf.train.AdamOptimizer(0.1)"
+    )
+    conversion = convert_source(source)
+    assert _codes(conversion, "AMP103") == []
+    assert "tf.gradients(loss, params)" in conversion.converted

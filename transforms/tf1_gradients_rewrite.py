@@ -14,7 +14,7 @@ to rewrite safely get a warning with the line instead.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import PositionProvider
@@ -27,6 +27,7 @@ from ampify.transforms.tf1_names import (
     TF_GRADIENTS_POSITIONAL,
 )
 from ampify.transforms.tf1_optimizer_classes import Resolver
+from ampify.transforms.tf1_optimizer_hoist import StatementMove, plan_hoist
 
 #: label for gradients that come from some optimizer's compute_gradients (already scaled)
 FROM_COMPUTE_GRADIENTS = "compute_gradients"
@@ -43,6 +44,8 @@ class GradientsPlan:
 
     replacements: Dict[int, cst.BaseExpression] = field(default_factory=dict)
     findings: List[Finding] = field(default_factory=list)
+    #: optimizer constructions to move above their tf.gradients, keyed by id of the statement
+    moves: Dict[int, StatementMove] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,6 +81,8 @@ class _ScopeFlow:
     apply_calls: List[_ApplyCall] = field(default_factory=list)
     #: name -> line of its `global` / `nonlocal` declaration in this body
     declared_lines: Dict[str, int] = field(default_factory=dict)
+    #: name -> the statements that assign it with `=`
+    assignment_statements: Dict[str, List[cst.CSTNode]] = field(default_factory=dict)
 
 
 class _References(cst.CSTVisitor):
@@ -158,6 +163,27 @@ class _FlowCollector(cst.CSTVisitor):
         #: id of an other-gradients call -> (callee as written, line, column)
         self.other_gradients: Dict[int, Tuple[str, int, int]] = {}
         self._statement_lines: List[int] = [0]
+        #: statements enclosing the node being visited, outermost first
+        self._statements: List[cst.CSTNode] = []
+        #: id of a statement -> (id of its block, index in it); id of a block -> its statements
+        self.statement_places: Dict[int, Tuple[int, int]] = {}
+        self.blocks: Dict[int, Sequence[cst.CSTNode]] = {}
+        #: id of a tf.gradients call -> the statements enclosing it, outermost first
+        self.enclosing: Dict[int, Tuple[cst.CSTNode, ...]] = {}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.Module, cst.IndentedBlock)):
+            self.blocks[id(node)] = node.body
+            for index, statement in enumerate(node.body):
+                self.statement_places[id(statement)] = (id(node), index)
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self._statements.append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self._statements.pop()
 
     @property
     def _flow(self) -> _ScopeFlow:
@@ -219,6 +245,9 @@ class _FlowCollector(cst.CSTVisitor):
         for target in node.targets:
             targets |= _target_names(target.target)
         self._edge(targets, node.value)
+        if self._statements:
+            for target in targets:
+                self._flow.assignment_statements.setdefault(target, []).append(self._statements[-1])
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         self._edge(_target_names(node.target), node.value)
@@ -245,6 +274,7 @@ class _FlowCollector(cst.CSTVisitor):
             self._flow.gradients_calls.append(
                 _GradientsCall(node, self._statement_lines[-1], position.line, position.column)
             )
+            self.enclosing[id(node)] = tuple(self._statements)
             return
         if _is_other_gradients(func):
             position = self.get_metadata(PositionProvider, node).start
@@ -387,23 +417,29 @@ def plan_gradients_rewrites(
     rewrite: bool,
     why_not_rewritten: str = "",
     keras_optimizer_names: frozenset = frozenset(),
+    wrapped_calls: frozenset = frozenset(),
 ) -> GradientsPlan:
     """Find tf.gradients results that reach apply_gradients; plan rewrites or warnings.
 
     With `rewrite=False` (the file is left alone, e.g. it already uses mixed precision)
-    every such flow gets a warning giving `why_not_rewritten`.
+    every such flow gets a warning giving `why_not_rewritten`. `wrapped_calls` holds the ids
+    of the optimizer constructions being wrapped: only those may be moved above tf.gradients.
     """
     collector = _FlowCollector(resolve)
     wrapper.visit(collector)
+    positions = wrapper.resolve(PositionProvider)
     plan = GradientsPlan()
     for flow in collector.finished:
-        _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names)
+        hoister = _Hoister(collector, flow, plan, wrapped_calls, positions)
+        _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names, hoister)
         _warn_other_gradients(flow, resolve, collector.other_gradients, plan, keras_optimizer_names)
     plan.findings.sort(key=lambda f: (f.line, f.column, f.code))
     return plan
 
 
-def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names) -> None:
+def _plan_scope(
+    flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names, hoister
+) -> None:
     if not flow.apply_calls:
         return
     taint = _taint(flow)
@@ -438,7 +474,9 @@ def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer
         receivers = sorted({apply.receiver_name or _shown(apply) for apply in reached})
         if all(apply.receiver_name in keras_optimizer_names for apply in reached):
             continue  # a Keras optimizer: reported where it is built (AMP112)
-        reason = why_not_rewritten if not rewrite else _why_not(gradients, reached, receivers, flow)
+        reason = (
+            why_not_rewritten if not rewrite else _why_not(gradients, reached, receivers, flow, hoister)
+        )
         if reason:
             plan.findings.append(
                 Finding(
@@ -456,11 +494,18 @@ def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer
         plan.replacements[id(gradients.call)] = _compute_gradients_expression(
             gradients.call, reached[0].receiver
         )
+        move = hoister.move_of(receivers[0])
+        moved = (
+            f" (moved the construction of {receivers[0]} from line {move.from_line} up to line "
+            f"{move.to_line}, so it exists first)"
+            if move is not None
+            else ""
+        )
         plan.findings.append(
             Finding(
                 CODE_REWROTE,
                 f"rewrote tf.gradients to {receivers[0]}.compute_gradients so the loss is scaled "
-                "before the gradients reach apply_gradients",
+                f"before the gradients reach apply_gradients{moved}",
                 gradients.line,
                 gradients.column,
                 Severity.INFO,
@@ -510,7 +555,65 @@ def _warn_other_gradients(flow, resolve, other_gradients, plan, keras_optimizer_
             )
 
 
-def _why_not(gradients: _GradientsCall, reached, receivers, flow: _ScopeFlow) -> str:
+class _Hoister:
+    """Plans moving an optimizer's construction above a tf.gradients call (see tf1_optimizer_hoist)."""
+
+    def __init__(self, collector: _FlowCollector, flow: _ScopeFlow, plan: GradientsPlan, wrapped_calls, positions):
+        self.positions = positions
+        self.collector = collector
+        self.flow = flow
+        self.plan = plan
+        self.wrapped_calls = wrapped_calls
+
+    def try_hoist(self, gradients: _GradientsCall, receiver: str) -> Optional[str]:
+        """Plan the move and return None, or say why the optimizer cannot move up."""
+        statements = self.flow.assignment_statements.get(receiver, [])
+        if len(statements) != 1 or len(self.flow.assignment_lines.get(receiver, [])) != 1:
+            return f"{receiver} is assigned more than once"
+        statement = statements[0]
+        value = statement.body[0].value if isinstance(statement, cst.SimpleStatementLine) and isinstance(
+            statement.body[0], cst.Assign
+        ) else None
+        if value is None or id(value) not in self.wrapped_calls:
+            return f"{receiver} is not an optimizer this file builds and wraps"
+        place = self.collector.statement_places.get(id(statement))
+        if place is None:
+            return "its construction is not a statement of its own"
+        block_id, index = place
+        anchor = next(
+            (
+                enclosing
+                for enclosing in self.collector.enclosing.get(id(gradients.call), ())
+                if self.collector.statement_places.get(id(enclosing), (None,))[0] == block_id
+            ),
+            None,
+        )
+        if anchor is None:
+            return "tf.gradients and the optimizer are in different blocks"
+        anchor_index = self.collector.statement_places[id(anchor)][1]
+        if anchor_index >= index:
+            return "tf.gradients and the optimizer are in different blocks"
+        between = self.collector.blocks[block_id][anchor_index:index]
+        reason = plan_hoist(statement, receiver, anchor, between)
+        if reason is not None:
+            return reason
+        previous = self.plan.moves.get(id(statement))
+        if previous is None or previous.to_line > gradients.statement_line:
+            self.plan.moves[id(statement)] = StatementMove(
+                id(statement), id(anchor), self._line_of(statement), self._line_of(anchor)
+            )
+        return None
+
+    def _line_of(self, statement: cst.CSTNode) -> int:
+        return self.positions[statement].start.line
+
+    def move_of(self, receiver: str) -> Optional[StatementMove]:
+        """The planned move of this optimizer's construction, if any."""
+        statements = self.flow.assignment_statements.get(receiver, [])
+        return self.plan.moves.get(id(statements[0])) if len(statements) == 1 else None
+
+
+def _why_not(gradients: _GradientsCall, reached, receivers, flow: _ScopeFlow, hoister) -> str:
     form = _unsupported_form(gradients.call)
     if form:
         return form
@@ -525,9 +628,12 @@ def _why_not(gradients: _GradientsCall, reached, receivers, flow: _ScopeFlow) ->
         # using the name before its `global` declaration would not even compile
         return f"{receiver_name} is declared global/nonlocal only after tf.gradients"
     if not _bound_before(flow, receiver_name, gradients.statement_line):
-        return (
-            f"the optimizer {receiver_name} is created after tf.gradients; create it first"
-        )
+        cannot_move = hoister.try_hoist(gradients, receiver_name)
+        if cannot_move is not None:
+            return (
+                f"the optimizer {receiver_name} is created after tf.gradients and cannot be "
+                f"moved up ({cannot_move}); create it first"
+            )
     return ""
 
 

@@ -43,6 +43,7 @@ from ampify.transforms.tf1_module_header import (
 )
 from ampify.transforms.tf1_names import IGNORE_PERFORMANCE_ENV, MAY_APPLY_MARKERS, normalise_tf_name
 from ampify.transforms.tf1_optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
+from ampify.transforms.tf1_optimizer_hoist import StatementMove, move_statements
 from ampify.transforms.tf1_survey import ModuleSurvey, OptimizerSite, SessionSite, survey_module
 
 NOT_APPLICABLE_REASON = (
@@ -89,10 +90,33 @@ class TF1GraphRewrite(Transform):
 class _WrapAndReplace(cst.CSTTransformer):
     """Wrap the planned optimizer constructions, swap the planned tf.gradients calls."""
 
-    def __init__(self, callees: Dict[int, str], replacements: Dict[int, cst.BaseExpression]):
+    def __init__(
+        self,
+        callees: Dict[int, str],
+        replacements: Dict[int, cst.BaseExpression],
+        moves: Dict[int, StatementMove],
+    ):
         #: id of an optimizer construction -> the wrapper's spelling there
         self.callees = callees
         self.replacements = replacements
+        #: optimizer constructions moved above their tf.gradients (see tf1_optimizer_hoist)
+        self.moves = moves
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        if not self.moves:
+            return updated_node
+        return updated_node.with_changes(
+            body=move_statements(original_node.body, updated_node.body, self.moves)
+        )
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if not self.moves:
+            return updated_node
+        return updated_node.with_changes(
+            body=move_statements(original_node.body, updated_node.body, self.moves)
+        )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if id(original_node) in self.replacements:
@@ -206,13 +230,14 @@ class _GraphRewrite:
                 "wrapped"
             ),
             keras_optimizer_names=self._keras_names(),
+            wrapped_calls=frozenset(id(site.call) for site in to_wrap),
         )
         self.findings.extend(plan.findings)
         if not to_wrap:
             return self._unconverted()
 
         callees, added_import = self._wrapper_callees(to_wrap)
-        new_module = self.module.visit(_WrapAndReplace(callees, plan.replacements))
+        new_module = self.module.visit(_WrapAndReplace(callees, plan.replacements, plan.moves))
         set_env = self.options.tf_ignore_performance and not self.survey.mentions_ignore_performance_env
         new_module, index = add_header_statements(
             new_module, set_env_var=set_env, added_import=added_import
