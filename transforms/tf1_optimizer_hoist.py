@@ -137,9 +137,11 @@ def plan_hoist(
     changed = _Bindings()
     for node in between:
         node.visit(changed)
-    touched = sorted(name for name in needed.read if _overlaps(name, changed.bound))
+    touched = [name for name in needed.read if _overlaps(name, changed.bound)]
     if touched:
-        return f"the code between them sets {touched[0]}, which building the optimizer reads"
+        # name the most specific one (`self.lr`, not `self`)
+        shown = max(touched, key=lambda name: (name.count("."), name))
+        return f"the code between them sets {shown}, which building the optimizer reads"
     if _overlaps(receiver, changed.bound | changed.read):
         return f"the code between them already uses {receiver}"
     # `Optimizer(self.lr)` after `self.build_lr()`: a method call may have set what it reads.
