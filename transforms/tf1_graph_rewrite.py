@@ -453,11 +453,28 @@ class _GraphRewrite:
         scopes_with_sessions = {session.scope for session in self.survey.sessions}
         for site in to_wrap:
             run = self.survey.session_runs.get(site.scope)
-            if site.scope == 0 or run is None or site.scope in scopes_with_sessions:
+            param = self.survey.session_params.get(site.scope) or self.survey.session_params.get(
+                site.enclosing_class
+            )
+            if site.scope == 0 or (run is None and param is None):
                 continue
-            if site.scope in warned_scopes:
+            if site.scope in scopes_with_sessions or site.scope in warned_scopes:
                 continue
             warned_scopes.add(site.scope)
+            if run is None:
+                self.findings.append(
+                    _warning(
+                        "AMP113",
+                        f"{site.display} is built in a function that is handed a Session "
+                        f"(parameter {param[0]}, line {param[1]}): the caller created that "
+                        "Session before this optimizer is wrapped, so it does not get the mixed "
+                        "precision graph rewrite (nothing runs in float16); build the model and "
+                        "optimizer first, then create the Session",
+                        site.line,
+                        site.column,
+                    )
+                )
+                continue
             shown, line = run
             self.findings.append(
                 _warning(

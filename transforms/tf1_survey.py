@@ -51,6 +51,8 @@ class OptimizerSite:
     assigned_to: Tuple[str, ...] = ()  # dotted names it is assigned to, if any
     #: imports made inside the enclosing functions (`import tensorflow as tf` in a def)
     function_imports: Dict[str, str] = field(default_factory=dict)
+    #: id of the class whose method builds it (0: none)
+    enclosing_class: int = 0
 
 
 @dataclass
@@ -96,6 +98,9 @@ class ModuleSurvey:
     #: scope id -> (session as written, line) of the first `sess.run(...)` on a Session the
     #: scope did not create (a parameter, `self.sess`, the default Session)
     session_runs: Dict[int, Tuple[str, int]] = field(default_factory=dict)
+    #: scope id -> (parameter, line) of a function parameter named like a Session (`sess`):
+    #: the caller created that Session before this function runs
+    session_params: Dict[int, Tuple[str, int]] = field(default_factory=dict)
     foreign_optimizer_calls: List[ForeignOptimizerCall] = field(default_factory=list)
     built_inside_tf: List[Tuple[str, int, int]] = field(default_factory=list)
     #: (class as written, callee as written, line, column): a class handed to code elsewhere
@@ -134,6 +139,7 @@ class _Surveyor(cst.CSTVisitor):
         self._mixed_precision_arg_ids: Set[int] = set()
         self._with_session_ids: Dict[int, Tuple[int, int]] = {}
         self._assigned: Dict[int, Tuple[str, ...]] = {}
+        self._classes: List[cst.ClassDef] = []
 
     # -- scopes and loops -------------------------------------------------------------------
     def _enter_scope(self, node: cst.CSTNode) -> None:
@@ -156,6 +162,16 @@ class _Surveyor(cst.CSTVisitor):
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._enter_scope(node)
+        params = node.params
+        for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+            lowered = param.name.value.lower()
+            if lowered in ("sess", "session") or lowered.endswith(("_sess", "_session")):
+                line = self._position(param).start.line
+                self.survey.session_params[id(node)] = (param.name.value, line)
+                if node.name.value == "__init__" and self._classes and len(self._scopes) == 2:
+                    # `Actor(sess, ...)`: every method's optimizer comes after that Session
+                    self.survey.session_params[id(self._classes[-1])] = (param.name.value, line)
+                break
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._leave_scope()
@@ -279,6 +295,10 @@ class _Surveyor(cst.CSTVisitor):
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         if node.name.value in self.classifier.local_optimizer_classes:
             self.survey.tf1_style = True
+        self._classes.append(node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._classes.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
         resolved = self.resolve_name(node.func)
@@ -318,6 +338,7 @@ class _Surveyor(cst.CSTVisitor):
                     already_wrapped=id(node) in self._mixed_precision_arg_ids,
                     assigned_to=self._assigned.get(id(node), ()),
                     function_imports=self._function_imports[-1],
+                    enclosing_class=id(self._classes[-1]) if self._classes else 0,
                 )
             )
             if kind in (TF1, MIXED):
