@@ -446,6 +446,50 @@ class _GraphRewrite:
                     )
                     break
         self._report_sessions_from_elsewhere(to_wrap, warned_scopes)
+        self._report_sessions_before_builders(to_wrap, warned_scopes)
+
+    def _report_sessions_before_builders(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
+        """`with tf.Session() as sess: train_op = build_model()`: the optimizer is built (and
+        wrapped) by a function or class of this file called after the Session exists."""
+        scopes_with_sessions = {session.scope for session in self.survey.sessions}
+        classes_with_sessions = {
+            self.survey.function_names.get(scope, ("", ""))[1] for scope in scopes_with_sessions
+        } - {""}
+        builders: Dict[str, OptimizerSite] = {}
+        for site in to_wrap:
+            if site.scope in warned_scopes or site.scope in scopes_with_sessions:
+                continue  # warned already, or it builds its own Session (after, presumably)
+            function, owner = self.survey.function_names.get(site.scope, ("", ""))
+            if owner and owner not in classes_with_sessions:
+                builders.setdefault(owner, site)
+            elif function and not owner:
+                builders.setdefault(function, site)
+        if not builders:
+            return
+        for session in self.survey.sessions:
+            for scope, name, line, _column in self.survey.name_calls:
+                site = builders.get(name)
+                if site is None or scope != session.scope:
+                    continue
+                if session.encloses is not None:
+                    after = session.encloses[0] <= line <= session.encloses[1]
+                else:
+                    after = line > session.line
+                if not after:
+                    continue
+                what = f"{session.display}()" if session.obtained else session.display
+                self.findings.append(
+                    _warning(
+                        "AMP113",
+                        f"{what} (line {session.line}) exists before {name}(...) at line {line} "
+                        f"builds the optimizer at line {site.line}: that Session does not get "
+                        "the mixed precision graph rewrite (nothing runs in float16); build the "
+                        "model and optimizer first, then create the Session",
+                        session.line,
+                        session.column,
+                    )
+                )
+                break
 
     def _report_sessions_from_elsewhere(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
         """A function that builds an optimizer and runs a Session it did not create (DCGAN's

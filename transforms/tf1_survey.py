@@ -101,6 +101,10 @@ class ModuleSurvey:
     #: scope id -> (parameter, line) of a function parameter named like a Session (`sess`):
     #: the caller created that Session before this function runs
     session_params: Dict[int, Tuple[str, int]] = field(default_factory=dict)
+    #: calls of plain names (`build_model()`, `Model(...)`): (scope id, name, line, column)
+    name_calls: List[Tuple[int, str, int, int]] = field(default_factory=list)
+    #: scope id of a function -> (its name, the name of the class it is a method of, or "")
+    function_names: Dict[int, Tuple[str, str]] = field(default_factory=dict)
     foreign_optimizer_calls: List[ForeignOptimizerCall] = field(default_factory=list)
     built_inside_tf: List[Tuple[str, int, int]] = field(default_factory=list)
     #: (class as written, callee as written, line, column): a class handed to code elsewhere
@@ -140,6 +144,8 @@ class _Surveyor(cst.CSTVisitor):
         self._with_session_ids: Dict[int, Tuple[int, int]] = {}
         self._assigned: Dict[int, Tuple[str, ...]] = {}
         self._classes: List[cst.ClassDef] = []
+        #: len(self._scopes) when each enclosing class body was entered (methods sit right in it)
+        self._class_scope_depth: List[int] = []
 
     # -- scopes and loops -------------------------------------------------------------------
     def _enter_scope(self, node: cst.CSTNode) -> None:
@@ -161,7 +167,13 @@ class _Surveyor(cst.CSTVisitor):
             self._function_imports[-1].update(import_aliases(node))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        enclosing_class = (
+            self._classes[-1].name.value
+            if self._classes and self._class_scope_depth and self._class_scope_depth[-1] == len(self._scopes)
+            else ""
+        )
         self._enter_scope(node)
+        self.survey.function_names[id(node)] = (node.name.value, enclosing_class)
         params = node.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             lowered = param.name.value.lower()
@@ -296,9 +308,11 @@ class _Surveyor(cst.CSTVisitor):
         if node.name.value in self.classifier.local_optimizer_classes:
             self.survey.tf1_style = True
         self._classes.append(node)
+        self._class_scope_depth.append(len(self._scopes))
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self._classes.pop()
+        self._class_scope_depth.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
         resolved = self.resolve_name(node.func)
@@ -311,6 +325,11 @@ class _Surveyor(cst.CSTVisitor):
                 name = dotted_name(arg.value)
                 if name:
                     self.survey.wrapped_names.add(name)
+        if isinstance(node.func, cst.Name) and resolved is None:
+            position = self._position(node).start
+            self.survey.name_calls.append(
+                (self._scopes[-1], node.func.value, position.line, position.column)
+            )
         if resolved in SESSION_CONSTRUCTORS:
             self._record_session(node)
         elif self._hands_out_session(resolved, last):
