@@ -101,3 +101,17 @@ def test_an_optimizer_assigned_twice_is_not_moved():
     conversion = convert_source(source)
     assert _codes(conversion, "AMP103") == []
     assert "tf.gradients(loss, params)" in conversion.converted
+
+
+def test_session_getters_warn_but_clearing_or_setting_a_session_does_not():
+    source = (
+        "import tensorflow as tf\n"
+        "from keras import backend as K\n"
+        "K.clear_session()\n"
+        "K.set_session(config)\n"
+        "sess = K.get_session()\n"
+        "train_op = tf.train.AdamOptimizer(1e-3).minimize(loss)\n"
+    )
+    conversion = convert_source(source)
+    assert _codes(conversion, "AMP113") == [5]
+    assert any("K.get_session() hands out a Session" in f.message for f in conversion.findings)

@@ -204,7 +204,9 @@ SESSION_GETTERS = frozenset(
     }
 )
 #: A callee named `<prefix>..._session` with one of these prefixes does not hand out a Session.
-NOT_SESSION_GETTER_PREFIXES = ("close", "reset", "end", "stop", "run", "kill", "save", "restore")
+NOT_SESSION_GETTER_PREFIXES = (
+    "close", "clear", "reset", "set", "end", "stop", "run", "kill", "save", "restore", "del", "destroy",
+)
 
 #: Ops whose `.run()` runs in the default Session (one created somewhere else).
 RUN_ON_DEFAULT_SESSION = frozenset(
