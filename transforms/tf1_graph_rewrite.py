@@ -417,6 +417,18 @@ class _GraphRewrite:
                 )
             )
 
+        for value, line, column in self.survey.optimizer_class_strings:
+            self.findings.append(
+                _warning(
+                    "AMP118",
+                    f"the string {value!r} names an optimizer class that is looked up and built "
+                    "at run time, where ampify cannot see it: that optimizer is not wrapped; "
+                    "wrap the instance with tf.compat.v1.train.experimental."
+                    "enable_mixed_precision_graph_rewrite where it is built",
+                    line,
+                    column,
+                )
+            )
         for shown, callee, line, column in self.survey.classes_handed_off:
             self.findings.append(
                 _warning(

@@ -246,6 +246,7 @@ TF1_STYLE_MARKERS = (
     "tensorflow.contrib",
     "tensorflow.layers",
     "tensorflow.app",
+    "tensorflow.train.Optimizer",
     "tensorflow.train.Saver",
     "tensorflow.train.MonitoredTrainingSession",
     "tensorflow.train.MonitoredSession",

@@ -7,6 +7,7 @@ graph-mode code at all. Nothing is rewritten here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -121,9 +122,18 @@ class ModuleSurvey:
     mentions_ignore_performance_env: bool = False
     #: dotted name -> reads of attributes the wrapper does not forward (`opt._lr`)
     unforwarded_reads: Dict[str, List[AttributeRead]] = field(default_factory=dict)
+    #: string literals naming a TF1 optimizer class ("tf.train.AdamOptimizer"), looked up at
+    #: run time (StyleGAN's util.get_obj_by_name): (the string, line, column)
+    optimizer_class_strings: List[Tuple[str, int, int]] = field(default_factory=list)
     #: dotted names also bound to the result of a call that builds no TF1 optimizer (gpt-2
     #: reuses `opt` for its AccumulatingOptimizer): their attributes may be that object's
     bound_to_other_calls: Set[str] = field(default_factory=set)
+
+
+#: "tf.train.AdamOptimizer", "tensorflow.compat.v1.train.MomentumOptimizer", "tf.contrib.opt.X"
+_OPTIMIZER_CLASS_STRING = re.compile(
+    r"^(tf|tensorflow)(\.compat\.v1)?\.(train|contrib\.opt)\.[A-Za-z0-9_]*Optimizer$"
+)
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -272,6 +282,10 @@ class _Surveyor(cst.CSTVisitor):
             return
         if IGNORE_PERFORMANCE_ENV in value:
             self.survey.mentions_ignore_performance_env = True
+        if _OPTIMIZER_CLASS_STRING.match(value):
+            position = self._position(node).start
+            self.survey.optimizer_class_strings.append((value, position.line, position.column))
+            self.survey.tf1_style = True
         if value in MIXED_PRECISION_STRINGS:
             self._mark_mixed_precision(value, node)
             if value in NGC_AUTO_MIXED_PRECISION_STRINGS:
