@@ -161,13 +161,15 @@ class OptimizerClassifier:
         # Fixpoint: a subclass of a subclass, or a name bound to a name bound to a class.
         changed = True
         rounds = 0
+        # computed once per class: it walks the class body
+        wrappers = {id(cls) for cls in collector.classes if _wraps_another_optimizer(cls)}
         while changed and rounds < 10:
             changed = False
             rounds += 1
             for cls in collector.classes:
                 if cls.name.value in self.local_optimizer_classes:
                     continue
-                if _wraps_another_optimizer(cls):
+                if id(cls) in wrappers:
                     continue  # e.g. a gradient-accumulation wrapper: its inner one is wrapped
                 if any(self._is_tf1_base(base.value) for base in cls.bases if base.keyword is None):
                     self.local_optimizer_classes[cls.name.value] = cls
