@@ -115,3 +115,18 @@ def test_session_getters_warn_but_clearing_or_setting_a_session_does_not():
     conversion = convert_source(source)
     assert _codes(conversion, "AMP113") == [5]
     assert any("K.get_session() hands out a Session" in f.message for f in conversion.findings)
+
+
+def test_an_attribute_optimizer_moves_above_tf_gradients_that_reads_other_attributes():
+    source = (
+        "import tensorflow as tf\n"
+        "class Agent(object):\n"
+        "    def build(self, params):\n"
+        "        grads = tf.gradients(self.loss, params)\n"
+        "        self.trainer = tf.train.AdamOptimizer(1e-3)\n"
+        "        self.train_op = self.trainer.apply_gradients(zip(grads, params))\n"
+    )
+    conversion = convert_source(source)
+    assert _codes(conversion, "AMP103") == [4] and _codes(conversion, "AMP110") == []
+    text = conversion.converted
+    assert text.index("self.trainer = ") < text.index("self.trainer.compute_gradients(self.loss")

@@ -142,7 +142,10 @@ def plan_hoist(
         # name the most specific one (`self.lr`, not `self`)
         shown = max(touched, key=lambda name: (name.count("."), name))
         return f"the code between them sets {shown}, which building the optimizer reads"
-    if _overlaps(receiver, changed.bound | changed.read):
+    uses_receiver = any(
+        name == receiver or name.startswith(receiver + ".") for name in changed.read
+    )
+    if uses_receiver or _overlaps(receiver, changed.bound):
         return f"the code between them already uses {receiver}"
     # `Optimizer(self.lr)` after `self.build_lr()`: a method call may have set what it reads.
     arguments = _Bindings()
