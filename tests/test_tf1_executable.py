@@ -193,3 +193,18 @@ def test_session_created_before_the_wrapper_is_warned_and_really_gets_no_rewrite
     assert "AMPIFY_RUNNER loss-scale compute_gradients" in result.stderr
     assert "AMPIFY_RUNNER session with graph rewrite" not in result.stderr
     assert _converted_nodes(result.stderr) == 0
+
+
+def test_a2c_optimizer_built_after_tf_gradients_is_moved_up_and_scales_the_loss(tmp_path):
+    source, conversion = _convert("exec_a2c_optimizer_after_gradients")
+    rewrites = [f for f in conversion.findings if f.code == "AMP103"]
+    assert len(rewrites) == 1 and "moved the construction of trainer" in rewrites[0].message
+    assert [f.line for f in conversion.findings if f.code == "AMP110"] == [44]
+    converted_text = conversion.converted
+    assert converted_text.index("trainer = ") < converted_text.index("trainer.compute_gradients(")
+    assert "clip_by_global_norm(grads, max_grad_norm)" in converted_text  # clipping kept
+
+    converted = _run(tmp_path, "converted.py", converted_text)
+    _assert_trains(_losses(converted.stdout))
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" in converted.stderr
+    assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]

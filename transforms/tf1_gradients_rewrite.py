@@ -14,7 +14,7 @@ to rewrite safely get a warning with the line instead.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import PositionProvider
@@ -27,6 +27,7 @@ from ampify.transforms.tf1_names import (
     TF_GRADIENTS_POSITIONAL,
 )
 from ampify.transforms.tf1_optimizer_classes import Resolver
+from ampify.transforms.tf1_optimizer_hoist import StatementMove, plan_hoist
 
 #: label for gradients that come from some optimizer's compute_gradients (already scaled)
 FROM_COMPUTE_GRADIENTS = "compute_gradients"
@@ -43,6 +44,8 @@ class GradientsPlan:
 
     replacements: Dict[int, cst.BaseExpression] = field(default_factory=dict)
     findings: List[Finding] = field(default_factory=list)
+    #: optimizer constructions to move above their tf.gradients, keyed by id of the statement
+    moves: Dict[int, StatementMove] = field(default_factory=dict)
 
 
 @dataclass
@@ -60,6 +63,9 @@ class _ApplyCall:
     grads: Optional[cst.BaseExpression]
     line: int
     column: int
+    #: `acc.apply_gradients()` with no arguments is some wrapper's own method, not
+    #: tf.train.Optimizer.apply_gradients (which needs grads_and_vars)
+    has_args: bool = True
 
 
 @dataclass
@@ -67,12 +73,16 @@ class _ScopeFlow:
     """Data flow facts of one function body (or the module body)."""
 
     params: Set[str] = field(default_factory=set)
+    #: the enclosing function's name ("" for the module body)
+    function_name: str = ""
     edges: List[Tuple[Set[str], Set[str], Set[object]]] = field(default_factory=list)
     assignment_lines: Dict[str, List[int]] = field(default_factory=dict)
     gradients_calls: List[_GradientsCall] = field(default_factory=list)
     apply_calls: List[_ApplyCall] = field(default_factory=list)
     #: name -> line of its `global` / `nonlocal` declaration in this body
     declared_lines: Dict[str, int] = field(default_factory=dict)
+    #: name -> the statements that assign it with `=`
+    assignment_statements: Dict[str, List[cst.CSTNode]] = field(default_factory=dict)
 
 
 class _References(cst.CSTVisitor):
@@ -96,6 +106,8 @@ class _References(cst.CSTVisitor):
             self.labels.add(id(node))
         elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "compute_gradients":
             self.labels.add(FROM_COMPUTE_GRADIENTS)
+        elif _is_other_gradients(node.func):
+            self.labels.add(_other_gradients(node))
         else:
             # `model_deploy.optimize_clones(clones, optimizer)`: a helper handed the optimizer
             # computes the gradients with it (see _from_helper_given).
@@ -103,6 +115,22 @@ class _References(cst.CSTVisitor):
                 name = dotted_name(arg.value)
                 if name:
                     self.labels.add(_from_helper_given(name))
+
+
+def _is_other_gradients(func: cst.BaseExpression) -> bool:
+    """`memory_saving_gradients.gradients(...)`, `tape.gradient(...)`: gradients computed by
+    something other than tf.gradients or compute_gradients, so never loss-scaled."""
+    if isinstance(func, cst.Attribute):
+        return func.attr.value in _OTHER_GRADIENT_FUNCTIONS
+    return isinstance(func, cst.Name) and func.value in _OTHER_GRADIENT_FUNCTIONS
+
+
+_OTHER_GRADIENT_FUNCTIONS = frozenset({"gradients", "gradient"})
+
+
+def _other_gradients(call: cst.Call) -> Tuple[str, int]:
+    """Label of the gradients one such call computes."""
+    return ("other gradients", id(call))
 
 
 def _from_helper_given(optimizer_name: str) -> Tuple[str, str]:
@@ -132,7 +160,30 @@ class _FlowCollector(cst.CSTVisitor):
         self.resolve_name = resolve
         self.finished: List[_ScopeFlow] = []
         self._stack: List[_ScopeFlow] = [_ScopeFlow()]
+        #: id of an other-gradients call -> (callee as written, line, column)
+        self.other_gradients: Dict[int, Tuple[str, int, int]] = {}
         self._statement_lines: List[int] = [0]
+        #: statements enclosing the node being visited, outermost first
+        self._statements: List[cst.CSTNode] = []
+        #: id of a statement -> (id of its block, index in it); id of a block -> its statements
+        self.statement_places: Dict[int, Tuple[int, int]] = {}
+        self.blocks: Dict[int, Sequence[cst.CSTNode]] = {}
+        #: id of a tf.gradients call -> the statements enclosing it, outermost first
+        self.enclosing: Dict[int, Tuple[cst.CSTNode, ...]] = {}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.Module, cst.IndentedBlock)):
+            self.blocks[id(node)] = node.body
+            for index, statement in enumerate(node.body):
+                self.statement_places[id(statement)] = (id(node), index)
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self._statements.append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self._statements.pop()
 
     @property
     def _flow(self) -> _ScopeFlow:
@@ -158,7 +209,7 @@ class _FlowCollector(cst.CSTVisitor):
 
     # scopes
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        flow = _ScopeFlow()
+        flow = _ScopeFlow(function_name=node.name.value)
         params = node.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             flow.params.add(param.name.value)
@@ -194,6 +245,9 @@ class _FlowCollector(cst.CSTVisitor):
         for target in node.targets:
             targets |= _target_names(target.target)
         self._edge(targets, node.value)
+        if self._statements:
+            for target in targets:
+                self._flow.assignment_statements.setdefault(target, []).append(self._statements[-1])
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         self._edge(_target_names(node.target), node.value)
@@ -220,7 +274,12 @@ class _FlowCollector(cst.CSTVisitor):
             self._flow.gradients_calls.append(
                 _GradientsCall(node, self._statement_lines[-1], position.line, position.column)
             )
+            self.enclosing[id(node)] = tuple(self._statements)
             return
+        if _is_other_gradients(func):
+            position = self.get_metadata(PositionProvider, node).start
+            shown = cst.Module(body=[]).code_for_node(func)
+            self.other_gradients[id(node)] = (shown, position.line, position.column)
         if not isinstance(func, cst.Attribute):
             return
         method = func.attr.value
@@ -237,7 +296,14 @@ class _FlowCollector(cst.CSTVisitor):
                     grads = arg.value
             position = self.get_metadata(PositionProvider, node).start
             self._flow.apply_calls.append(
-                _ApplyCall(func.value, dotted_name(func.value), grads, position.line, position.column)
+                _ApplyCall(
+                    func.value,
+                    dotted_name(func.value),
+                    grads,
+                    position.line,
+                    position.column,
+                    has_args=bool(node.args),
+                )
             )
 
 
@@ -351,22 +417,29 @@ def plan_gradients_rewrites(
     rewrite: bool,
     why_not_rewritten: str = "",
     keras_optimizer_names: frozenset = frozenset(),
+    wrapped_calls: frozenset = frozenset(),
 ) -> GradientsPlan:
     """Find tf.gradients results that reach apply_gradients; plan rewrites or warnings.
 
     With `rewrite=False` (the file is left alone, e.g. it already uses mixed precision)
-    every such flow gets a warning giving `why_not_rewritten`.
+    every such flow gets a warning giving `why_not_rewritten`. `wrapped_calls` holds the ids
+    of the optimizer constructions being wrapped: only those may be moved above tf.gradients.
     """
     collector = _FlowCollector(resolve)
     wrapper.visit(collector)
+    positions = wrapper.resolve(PositionProvider)
     plan = GradientsPlan()
     for flow in collector.finished:
-        _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names)
+        hoister = _Hoister(collector, flow, plan, wrapped_calls, positions)
+        _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names, hoister)
+        _warn_other_gradients(flow, resolve, collector.other_gradients, plan, keras_optimizer_names)
     plan.findings.sort(key=lambda f: (f.line, f.column, f.code))
     return plan
 
 
-def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names) -> None:
+def _plan_scope(
+    flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names, hoister
+) -> None:
     if not flow.apply_calls:
         return
     taint = _taint(flow)
@@ -378,6 +451,8 @@ def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer
             for label in labels
             if not isinstance(label, tuple) or label == _from_helper_given(apply.receiver_name or "")
         }
+        if _other_labels(labels) or not apply.has_args or _passes_through(flow, apply, resolve):
+            continue  # reported by _warn_other_gradients / not an Optimizer's apply_gradients
         if not traced and apply.receiver_name not in keras_optimizer_names:
             plan.findings.append(
                 Finding(
@@ -399,7 +474,9 @@ def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer
         receivers = sorted({apply.receiver_name or _shown(apply) for apply in reached})
         if all(apply.receiver_name in keras_optimizer_names for apply in reached):
             continue  # a Keras optimizer: reported where it is built (AMP112)
-        reason = why_not_rewritten if not rewrite else _why_not(gradients, reached, receivers, flow)
+        reason = (
+            why_not_rewritten if not rewrite else _why_not(gradients, reached, receivers, flow, hoister)
+        )
         if reason:
             plan.findings.append(
                 Finding(
@@ -417,11 +494,18 @@ def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer
         plan.replacements[id(gradients.call)] = _compute_gradients_expression(
             gradients.call, reached[0].receiver
         )
+        move = hoister.move_of(receivers[0])
+        moved = (
+            f" (moved the construction of {receivers[0]} from line {move.from_line} up to line "
+            f"{move.to_line}, so it exists first)"
+            if move is not None
+            else ""
+        )
         plan.findings.append(
             Finding(
                 CODE_REWROTE,
                 f"rewrote tf.gradients to {receivers[0]}.compute_gradients so the loss is scaled "
-                "before the gradients reach apply_gradients",
+                f"before the gradients reach apply_gradients{moved}",
                 gradients.line,
                 gradients.column,
                 Severity.INFO,
@@ -429,7 +513,107 @@ def _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer
         )
 
 
-def _why_not(gradients: _GradientsCall, reached, receivers, flow: _ScopeFlow) -> str:
+def _passes_through(flow: _ScopeFlow, apply: _ApplyCall, resolve: Resolver) -> bool:
+    """`def apply_gradients(self, grads_and_vars, ...): return self._opt.apply_gradients(
+    grads_and_vars, ...)`: a wrapper handing its caller's gradients on; the caller's own
+    apply_gradients call is the one that is checked."""
+    if flow.function_name != "apply_gradients" or apply.grads is None:
+        return False
+    refs = _References(resolve)
+    apply.grads.visit(refs)
+    return bool(refs.names) and refs.names <= flow.params
+
+
+def _other_labels(labels: Set[object]) -> Set[object]:
+    return {label for label in labels if isinstance(label, tuple) and label[0] == "other gradients"}
+
+
+def _warn_other_gradients(flow, resolve, other_gradients, plan, keras_optimizer_names) -> None:
+    """Gradients from `memory_saving_gradients.gradients` or a tape that reach apply_gradients
+    are never loss-scaled, even when another branch's tf.gradients is rewritten."""
+    if not flow.apply_calls:
+        return
+    taint = _taint(flow)
+    warned: Set[object] = set()
+    for apply in flow.apply_calls:
+        if apply.receiver_name in keras_optimizer_names:
+            continue
+        for label in sorted(_other_labels(_labels_of(apply.grads, taint, resolve)) - warned, key=str):
+            warned.add(label)
+            shown, line, column = other_gradients.get(label[1], ("gradients", apply.line, apply.column))
+            plan.findings.append(
+                Finding(
+                    CODE_UNTRACEABLE_APPLY,
+                    f"gradients from {shown}(...) reach {_shown(apply)}.apply_gradients (line "
+                    f"{apply.line}) without loss scaling, so float16 gradients can underflow "
+                    f"silently; not rewritten: compute them with {_shown(apply)}."
+                    "compute_gradients(loss, var_list=...) when mixed precision is on",
+                    line,
+                    column,
+                    Severity.WARNING,
+                )
+            )
+
+
+class _Hoister:
+    """Plans moving an optimizer's construction above a tf.gradients call (see tf1_optimizer_hoist)."""
+
+    def __init__(self, collector: _FlowCollector, flow: _ScopeFlow, plan: GradientsPlan, wrapped_calls, positions):
+        self.positions = positions
+        self.collector = collector
+        self.flow = flow
+        self.plan = plan
+        self.wrapped_calls = wrapped_calls
+
+    def try_hoist(self, gradients: _GradientsCall, receiver: str) -> Optional[str]:
+        """Plan the move and return None, or say why the optimizer cannot move up."""
+        statements = self.flow.assignment_statements.get(receiver, [])
+        if len(statements) != 1 or len(self.flow.assignment_lines.get(receiver, [])) != 1:
+            return f"{receiver} is assigned more than once"
+        statement = statements[0]
+        value = statement.body[0].value if isinstance(statement, cst.SimpleStatementLine) and isinstance(
+            statement.body[0], cst.Assign
+        ) else None
+        if value is None or id(value) not in self.wrapped_calls:
+            return f"{receiver} is not an optimizer this file builds and wraps"
+        place = self.collector.statement_places.get(id(statement))
+        if place is None:
+            return "its construction is not a statement of its own"
+        block_id, index = place
+        anchor = next(
+            (
+                enclosing
+                for enclosing in self.collector.enclosing.get(id(gradients.call), ())
+                if self.collector.statement_places.get(id(enclosing), (None,))[0] == block_id
+            ),
+            None,
+        )
+        if anchor is None:
+            return "tf.gradients and the optimizer are in different blocks"
+        anchor_index = self.collector.statement_places[id(anchor)][1]
+        if anchor_index >= index:
+            return "tf.gradients and the optimizer are in different blocks"
+        between = self.collector.blocks[block_id][anchor_index:index]
+        reason = plan_hoist(statement, receiver, anchor, between)
+        if reason is not None:
+            return reason
+        previous = self.plan.moves.get(id(statement))
+        if previous is None or previous.to_line > gradients.statement_line:
+            self.plan.moves[id(statement)] = StatementMove(
+                id(statement), id(anchor), self._line_of(statement), self._line_of(anchor)
+            )
+        return None
+
+    def _line_of(self, statement: cst.CSTNode) -> int:
+        return self.positions[statement].start.line
+
+    def move_of(self, receiver: str) -> Optional[StatementMove]:
+        """The planned move of this optimizer's construction, if any."""
+        statements = self.flow.assignment_statements.get(receiver, [])
+        return self.plan.moves.get(id(statements[0])) if len(statements) == 1 else None
+
+
+def _why_not(gradients: _GradientsCall, reached, receivers, flow: _ScopeFlow, hoister) -> str:
     form = _unsupported_form(gradients.call)
     if form:
         return form
@@ -444,9 +628,12 @@ def _why_not(gradients: _GradientsCall, reached, receivers, flow: _ScopeFlow) ->
         # using the name before its `global` declaration would not even compile
         return f"{receiver_name} is declared global/nonlocal only after tf.gradients"
     if not _bound_before(flow, receiver_name, gradients.statement_line):
-        return (
-            f"the optimizer {receiver_name} is created after tf.gradients; create it first"
-        )
+        cannot_move = hoister.try_hoist(gradients, receiver_name)
+        if cannot_move is not None:
+            return (
+                f"the optimizer {receiver_name} is created after tf.gradients and cannot be "
+                f"moved up ({cannot_move}); create it first"
+            )
     return ""
 
 

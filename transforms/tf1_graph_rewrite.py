@@ -20,6 +20,7 @@ Rule codes:
   AMP116 warning  an `*Optimizer` class from another module: not wrapped
   AMP117 warning  optimizer built inside TensorFlow (optimize_loss, canned Estimators)
   AMP118 warning  an optimizer class handed to code outside this file: not wrapped
+  AMP119 warning  the code reads an attribute the wrapper does not forward: not wrapped
   AMP100 error    internal error: the file was left unchanged
 """
 
@@ -42,7 +43,8 @@ from ampify.transforms.tf1_module_header import (
 )
 from ampify.transforms.tf1_names import IGNORE_PERFORMANCE_ENV, MAY_APPLY_MARKERS, normalise_tf_name
 from ampify.transforms.tf1_optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
-from ampify.transforms.tf1_survey import ModuleSurvey, OptimizerSite, survey_module
+from ampify.transforms.tf1_optimizer_hoist import StatementMove, move_statements
+from ampify.transforms.tf1_survey import ModuleSurvey, OptimizerSite, SessionSite, survey_module
 
 NOT_APPLICABLE_REASON = (
     "no TF1 graph training code (no Session, graph, Estimator or tf.train / tf.compat.v1 "
@@ -88,10 +90,33 @@ class TF1GraphRewrite(Transform):
 class _WrapAndReplace(cst.CSTTransformer):
     """Wrap the planned optimizer constructions, swap the planned tf.gradients calls."""
 
-    def __init__(self, callees: Dict[int, str], replacements: Dict[int, cst.BaseExpression]):
+    def __init__(
+        self,
+        callees: Dict[int, str],
+        replacements: Dict[int, cst.BaseExpression],
+        moves: Dict[int, StatementMove],
+    ):
         #: id of an optimizer construction -> the wrapper's spelling there
         self.callees = callees
         self.replacements = replacements
+        #: optimizer constructions moved above their tf.gradients (see tf1_optimizer_hoist)
+        self.moves = moves
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        if not self.moves:
+            return updated_node
+        return updated_node.with_changes(
+            body=move_statements(original_node.body, updated_node.body, self.moves)
+        )
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if not self.moves:
+            return updated_node
+        return updated_node.with_changes(
+            body=move_statements(original_node.body, updated_node.body, self.moves)
+        )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if id(original_node) in self.replacements:
@@ -100,6 +125,21 @@ class _WrapAndReplace(cst.CSTTransformer):
         if callee is not None:
             return cst.Call(func=cst.parse_expression(callee), args=[cst.Arg(updated_node)])
         return updated_node
+
+
+def _session_before_message(session: SessionSite, site: OptimizerSite) -> str:
+    if session.obtained:
+        return (
+            f"{session.display}() hands out a Session before the optimizer at line {site.line} "
+            "is wrapped: if it creates that Session there (or returns one created earlier), the "
+            "Session does not get the mixed precision graph rewrite (nothing runs in float16); "
+            "obtain the Session after building the optimizer"
+        )
+    return (
+        f"{session.display} is created before the optimizer at line {site.line} is wrapped: "
+        "that Session does not get the mixed precision graph rewrite (nothing runs in "
+        "float16); create the Session after building the optimizer"
+    )
 
 
 def _warning(code: str, message: str, line: int, column: int) -> Finding:
@@ -178,7 +218,9 @@ class _GraphRewrite:
         )
 
     def _convert(self) -> TransformResult:
-        to_wrap = [s for s in self._tf1_sites() if not s.already_wrapped]
+        to_wrap = [
+            s for s in self._tf1_sites() if not s.already_wrapped and not self._reads_unforwarded(s)
+        ]
         self._report_optimizer_sites(to_wrap)
         self._report_sessions_before(to_wrap)
         plan = self._plan_gradients(
@@ -188,13 +230,14 @@ class _GraphRewrite:
                 "wrapped"
             ),
             keras_optimizer_names=self._keras_names(),
+            wrapped_calls=frozenset(id(site.call) for site in to_wrap),
         )
         self.findings.extend(plan.findings)
         if not to_wrap:
             return self._unconverted()
 
         callees, added_import = self._wrapper_callees(to_wrap)
-        new_module = self.module.visit(_WrapAndReplace(callees, plan.replacements))
+        new_module = self.module.visit(_WrapAndReplace(callees, plan.replacements, plan.moves))
         set_env = self.options.tf_ignore_performance and not self.survey.mentions_ignore_performance_env
         new_module, index = add_header_statements(
             new_module, set_env_var=set_env, added_import=added_import
@@ -219,6 +262,38 @@ class _GraphRewrite:
             f"wrapped {wrapped} optimizer{'s' if wrapped != 1 else ''} with the mixed precision "
             "graph rewrite",
         )
+
+    def _reads_unforwarded(self, site: OptimizerSite) -> bool:
+        """Does the code read an attribute of this optimizer that the wrapper lacks?
+
+        MixedPrecisionLossScaleOptimizer forwards nothing but the Optimizer API, so wrapping
+        an optimizer whose `_lr` (or K-FAC's `cov_update_op`) is read later would raise
+        AttributeError: such a site is left alone and reported (AMP119).
+        """
+        for name in site.assigned_to:
+            if name in self.survey.bound_to_other_calls:
+                continue  # the name also holds another object: the attribute may be its own
+            for read in self.survey.unforwarded_reads.get(name, ()):
+                # A plain local name only means this optimizer in its own function; an
+                # attribute (`self.opt`) is shared by the class's methods.
+                if "." not in name and read.scope != site.scope:
+                    continue
+                self.findings.append(
+                    _warning(
+                        "AMP119",
+                        f"{site.display} not wrapped: the code reads {name}.{read.attr} (line "
+                        f"{read.line}), which the mixed precision wrapper does not forward (it "
+                        "only has compute_gradients, apply_gradients, minimize, get_slot, "
+                        "get_slot_names, variables and get_name), so wrapping it would raise "
+                        "AttributeError; keep a reference to the inner optimizer for that "
+                        "attribute and wrap it with tf.compat.v1.train.experimental."
+                        "enable_mixed_precision_graph_rewrite by hand",
+                        site.line,
+                        site.column,
+                    )
+                )
+                return True
+        return False
 
     def _wrapper_callees(self, to_wrap: List[OptimizerSite]):
         """The wrapper's spelling for each site, and the module-level import to add, if any.
@@ -305,6 +380,20 @@ class _GraphRewrite:
                     )
                 )
         for call in self.survey.foreign_optimizer_calls:
+            if call.wraps is not None:
+                self.findings.append(
+                    _warning(
+                        "AMP116",
+                        f"{call.display} (from another module, which ampify cannot see) wraps "
+                        f"{call.wraps}, which is wrapped with the mixed precision graph rewrite "
+                        f"here: the loss is scaled only if {call.display} computes its gradients "
+                        f"with the inner optimizer's compute_gradients or minimize; if it calls "
+                        "tf.gradients itself, make it call compute_gradients",
+                        call.line,
+                        call.column,
+                    )
+                )
+                continue
             self.findings.append(
                 _warning(
                     "AMP116",
@@ -328,6 +417,18 @@ class _GraphRewrite:
                 )
             )
 
+        for value, line, column in self.survey.optimizer_class_strings:
+            self.findings.append(
+                _warning(
+                    "AMP118",
+                    f"the string {value!r} names an optimizer class that is looked up and built "
+                    "at run time, where ampify cannot see it: that optimizer is not wrapped; "
+                    "wrap the instance with tf.compat.v1.train.experimental."
+                    "enable_mixed_precision_graph_rewrite where it is built",
+                    line,
+                    column,
+                )
+            )
         for shown, callee, line, column in self.survey.classes_handed_off:
             self.findings.append(
                 _warning(
@@ -353,18 +454,54 @@ class _GraphRewrite:
                 if before:
                     warned_scopes.add(site.scope)
                     self.findings.append(
-                        _warning(
-                            "AMP113",
-                            f"{session.display} is created before the optimizer at line "
-                            f"{site.line} is wrapped: that Session does not get the mixed "
-                            "precision graph rewrite (nothing runs in float16); create the "
-                            "Session after building the optimizer",
-                            session.line,
-                            session.column,
-                        )
+                        _warning("AMP113", _session_before_message(session, site), session.line, session.column)
                     )
                     break
         self._report_sessions_from_elsewhere(to_wrap, warned_scopes)
+        self._report_sessions_before_builders(to_wrap, warned_scopes)
+
+    def _report_sessions_before_builders(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
+        """`with tf.Session() as sess: train_op = build_model()`: the optimizer is built (and
+        wrapped) by a function or class of this file called after the Session exists."""
+        scopes_with_sessions = {session.scope for session in self.survey.sessions}
+        classes_with_sessions = {
+            self.survey.function_names.get(scope, ("", ""))[1] for scope in scopes_with_sessions
+        } - {""}
+        builders: Dict[str, OptimizerSite] = {}
+        for site in to_wrap:
+            if site.scope in warned_scopes or site.scope in scopes_with_sessions:
+                continue  # warned already, or it builds its own Session (after, presumably)
+            function, owner = self.survey.function_names.get(site.scope, ("", ""))
+            if owner and owner not in classes_with_sessions:
+                builders.setdefault(owner, site)
+            elif function and not owner:
+                builders.setdefault(function, site)
+        if not builders:
+            return
+        for session in self.survey.sessions:
+            for scope, name, line, _column in self.survey.name_calls:
+                site = builders.get(name)
+                if site is None or scope != session.scope:
+                    continue
+                if session.encloses is not None:
+                    after = session.encloses[0] <= line <= session.encloses[1]
+                else:
+                    after = line > session.line
+                if not after:
+                    continue
+                what = f"{session.display}()" if session.obtained else session.display
+                self.findings.append(
+                    _warning(
+                        "AMP113",
+                        f"{what} (line {session.line}) exists before {name}(...) at line {line} "
+                        f"builds the optimizer at line {site.line}: that Session does not get "
+                        "the mixed precision graph rewrite (nothing runs in float16); build the "
+                        "model and optimizer first, then create the Session",
+                        session.line,
+                        session.column,
+                    )
+                )
+                break
 
     def _report_sessions_from_elsewhere(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
         """A function that builds an optimizer and runs a Session it did not create (DCGAN's
@@ -372,11 +509,28 @@ class _GraphRewrite:
         scopes_with_sessions = {session.scope for session in self.survey.sessions}
         for site in to_wrap:
             run = self.survey.session_runs.get(site.scope)
-            if site.scope == 0 or run is None or site.scope in scopes_with_sessions:
+            param = self.survey.session_params.get(site.scope) or self.survey.session_params.get(
+                site.enclosing_class
+            )
+            if site.scope == 0 or (run is None and param is None):
                 continue
-            if site.scope in warned_scopes:
+            if site.scope in scopes_with_sessions or site.scope in warned_scopes:
                 continue
             warned_scopes.add(site.scope)
+            if run is None:
+                self.findings.append(
+                    _warning(
+                        "AMP113",
+                        f"{site.display} is built in a function that is handed a Session "
+                        f"(parameter {param[0]}, line {param[1]}): the caller created that "
+                        "Session before this optimizer is wrapped, so it does not get the mixed "
+                        "precision graph rewrite (nothing runs in float16); build the model and "
+                        "optimizer first, then create the Session",
+                        site.line,
+                        site.column,
+                    )
+                )
+                continue
             shown, line = run
             self.findings.append(
                 _warning(

@@ -89,6 +89,14 @@ TF1_OPTIMIZER_CLASS_FACTORIES = frozenset(
     {"tensorflow.contrib.opt.extend_with_decoupled_weight_decay"}
 )
 
+#: Dicts of TF1 optimizer classes by name: `OPTIMIZER_CLS_NAMES[name](lr)` builds a TF1 optimizer.
+TF1_OPTIMIZER_CLASS_TABLES = frozenset(
+    {
+        "tensorflow.contrib.layers.OPTIMIZER_CLS_NAMES",
+        "tensorflow.contrib.layers.python.layers.optimizers.OPTIMIZER_CLS_NAMES",
+    }
+)
+
 #: The graph rewrite wrapper, by the attribute path that reaches it from each importable module.
 #: Order is preference: the first module the script binds at module level is used.
 WRAPPER_PATH_FROM_MODULE = (
@@ -167,6 +175,39 @@ SESSION_CONSTRUCTORS = frozenset(
     }
 )
 
+#: What MixedPrecisionLossScaleOptimizer (the graph rewrite's wrapper) exposes: any other
+#: attribute read on a wrapped optimizer (`opt._lr`, K-FAC's `opt.cov_update_op`) raises
+#: AttributeError, because the wrapper does not forward attributes to the inner optimizer.
+WRAPPER_FORWARDED_ATTRIBUTES = frozenset(
+    {
+        "compute_gradients",
+        "apply_gradients",
+        "minimize",
+        "get_slot",
+        "get_slot_names",
+        "variables",
+        "get_name",
+        "GATE_NONE",
+        "GATE_OP",
+        "GATE_GRAPH",
+    }
+)
+
+#: TensorFlow functions that hand back an existing (or new) Session; other callees named
+#: `*session` (baselines' `get_session()`, `sv.managed_session()`) are matched by name.
+SESSION_GETTERS = frozenset(
+    {
+        "tensorflow.get_default_session",
+        "tensorflow.keras.backend.get_session",
+        "tensorflow.python.keras.backend.get_session",
+        "keras.backend.get_session",
+    }
+)
+#: A callee named `<prefix>..._session` with one of these prefixes does not hand out a Session.
+NOT_SESSION_GETTER_PREFIXES = (
+    "close", "clear", "reset", "set", "end", "stop", "run", "kill", "save", "restore", "del", "destroy",
+)
+
 #: Ops whose `.run()` runs in the default Session (one created somewhere else).
 RUN_ON_DEFAULT_SESSION = frozenset(
     {"tensorflow.global_variables_initializer", "tensorflow.initialize_all_variables"}
@@ -205,6 +246,7 @@ TF1_STYLE_MARKERS = (
     "tensorflow.contrib",
     "tensorflow.layers",
     "tensorflow.app",
+    "tensorflow.train.Optimizer",
     "tensorflow.train.Saver",
     "tensorflow.train.MonitoredTrainingSession",
     "tensorflow.train.MonitoredSession",

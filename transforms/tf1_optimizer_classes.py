@@ -16,6 +16,7 @@ import libcst as cst
 from ampify.transforms.imports import dotted_name
 from ampify.transforms.tf1_names import (
     TF1_OPTIMIZER_CLASS_FACTORIES,
+    TF1_OPTIMIZER_CLASS_TABLES,
     TF1_OPTIMIZER_MODULES,
     TF1_WRAPPING_OPTIMIZERS,
     is_keras_optimizer,
@@ -45,10 +46,13 @@ def _combine(kinds: Iterable[Optional[str]]) -> Optional[str]:
 
 
 def _wraps_another_optimizer(cls: cst.ClassDef) -> bool:
-    """Does this class take an optimizer in `__init__` (`opt`, `optimizer`, `base_optimizer`)?
+    """Does this class wrap another optimizer?
 
-    Such a class wraps an optimizer the way SyncReplicasOptimizer does; wrapping it as well
-    as its inner optimizer would scale the loss twice.
+    It does when `__init__` takes one (`opt`, `optimizer`, `base_optimizer`), the way
+    SyncReplicasOptimizer does, or when its methods hand the work to an optimizer it holds
+    (`self._opt.compute_gradients(...)`, tensor2tensor's ConditionalOptimizer, which builds
+    its inner optimizer itself). Wrapping it as well as its inner optimizer would scale the
+    loss twice; the inner one is wrapped where it is built.
     """
     for statement in cls.body.body:
         if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__":
@@ -57,7 +61,29 @@ def _wraps_another_optimizer(cls: cst.ClassDef) -> bool:
                 name = param.name.value.lower()
                 if name in ("opt", "optimizer") or name.endswith(("_opt", "_optimizer")):
                     return True
-    return False
+    finder = _DelegationFinder()
+    cls.body.visit(finder)
+    return finder.delegates
+
+
+class _DelegationFinder(cst.CSTVisitor):
+    """Finds `self.<inner>.compute_gradients(...)` (or apply_gradients / minimize)."""
+
+    _OPTIMIZER_METHODS = frozenset({"compute_gradients", "apply_gradients", "minimize"})
+
+    def __init__(self) -> None:
+        self.delegates = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value in self._OPTIMIZER_METHODS
+            and isinstance(func.value, cst.Attribute)
+            and isinstance(func.value.value, cst.Name)
+            and func.value.value.value == "self"
+        ):
+            self.delegates = True
 
 
 class _BindingCollector(cst.CSTVisitor):
@@ -135,13 +161,15 @@ class OptimizerClassifier:
         # Fixpoint: a subclass of a subclass, or a name bound to a name bound to a class.
         changed = True
         rounds = 0
+        # computed once per class: it walks the class body
+        wrappers = {id(cls) for cls in collector.classes if _wraps_another_optimizer(cls)}
         while changed and rounds < 10:
             changed = False
             rounds += 1
             for cls in collector.classes:
                 if cls.name.value in self.local_optimizer_classes:
                     continue
-                if _wraps_another_optimizer(cls):
+                if id(cls) in wrappers:
                     continue  # e.g. a gradient-accumulation wrapper: its inner one is wrapped
                 if any(self._is_tf1_base(base.value) for base in cls.bases if base.keyword is None):
                     self.local_optimizer_classes[cls.name.value] = cls
@@ -165,7 +193,7 @@ class OptimizerClassifier:
         """The kind of optimizer CLASS this expression evaluates to, or None."""
         if isinstance(node, (cst.Name, cst.Attribute)):
             resolved = self._resolve(node)
-            if is_tf1_optimizer_class(resolved):
+            if is_tf1_optimizer_class(resolved) or resolved in TF1_OPTIMIZER_CLASS_TABLES:
                 return TF1
             if resolved in TF1_WRAPPING_OPTIMIZERS:
                 return None

@@ -7,6 +7,7 @@ graph-mode code at all. Nothing is rewritten here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -22,11 +23,14 @@ from ampify.transforms.tf1_names import (
     MIXED_PRECISION_STRINGS,
     NGC_AUTO_MIXED_PRECISION_STRINGS,
     NOT_FOREIGN_OPTIMIZER_MODULES,
+    NOT_SESSION_GETTER_PREFIXES,
     CLASS_ARGUMENT_IS_LOCAL,
     OPTIMIZER_BUILT_INSIDE_TF,
     RUN_ON_DEFAULT_SESSION,
     TF1_OPTIMIZER_CLASS_FACTORIES,
     SESSION_CONSTRUCTORS,
+    SESSION_GETTERS,
+    WRAPPER_FORWARDED_ATTRIBUTES,
     is_tf1_optimizer_class,
     is_tf1_style_marker,
 )
@@ -48,6 +52,8 @@ class OptimizerSite:
     assigned_to: Tuple[str, ...] = ()  # dotted names it is assigned to, if any
     #: imports made inside the enclosing functions (`import tensorflow as tf` in a def)
     function_imports: Dict[str, str] = field(default_factory=dict)
+    #: id of the class whose method builds it (0: none)
+    enclosing_class: int = 0
 
 
 @dataclass
@@ -58,6 +64,9 @@ class SessionSite:
     display: str
     #: for `with tf.Session() ...:`, the body lines it encloses; None for a plain call
     encloses: Optional[Tuple[int, int]] = None
+    #: True for a call that hands out a Session built elsewhere (`get_session()`), False
+    #: for a Session constructor
+    obtained: bool = False
 
 
 @dataclass
@@ -67,6 +76,20 @@ class ForeignOptimizerCall:
     display: str
     line: int
     column: int
+    #: the optimizer it is handed, when that is a TF1 optimizer this file builds (and wraps):
+    #: then it is a wrapper like gpt-2's AccumulatingOptimizer, not an unwrapped optimizer
+    wraps: Optional[str] = None
+    assigned_to: Tuple[str, ...] = ()
+
+
+@dataclass
+class AttributeRead:
+    """`name.attr` where attr is not something the mixed precision wrapper forwards."""
+
+    attr: str
+    line: int
+    column: int
+    scope: int
 
 
 @dataclass
@@ -76,6 +99,13 @@ class ModuleSurvey:
     #: scope id -> (session as written, line) of the first `sess.run(...)` on a Session the
     #: scope did not create (a parameter, `self.sess`, the default Session)
     session_runs: Dict[int, Tuple[str, int]] = field(default_factory=dict)
+    #: scope id -> (parameter, line) of a function parameter named like a Session (`sess`):
+    #: the caller created that Session before this function runs
+    session_params: Dict[int, Tuple[str, int]] = field(default_factory=dict)
+    #: calls of plain names (`build_model()`, `Model(...)`): (scope id, name, line, column)
+    name_calls: List[Tuple[int, str, int, int]] = field(default_factory=list)
+    #: scope id of a function -> (its name, the name of the class it is a method of, or "")
+    function_names: Dict[int, Tuple[str, str]] = field(default_factory=dict)
     foreign_optimizer_calls: List[ForeignOptimizerCall] = field(default_factory=list)
     built_inside_tf: List[Tuple[str, int, int]] = field(default_factory=list)
     #: (class as written, callee as written, line, column): a class handed to code elsewhere
@@ -90,6 +120,20 @@ class ModuleSurvey:
     has_apply_gradients: bool = False
     #: TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE appears in a string already
     mentions_ignore_performance_env: bool = False
+    #: dotted name -> reads of attributes the wrapper does not forward (`opt._lr`)
+    unforwarded_reads: Dict[str, List[AttributeRead]] = field(default_factory=dict)
+    #: string literals naming a TF1 optimizer class ("tf.train.AdamOptimizer"), looked up at
+    #: run time (StyleGAN's util.get_obj_by_name): (the string, line, column)
+    optimizer_class_strings: List[Tuple[str, int, int]] = field(default_factory=list)
+    #: dotted names also bound to the result of a call that builds no TF1 optimizer (gpt-2
+    #: reuses `opt` for its AccumulatingOptimizer): their attributes may be that object's
+    bound_to_other_calls: Set[str] = field(default_factory=set)
+
+
+#: "tf.train.AdamOptimizer", "tensorflow.compat.v1.train.MomentumOptimizer", "tf.contrib.opt.X"
+_OPTIMIZER_CLASS_STRING = re.compile(
+    r"^(tf|tensorflow)(\.compat\.v1)?\.(train|contrib\.opt)\.[A-Za-z0-9_]*Optimizer$"
+)
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -109,6 +153,9 @@ class _Surveyor(cst.CSTVisitor):
         self._mixed_precision_arg_ids: Set[int] = set()
         self._with_session_ids: Dict[int, Tuple[int, int]] = {}
         self._assigned: Dict[int, Tuple[str, ...]] = {}
+        self._classes: List[cst.ClassDef] = []
+        #: len(self._scopes) when each enclosing class body was entered (methods sit right in it)
+        self._class_scope_depth: List[int] = []
 
     # -- scopes and loops -------------------------------------------------------------------
     def _enter_scope(self, node: cst.CSTNode) -> None:
@@ -130,7 +177,23 @@ class _Surveyor(cst.CSTVisitor):
             self._function_imports[-1].update(import_aliases(node))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        enclosing_class = (
+            self._classes[-1].name.value
+            if self._classes and self._class_scope_depth and self._class_scope_depth[-1] == len(self._scopes)
+            else ""
+        )
         self._enter_scope(node)
+        self.survey.function_names[id(node)] = (node.name.value, enclosing_class)
+        params = node.params
+        for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+            lowered = param.name.value.lower()
+            if lowered in ("sess", "session") or lowered.endswith(("_sess", "_session")):
+                line = self._position(param).start.line
+                self.survey.session_params[id(node)] = (param.name.value, line)
+                if node.name.value == "__init__" and self._classes and len(self._scopes) == 2:
+                    # `Actor(sess, ...)`: every method's optimizer comes after that Session
+                    self.survey.session_params[id(self._classes[-1])] = (param.name.value, line)
+                break
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._leave_scope()
@@ -195,6 +258,20 @@ class _Surveyor(cst.CSTVisitor):
         if isinstance(node.value, cst.Call):
             names = tuple(filter(None, (dotted_name(t.target) for t in node.targets)))
             self._assigned[id(node.value)] = names
+            if not self._builds_tf1_optimizer(node.value):
+                self.survey.bound_to_other_calls.update(names)
+
+    def _builds_tf1_optimizer(self, call: cst.Call) -> bool:
+        """`X(...)` for a TF1 optimizer X, also inside a mixed precision wrapper call."""
+        if self.classifier.instance_kind(call) == TF1:
+            return True
+        last = call.func.attr.value if isinstance(call.func, cst.Attribute) else (
+            call.func.value if isinstance(call.func, cst.Name) else ""
+        )
+        return last in MIXED_PRECISION_IDENTIFIERS and any(
+            isinstance(arg.value, cst.Call) and self._builds_tf1_optimizer(arg.value)
+            for arg in call.args[:1]
+        )
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         try:
@@ -205,6 +282,10 @@ class _Surveyor(cst.CSTVisitor):
             return
         if IGNORE_PERFORMANCE_ENV in value:
             self.survey.mentions_ignore_performance_env = True
+        if _OPTIMIZER_CLASS_STRING.match(value):
+            position = self._position(node).start
+            self.survey.optimizer_class_strings.append((value, position.line, position.column))
+            self.survey.tf1_style = True
         if value in MIXED_PRECISION_STRINGS:
             self._mark_mixed_precision(value, node)
             if value in NGC_AUTO_MIXED_PRECISION_STRINGS:
@@ -217,6 +298,13 @@ class _Surveyor(cst.CSTVisitor):
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self._note_style(node)
+        if node.attr.value not in WRAPPER_FORWARDED_ATTRIBUTES:
+            owner = dotted_name(node.value)
+            if owner is not None:
+                position = self._position(node.attr).start
+                self.survey.unforwarded_reads.setdefault(owner, []).append(
+                    AttributeRead(node.attr.value, position.line, position.column, self._scopes[-1])
+                )
         if node.attr.value in MIXED_PRECISION_POLICY_FUNCTIONS:
             name = dotted_name(node)
             resolved = self.resolve_name(node) or name or ""
@@ -233,6 +321,12 @@ class _Surveyor(cst.CSTVisitor):
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         if node.name.value in self.classifier.local_optimizer_classes:
             self.survey.tf1_style = True
+        self._classes.append(node)
+        self._class_scope_depth.append(len(self._scopes))
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._classes.pop()
+        self._class_scope_depth.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
         resolved = self.resolve_name(node.func)
@@ -245,8 +339,15 @@ class _Surveyor(cst.CSTVisitor):
                 name = dotted_name(arg.value)
                 if name:
                     self.survey.wrapped_names.add(name)
+        if isinstance(node.func, cst.Name) and resolved is None:
+            position = self._position(node).start
+            self.survey.name_calls.append(
+                (self._scopes[-1], node.func.value, position.line, position.column)
+            )
         if resolved in SESSION_CONSTRUCTORS:
             self._record_session(node)
+        elif self._hands_out_session(resolved, last):
+            self._record_session(node, obtained=True)
         elif last == "apply_gradients":
             self.survey.has_apply_gradients = True
         elif last == "run" and isinstance(node.func, cst.Attribute):
@@ -270,6 +371,7 @@ class _Surveyor(cst.CSTVisitor):
                     already_wrapped=id(node) in self._mixed_precision_arg_ids,
                     assigned_to=self._assigned.get(id(node), ()),
                     function_imports=self._function_imports[-1],
+                    enclosing_class=id(self._classes[-1]) if self._classes else 0,
                 )
             )
             if kind in (TF1, MIXED):
@@ -277,8 +379,42 @@ class _Surveyor(cst.CSTVisitor):
         elif self._looks_like_foreign_optimizer(node.func, last, resolved):
             # `optimization.AdamWeightDecayOptimizer(...)`: defined in a module we cannot see.
             self.survey.foreign_optimizer_calls.append(
-                ForeignOptimizerCall(_code(node.func), position.line, position.column)
+                ForeignOptimizerCall(
+                    _code(node.func),
+                    position.line,
+                    position.column,
+                    self._wrapped_argument(node),
+                    self._assigned.get(id(node), ()),
+                )
             )
+
+    def _wrapped_argument(self, node: cst.Call) -> Optional[str]:
+        """The TF1 optimizer (built in this file, so wrapped) a call is handed, as written."""
+        tf1_names = {
+            name for site in self.survey.optimizers if site.kind == TF1 for name in site.assigned_to
+        }
+        for arg in node.args:
+            value = arg.value
+            if isinstance(value, cst.Call) and self.classifier.instance_kind(value) == TF1:
+                return _code(value.func)
+            if dotted_name(value) in tf1_names:
+                return _code(value)
+        return None
+
+    @staticmethod
+    def _hands_out_session(resolved: Optional[str], last: str) -> bool:
+        """`get_session()`, `tf.get_default_session()`, `sv.managed_session()`: a Session made
+        elsewhere (or earlier) is handed to this code."""
+        if resolved in SESSION_GETTERS:
+            return True
+        if resolved is not None and resolved.startswith("tensorflow"):
+            return False  # TensorFlow's other *Session names are classes handled elsewhere
+        lowered = last.lower()
+        return (
+            lowered.endswith("session")
+            and lowered != "session"
+            and not lowered.startswith(NOT_SESSION_GETTER_PREFIXES)
+        )
 
     def _looks_like_foreign_optimizer(
         self, func: cst.BaseExpression, last: str, resolved: Optional[str]
@@ -319,7 +455,7 @@ class _Surveyor(cst.CSTVisitor):
         line = self._position(receiver).start.line
         self.survey.session_runs.setdefault(self._scopes[-1], (shown, line))
 
-    def _record_session(self, node: cst.Call) -> None:
+    def _record_session(self, node: cst.Call, obtained: bool = False) -> None:
         position = self._position(node).start
         self.survey.sessions.append(
             SessionSite(
@@ -328,6 +464,7 @@ class _Surveyor(cst.CSTVisitor):
                 scope=self._scopes[-1],
                 display=_code(node.func),
                 encloses=self._with_session_ids.get(id(node)),
+                obtained=obtained,
             )
         )
 
