@@ -45,7 +45,7 @@ RULES = {
     "AMP202": "backward() now scales the loss through the GradScaler",
     "AMP203": "optimizer.step() now goes through the GradScaler; scaler.update() added",
     "AMP204": "created the GradScaler",
-    "AMP205": "scaler.unscale_(optimizer) added before gradient clipping",
+    "AMP205": "scaler.unscale_(optimizer) added before gradient clipping (or the script's own .grad reads)",
     "AMP206": "GradScaler state saved/loaded with the optimizer's checkpoint state",
     "AMP210": "BCELoss / binary_cross_entropy cannot run under CUDA autocast",
     "AMP211": "optimizer.step(closure) is not supported by GradScaler",
@@ -613,7 +613,12 @@ class _NativeRewrite:
         self.edits.insert_after(plan.update_after, f"{reference}.update()")
         for clip_statement, receiver in plan.unscale_before:
             self.edits.insert_before(clip_statement, f"{reference}.unscale_({receiver})")
-            self._info("AMP205", f"{reference}.unscale_({receiver}) added before gradient clipping", clip_statement)
+            self._info(
+                "AMP205",
+                f"{reference}.unscale_({receiver}) added before line {s.line(clip_statement)}, which needs "
+                "true gradients (gradient clipping or a .grad read)",
+                clip_statement,
+            )
         homes = [plan.home] if plan.home is not None else plan.caller_homes
         for home in homes:
             self._create_scaler(home)

@@ -227,36 +227,98 @@ class StepPlanner:
     # scaler.unscale_ before clipping ---------------------------------------------------
 
     def unscale_points(self, unit: TrainingUnit) -> List[Tuple[cst.CSTNode, str]]:
-        """(clipping statement, optimizer) pairs: `scaler.unscale_(optimizer)` goes right before
-        each, once per optimizer step."""
+        """(statement, optimizer) pairs: `scaler.unscale_(optimizer)` goes right before each
+        statement that needs true gradients (gradient clipping, the script's own reads of
+        `p.grad` between backward() and step()), once per optimizer step."""
         s = self.structure
         planned: List[Tuple[cst.CSTNode, str]] = []
         unscaled: Dict[str, cst.CSTNode] = {}
-        steps = sorted(unit.steps, key=lambda st: (s.line(st.call), s.position(st.call).column))
-        for clip in sorted(unit.clips, key=lambda c: (s.line(c.call), s.position(c.call).column)):
-            clip_line = s.line(clip.call)
-            following = [st for st in steps if s.line(st.call) > clip_line]
+        steps = sorted(unit.steps, key=lambda st: self._where(st.call))
+        needs: List[Tuple[Tuple[int, int], str, cst.CSTNode]] = [
+            (self._where(clip.call), "clip", clip.call) for clip in unit.clips
+        ]
+        needs += [(self._where(read.node), "grad", read.node) for read in self._grad_reads_before_step(unit)]
+        for where, kind, node in sorted(needs, key=lambda item: item[0]):
+            following = [st for st in steps if self._where(st.call) > where]
             if not following:
-                raise Unconvertible("gradient clipping after the last optimizer step", clip.call)
+                if kind == "grad":
+                    continue
+                raise Unconvertible("gradient clipping after the last optimizer step", node)
             step = following[0]
-            clip_statement = s.statement_of(clip.call)
-            if not isinstance(clip_statement, cst.SimpleStatementLine):
-                raise Unconvertible("gradient clipping inside a one-line compound statement", clip.call)
             step_block = s.block_of(s.statement_of(step.call))
-            clip_blocks = [block for block, _ in s.block_path(clip.call, stop=unit.body)]
-            if not any(block is step_block for block in clip_blocks):
-                raise Unconvertible(
-                    "gradient clipping runs more often than the optimizer step it precedes "
-                    "(scaler.unscale_ may be called only once per step)",
-                    clip.call,
-                )
+            if kind == "clip":
+                statement = s.statement_of(node)
+                if not isinstance(statement, cst.SimpleStatementLine):
+                    raise Unconvertible("gradient clipping inside a one-line compound statement", node)
+                if not any(block is step_block for block, _ in s.block_path(node, stop=unit.body)):
+                    raise Unconvertible(
+                        "gradient clipping runs more often than the optimizer step it precedes "
+                        "(scaler.unscale_ may be called only once per step)",
+                        node,
+                    )
+            else:
+                statement = self._grad_read_statement(unit, node, step_block, step)
             if step.receiver in unscaled:
-                if s.block_of(unscaled[step.receiver]) is not s.block_of(clip_statement):
-                    raise Unconvertible("several clipping calls for one optimizer in different branches", clip.call)
+                if s.block_of(unscaled[step.receiver]) is not s.block_of(statement):
+                    raise Unconvertible(
+                        "gradients of one optimizer are clipped or read in different branches", node
+                    )
                 continue
-            unscaled[step.receiver] = clip_statement
-            planned.append((clip_statement, step.receiver))
+            unscaled[step.receiver] = statement
+            planned.append((statement, step.receiver))
         return planned
+
+    def _where(self, node: cst.CSTNode) -> Tuple[int, int]:
+        position = self.structure.position(node)
+        return position.line, position.column
+
+    def _grad_reads_before_step(self, unit: TrainingUnit):
+        """`.grad` accesses after the iteration's first backward() and before its last step():
+        with float16 loss scaling they would see scaled gradients."""
+        if not unit.backwards or not unit.steps:
+            return []
+        first_backward = min(self._where(b.call) for b in unit.backwards)
+        last_step = max(self._where(st.call) for st in unit.steps)
+        return [r for r in unit.grad_reads if first_backward < self._where(r.node) < last_step]
+
+    def _grad_read_statement(self, unit: TrainingUnit, node: cst.CSTNode, step_block, step) -> cst.CSTNode:
+        """The statement of the step's block that holds a `.grad` read: `scaler.unscale_` goes
+        before it. Refuse when the gradients' owner is ambiguous or unscaling there is unsafe."""
+        s = self.structure
+        line = s.line(node)
+        if len(unit.optimizers) > 1:
+            raise Unconvertible(
+                f"line {line} reads .grad between backward() and step() in an iteration with several "
+                "optimizers; ampify cannot tell whose gradients they are: call scaler.unscale_(<optimizer>) "
+                "before it by hand (scaled gradients would be read otherwise)",
+                node,
+            )
+        statement = None
+        for block, holder in s.block_path(node, stop=unit.body):
+            if block is step_block:
+                statement = holder
+                break
+        if statement is None:
+            raise Unconvertible(
+                f"line {line} reads .grad (scaled by the GradScaler) in a block that runs more or less often "
+                "than the optimizer step: call scaler.unscale_(optimizer) before it by hand",
+                node,
+            )
+        holder_start, step_at = self._where(statement), self._where(step.call)
+        for backward in unit.backwards:
+            if s.contains(statement, backward.call) or holder_start < self._where(backward.call) < step_at:
+                raise Unconvertible(
+                    f"line {line} reads .grad between backward() calls of one step: scaler.unscale_ cannot go "
+                    "before it; unscale by hand after the last backward()",
+                    node,
+                )
+        if s.contains(statement, step.call):
+            raise Unconvertible(
+                f"line {line} reads .grad in the statement that steps the optimizer: call "
+                "scaler.unscale_(optimizer) before the read by hand",
+                node,
+            )
+        return statement
 
     # where the scaler lives ------------------------------------------------------------
 

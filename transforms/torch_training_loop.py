@@ -22,6 +22,7 @@ How a backend uses it (the native backend, `torch_native_amp`, is the worked exa
         unit.backwards            # BackwardCall: .call, .loss (receiver expression), .statement
         unit.steps                # StepCall: .receiver ("optimizer", "self.opt"), .has_closure
         unit.clips, unit.zero_grads
+        unit.grad_reads           # `p.grad` read in the iteration (needs unscaled gradients)
         unit.owner, unit.scope    # the loop (or function) and the function that holds it
         s.bindings_visible(unit.optimizers[0], unit.scope)   # where that optimizer is created
     s.unpaired_backwards          # backward() with no optimizer step found: report, never skip
@@ -113,6 +114,15 @@ class StepCall(CallSite):
 
 
 @dataclass
+class GradRead:
+    """`<tensor>.grad` read or modified by the script itself (`p.grad.data.clamp_(-1, 1)`)."""
+
+    node: cst.Attribute
+    statement: cst.CSTNode
+    scope: Scope
+
+
+@dataclass
 class TrainingUnit:
     """One training iteration: backward calls and the optimizer steps that consume their gradients."""
 
@@ -123,6 +133,8 @@ class TrainingUnit:
     steps: List[StepCall] = field(default_factory=list)
     clips: List[CallSite] = field(default_factory=list)
     zero_grads: List[CallSite] = field(default_factory=list)
+    #: `.grad` accesses inside the iteration; only those between a backward and a step matter
+    grad_reads: List[GradRead] = field(default_factory=list)
 
     @property
     def body(self) -> Block:
@@ -175,6 +187,8 @@ class TrainingStructure:
     other_steps: List[CallSite] = field(default_factory=list)
     zero_grads: List[CallSite] = field(default_factory=list)
     clips: List[CallSite] = field(default_factory=list)
+    #: every `<expr>.grad` attribute access
+    grad_reads: List[GradRead] = field(default_factory=list)
     units: List[TrainingUnit] = field(default_factory=list)
     #: backward calls that no unit holds (no optimizer step in any enclosing loop or function)
     unpaired_backwards: List[BackwardCall] = field(default_factory=list)
@@ -567,6 +581,8 @@ class _Collector(cst.CSTVisitor):
         self.structure.name_nodes.setdefault(node.value, []).append(node)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "grad" and self.imports.resolve(node) is None:
+            self.structure.grad_reads.append(GradRead(node, self._current_statement(node), self.scope))
         qualified = self.imports.resolve(node)
         if qualified and any(
             qualified == p or qualified.startswith(p + ".") for p in names.MIXED_PRECISION_PREFIXES
@@ -825,3 +841,9 @@ def _group_units(structure: TrainingStructure) -> None:
                 if unit is not None:
                     getattr(unit, attribute).append(site)
                     break
+    for read in structure.grad_reads:
+        for owner in _loop_body_owner(structure, read.node, read.scope):
+            unit = units.get(id(owner))
+            if unit is not None:
+                unit.grad_reads.append(read)
+                break
