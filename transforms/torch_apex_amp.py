@@ -201,6 +201,7 @@ class _ApexConversion:
         if not unit.steps:
             self._refuse(unit.backwards[0].call, "no optimizer step found for this backward()")
         setup = self._find_setup(unit)
+        self._check_models_reach_the_gpu(setup)
         anchor = self._initialize_anchor(unit, setup)
         self._plan_initialize(unit, setup, anchor)
         self._plan_parallel_wraps(setup, anchor)
@@ -236,6 +237,26 @@ class _ApexConversion:
         if any(scope is not scopes[0] for scope in scopes):
             self._refuse(unit.steps[0].call, "the optimizers of this loop are created in different functions")
         return _Setup(scopes[0], optimizers, models, statements, renames)
+
+    def _check_models_reach_the_gpu(self, setup: _Setup) -> None:
+        """amp.initialize raises on models whose parameters are not on a CUDA device. Refuse when
+        the models are built in this file and nothing in it moves anything to a device (a CPU
+        script, e.g. a small RL example): the converted script would crash at amp.initialize."""
+        s = self.s
+        if s.uses_cuda_method or s.to_device_arguments or s.device_bindings or s.parallel_wraps:
+            return
+        for model in setup.models:
+            built = [
+                b for b in s.bindings_visible(model, setup.scope)
+                if b.kind in ("assign", "attribute") and isinstance(b.value, cst.Call)
+            ]
+            if not built:
+                return  # the model comes from elsewhere (a parameter): it may be on the GPU already
+        self._refuse(
+            setup.construction_statements[0],
+            f"{self.amp}.initialize needs the models on a CUDA device, and this file never moves "
+            f"{', '.join(setup.models)} there (no .cuda() / .to(device)); move the model to the GPU, then rerun ampify",
+        )
 
     def _construction(self, name: str, scope: Scope, use: cst.CSTNode, depth: int) -> Tuple[Binding, str]:
         """The binding that creates optimizer `name` as seen from `scope`, following function
