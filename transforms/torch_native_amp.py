@@ -79,6 +79,8 @@ class _UnitPlan:
     reference: str  # how the unit's code refers to the scaler
     regions: List[Tuple[Block, int, int]]  # (block, first index, last index) to wrap in autocast
     update_after: Optional[cst.CSTNode] = None
+    #: steps in a branch that leaves the iteration (`continue`): scaler.update() after them too
+    early_exit_updates: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
     unscale_before: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
     home: Optional[_ScalerHome] = None
     #: functions that receive the scaler as a new parameter, with their in-file calls
@@ -310,6 +312,7 @@ class _NativeRewrite:
         if not self.scaling:
             return plan
         plan.update_after = self.planner.update_anchor(unit)
+        plan.early_exit_updates = list(self.planner.early_exit_updates.get(id(unit), []))
         plan.unscale_before = self.planner.unscale_points(unit)
         self._plan_scaler_home(plan)
         return plan
@@ -611,6 +614,17 @@ class _NativeRewrite:
             self._info("AMP203", f"{step.receiver}.step() now {reference}.step({step.receiver})", step.call)
         assert plan.update_after is not None
         self.edits.insert_after(plan.update_after, f"{reference}.update()")
+        for exit_statement, where in plan.early_exit_updates:
+            if where == "after":
+                self.edits.insert_after(exit_statement, f"{reference}.update()")
+            else:
+                self.edits.insert_before(exit_statement, f"{reference}.update()")
+            self._info(
+                "AMP203",
+                f"{reference}.update() also added {where} line {s.line(exit_statement)}: this branch leaves the "
+                "iteration after an optimizer step",
+                exit_statement,
+            )
         for clip_statement, receiver in plan.unscale_before:
             self.edits.insert_before(clip_statement, f"{reference}.unscale_({receiver})")
             self._info(

@@ -28,6 +28,9 @@ class StepPlanner:
     def __init__(self, structure: TrainingStructure, imports: ImportMap) -> None:
         self.structure = structure
         self.imports = imports
+        #: per unit (by id): (statement, "after"/"before") in early-exit branches where
+        #: scaler.update() also goes
+        self.early_exit_updates: Dict[int, List[Tuple[cst.CSTNode, str]]] = {}
 
     def autocast_regions(self, unit: TrainingUnit) -> List[Tuple[Block, int, int]]:
         """(block, first index, last index) runs of statements to put under autocast: for every
@@ -214,15 +217,62 @@ class StepPlanner:
                 raise Unconvertible("the optimizer steps run in an inner loop", steps[0].call)
         first = min(index_of(body, a) for a in anchors)
         last = max(index_of(body, a) for a in anchors)
+        self.early_exit_updates[id(unit)] = []
         for index in range(first, last + 1):
             jump = statements.find_jump(body[index])
-            if jump is not None:
+            if jump is None:
+                continue
+            exit_anchor = self._early_exit_anchor(body[index], unit, body[:index], anchors)
+            if exit_anchor is None:
                 raise Unconvertible(
                     "a continue/break/return between the optimizer steps could skip scaler.update(); "
                     "convert this step by hand",
                     jump,
                 )
+            self.early_exit_updates[id(unit)].append(exit_anchor)
         return body[last]
+
+    def _early_exit_anchor(
+        self, statement: cst.CSTNode, unit: TrainingUnit, earlier: Sequence[cst.CSTNode], anchors: Sequence[cst.CSTNode]
+    ) -> Optional[Tuple[cst.CSTNode, str]]:
+        """An `if` whose branch leaves the iteration (`continue`/`break`/`return` as its last
+        statement) after the iteration has stepped: where that path gets its own
+        `scaler.update()`. Two shapes are followed:
+        - the branch steps itself, then leaves (a warm-up phase:
+          `if warmup: loss.backward(); opt.step(); continue`): update after its last step;
+        - the branch only leaves, after unconditional steps earlier in the iteration (a critic
+          stepping every iteration, `if i % n_critic: continue`, then the generator): update
+          right before the jump.
+        None (refuse) for any other jump."""
+        s = self.structure
+        if not isinstance(statement, cst.If) or statement.orelse is not None:
+            return None
+        branch = statement.body
+        if not isinstance(branch, cst.IndentedBlock) or not branch.body:
+            return None
+        inner = list(branch.body)
+        last = inner[-1]
+        if not (
+            isinstance(last, cst.SimpleStatementLine)
+            and len(last.body) == 1
+            and isinstance(last.body[0], (cst.Continue, cst.Break, cst.Return))
+        ):
+            return None
+        if any(statements.find_jump(other) is not None for other in inner[:-1]):
+            return None
+        steps_inside = [st for st in unit.steps if s.contains(statement, st.call)]
+        if not steps_inside:
+            # every step before this `if` must have run exactly once on this path
+            stepped_before = [a for a in anchors if any(a is e for e in earlier)]
+            if not stepped_before or any(not isinstance(a, cst.SimpleStatementLine) for a in stepped_before):
+                return None
+            return last, "before"
+        holders = [s.statement_of(st.call) for st in steps_inside]
+        if any(holder is None or s.block_of(holder) is not branch for holder in holders):
+            return None  # a step nested deeper in the branch: its count per pass is unclear
+        if any(not isinstance(holder, cst.SimpleStatementLine) for holder in holders):
+            return None
+        return max(holders, key=lambda holder: index_of(inner, holder)), "after"
 
     # scaler.unscale_ before clipping ---------------------------------------------------
 
