@@ -33,6 +33,9 @@ from ampify.transforms.torch_training_loop import (
     TrainingUnit,
     Unconvertible,
     analyze_training,
+    concerns_torch,
+    may_train_without_torch_import,
+    training_without_torch_import,
 )
 
 #: hazards that make apex amp raise at run time: the file is not converted
@@ -80,12 +83,13 @@ class TorchApexAmp(Transform):
     description = "Add NVIDIA apex amp.initialize and amp.scale_loss to PyTorch training steps."
 
     def may_apply(self, source: bytes, options: Options) -> bool:
-        return options.backend == "apex" and b"torch" in source and (
-            b"backward" in source or b"step" in source
+        return options.backend == "apex" and (
+            (b"torch" in source and (b"backward" in source or b"step" in source))
+            or may_train_without_torch_import(source)
         )
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
-        return options.backend == "apex" and (imports.uses("torch") or imports.uses("apex"))
+        return options.backend == "apex" and (imports.uses("apex") or concerns_torch(imports))
 
     def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
         structure = analyze_training(module, imports)
@@ -132,6 +136,17 @@ class _ApexConversion:
 
     def run(self) -> TransformResult:
         s = self.s
+        if not (s.imports.uses("torch") or s.imports.uses("apex")):
+            backward = training_without_torch_import(s)
+            if backward is None:
+                return self._result(Verdict.NOT_APPLICABLE, "does not import torch")
+            self._warn(
+                "AMP317", backward,
+                "this file trains (backward() and an optimizer step) but never imports torch by name (the "
+                "model and optimizer come from elsewhere, or torch through `from ... import *`); nothing "
+                "converted: add `import torch` to this file and rerun ampify, or convert by hand",
+            )
+            return self._result(Verdict.UNCONVERTED, "trains without importing torch; see the warning")
         if s.mixed_precision_uses:
             used = dotted_name(s.mixed_precision_uses[0]) or "torch.amp / apex amp"
             return self._result(Verdict.ALREADY_MIXED_PRECISION, f"already uses {used}")

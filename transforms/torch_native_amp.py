@@ -37,6 +37,9 @@ from ampify.transforms.torch_training_loop import (
     TrainingStructure,
     TrainingUnit,
     analyze_training,
+    concerns_torch,
+    may_train_without_torch_import,
+    training_without_torch_import,
 )
 
 #: finding codes of this transform, and what each means
@@ -94,10 +97,10 @@ class TorchNativeAmp(Transform):
     description = "Add torch.autocast and torch.amp.GradScaler to PyTorch training steps."
 
     def may_apply(self, source: bytes, options: Options) -> bool:
-        return options.backend == "native" and b"torch" in source
+        return options.backend == "native" and (b"torch" in source or may_train_without_torch_import(source))
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
-        return options.backend == "native" and imports.uses("torch")
+        return options.backend == "native" and concerns_torch(imports)
 
     def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
         try:
@@ -134,6 +137,8 @@ class _NativeRewrite:
         s = self.structure = analyze_training(self.module, self.imports)
         self.planner = StepPlanner(s, self.imports)
         self.module = s.module
+        if not self.imports.uses("torch"):
+            return self._without_torch_import()
         if s.mixed_precision_uses:
             return self._result(Verdict.ALREADY_MIXED_PRECISION, "already uses torch.amp / torch.cuda.amp / apex amp")
         if s.loop_owning_framework:
@@ -191,6 +196,21 @@ class _NativeRewrite:
         if self.torch_import_needed:
             new_module = _add_import_torch(new_module)
         return self._result(Verdict.CONVERTED, "", new_module)
+
+    def _without_torch_import(self) -> TransformResult:
+        """The file does not import torch: report training code, never rewrite it (ampify cannot
+        tell which names are torch's)."""
+        backward = training_without_torch_import(self.structure)
+        if backward is None:
+            return self._result(Verdict.NOT_APPLICABLE, "does not import torch")
+        self._warn(
+            "AMP215",
+            "this file trains (backward() and an optimizer step) but never imports torch by name (the "
+            "model and optimizer come from elsewhere, or torch through `from ... import *`); nothing "
+            "converted: add `import torch` to this file and rerun ampify, or convert by hand",
+            backward,
+        )
+        return self._result(Verdict.UNCONVERTED, "trains without importing torch; see the warning")
 
     def _result(self, verdict: Verdict, reason: str, module: Optional[cst.Module] = None) -> TransformResult:
         findings = sorted(self.findings, key=lambda f: (f.line, f.column, f.code))

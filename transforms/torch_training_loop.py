@@ -847,3 +847,30 @@ def _group_units(structure: TrainingStructure) -> None:
             if unit is not None:
                 unit.grad_reads.append(read)
                 break
+
+
+# ---- files that train without importing torch ------------------------------------------------
+
+#: other frameworks whose files may also call `.backward()` / `.step()`: never treated as torch
+OTHER_TRAINING_FRAMEWORKS = ("tensorflow", "keras", "mxnet", "chainer", "jax", "paddle", "mindspore", "oneflow")
+
+
+def may_train_without_torch_import(source: bytes) -> bool:
+    """Byte test: a file that never names torch but calls `.backward(` (a trainer module that
+    only receives the model and optimizer, or torch reached through a star import)."""
+    return b".backward(" in source
+
+
+def concerns_torch(imports: ImportMap) -> bool:
+    """A PyTorch transform looks at a file that imports torch, or that imports no other
+    framework (it may train with objects made elsewhere)."""
+    return imports.uses("torch") or not any(imports.uses(name) for name in OTHER_TRAINING_FRAMEWORKS)
+
+
+def training_without_torch_import(structure: TrainingStructure) -> Optional[cst.CSTNode]:
+    """In a file that does not import torch: the first backward() of a training unit (a
+    backward() paired with an optimizer step), else None (nothing that trains)."""
+    for unit in structure.units:
+        if unit.backwards and unit.steps:
+            return unit.backwards[0].call
+    return None
