@@ -46,6 +46,11 @@ _BLOCKING_HAZARDS = {
         "compute the loss with nn.BCEWithLogitsLoss / F.binary_cross_entropy_with_logits on logits, "
         "then run ampify again",
     ),
+    "fsdp": (
+        "AMP317",
+        "{detail}: apex amp does not support FullyShardedDataParallel; this file is left unconverted "
+        "(use the native backend, e.g. --dtype bfloat16, or FSDP's MixedPrecision policy)",
+    ),
     "closure": (
         "AMP311",
         "{detail}.step(closure): apex amp does not support optimizer closures (LBFGS and friends); "

@@ -58,6 +58,15 @@ PARALLEL_WRAPPERS = (
     "torch.nn.parallel.distributed.DistributedDataParallel",
 )
 
+#: FullyShardedDataParallel wrappers: float16 loss scaling then needs ShardedGradScaler (a plain
+#: GradScaler does not agree on inf/NaN across ranks) and apex amp does not support them
+FSDP_WRAPPERS = (
+    "torch.distributed.fsdp.FullyShardedDataParallel",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+    "torch.distributed.fsdp.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard",
+)
+
 #: binary cross entropy on probabilities: CUDA autocast raises on these
 BCE_LOSS_CLASSES = ("torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss")
 BCE_FUNCTIONS = ("torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy")
@@ -72,6 +81,13 @@ MIXED_PRECISION_PREFIXES = (
     "torch.xpu.amp",
     "apex.amp",
     "apex.fp16_utils",
+    # FSDP's own mixed precision policies (parameters, reductions and buffers in low precision)
+    "torch.distributed.fsdp.MixedPrecision",
+    "torch.distributed.fsdp.MixedPrecisionPolicy",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.MixedPrecision",
+    "torch.distributed.fsdp.api.MixedPrecision",
+    "torch.distributed._composable.fsdp.MixedPrecisionPolicy",
+    "torch.distributed.fsdp.sharded_grad_scaler",
 )
 
 #: frameworks that own the training loop and their own mixed precision switch

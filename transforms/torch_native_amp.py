@@ -291,6 +291,15 @@ class _NativeRewrite:
                     "and rerun ampify; the training steps of this file were left unconverted",
                     hazard.node,
                 )
+            elif hazard.kind == "fsdp" and self.scaling and has_training:
+                self._warn(
+                    "AMP215",
+                    "the model is wrapped in FullyShardedDataParallel: float16 loss scaling needs "
+                    "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler (a plain GradScaler lets ranks "
+                    "disagree on skipped steps); this file was left unconverted: use --dtype bfloat16, or FSDP's "
+                    "MixedPrecision policy with a ShardedGradScaler by hand",
+                    hazard.node,
+                )
             elif hazard.kind == "autograd_backward":
                 self._warn(
                     "AMP215",
@@ -303,7 +312,7 @@ class _NativeRewrite:
         kinds = {h.kind for h in self.structure.hazards}
         if "bce" in kinds or "manual_half" in kinds:
             return True
-        if self.scaling and ("create_graph" in kinds or "masked_fill" in kinds):
+        if self.scaling and ("create_graph" in kinds or "masked_fill" in kinds or "fsdp" in kinds):
             return True
         return False
 

@@ -169,6 +169,7 @@ HAZARD_KINDS = {
     "masked_fill": "masked_fill with a constant beyond the float16 range",
     "wrapper_class": "a class with its own step() that steps an inner optimizer",
     "autograd_backward": "torch.autograd.backward(...), which the rewrite does not follow",
+    "fsdp": "a FullyShardedDataParallel wrap (float16 needs ShardedGradScaler; apex does not support FSDP)",
     "manual_half": "a manual cast to float16/bfloat16 (.half(), .to(torch.float16)), i.e. hand-made half precision",
 }
 
@@ -668,6 +669,9 @@ class _Collector(cst.CSTVisitor):
             return
         if qualified in names.PARALLEL_WRAPPERS:
             structure.parallel_wraps.append(site)
+            return
+        if qualified in names.FSDP_WRAPPERS:
+            structure.hazards.append(Hazard("fsdp", node, qualified))
             return
         if qualified in names.BCE_LOSS_CLASSES or qualified in names.BCE_FUNCTIONS:
             structure.hazards.append(Hazard("bce", node, qualified))
