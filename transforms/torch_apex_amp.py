@@ -36,6 +36,7 @@ from ampify.transforms.torch_training_loop import (
     concerns_torch,
     may_train_without_torch_import,
     training_without_torch_import,
+    units_outside_mixed_precision,
 )
 
 #: hazards that make apex amp raise at run time: the file is not converted
@@ -153,6 +154,16 @@ class _ApexConversion:
             )
             return self._result(Verdict.UNCONVERTED, "trains without importing torch; see the warning")
         if s.mixed_precision_uses:
+            outside = units_outside_mixed_precision(s)
+            for unit, use in outside:
+                self._warn(
+                    "AMP317", unit.backwards[0].call,
+                    f"this file uses mixed precision (line {s.line(use)}) but not around this training step: "
+                    "it may still train in float32; nothing converted because the file already uses torch.amp / "
+                    "apex amp: convert this step by hand",
+                )
+            if outside:
+                return self._result(Verdict.UNCONVERTED, "mixed precision is used, but not around the training step")
             used = dotted_name(s.mixed_precision_uses[0]) or "torch.amp / apex amp"
             return self._result(Verdict.ALREADY_MIXED_PRECISION, f"already uses {used}")
         if s.loop_owning_framework:

@@ -40,6 +40,7 @@ from ampify.transforms.torch_training_loop import (
     concerns_torch,
     may_train_without_torch_import,
     training_without_torch_import,
+    units_outside_mixed_precision,
 )
 
 #: finding codes of this transform, and what each means
@@ -140,6 +141,17 @@ class _NativeRewrite:
         if not self.imports.uses("torch"):
             return self._without_torch_import()
         if s.mixed_precision_uses:
+            outside = units_outside_mixed_precision(s)
+            for unit, use in outside:
+                self._warn(
+                    "AMP215",
+                    f"this file uses mixed precision (line {s.line(use)}) but not around this training step: "
+                    "its forward pass may still run in float32; nothing converted because the file already "
+                    "uses torch.amp: put the training step under torch.autocast (and GradScaler) by hand",
+                    unit.backwards[0].call,
+                )
+            if outside:
+                return self._result(Verdict.UNCONVERTED, "mixed precision is used, but not around the training step")
             return self._result(Verdict.ALREADY_MIXED_PRECISION, "already uses torch.amp / torch.cuda.amp / apex amp")
         if s.loop_owning_framework:
             return self._result(Verdict.NOT_APPLICABLE, names.LOOP_OWNING_FRAMEWORKS[s.loop_owning_framework])

@@ -878,3 +878,53 @@ def training_without_torch_import(structure: TrainingStructure) -> Optional[cst.
         if unit.backwards and unit.steps:
             return unit.backwards[0].call
     return None
+
+
+# ---- mixed precision used, but not around the training step --------------------------------
+
+#: parts of a mixed precision API that only training code uses: the file trains in mixed precision
+_TRAINING_MIXED_PRECISION_WORDS = ("GradScaler", "scale_loss", "initialize", "grad_scaler", "MixedPrecision", "fp16_utils")
+
+
+def units_outside_mixed_precision(structure: TrainingStructure) -> List[Tuple[TrainingUnit, cst.CSTNode]]:
+    """Training units that no mixed precision use of the file reaches (autocast only in an
+    evaluation function, say), each with one such use to point at. Empty when a loss-scaling API
+    is used (the file trains in mixed precision), when a use sits at module level, in the unit's
+    function, class or an enclosing function, in a function the unit calls, or on a `forward`."""
+    uses = [u for u in structure.mixed_precision_uses if structure.parent(u) is not None]
+    if not uses:
+        return []
+    for use in uses:
+        target = use.func if isinstance(use, cst.Call) else use
+        qualified = structure.imports.resolve(target) or dotted_name(target) or ""
+        if any(word in qualified for word in _TRAINING_MIXED_PRECISION_WORDS):
+            return []
+    outside: List[Tuple[TrainingUnit, cst.CSTNode]] = []
+    for unit in structure.units:
+        called = _names_called_in(unit.owner)
+        covered = False
+        for use in uses:
+            scope = structure.scope_of(use)
+            if scope is structure.module or any(a is scope for a in structure.enclosing_scopes(unit.scope)):
+                covered = True
+            elif isinstance(scope, cst.FunctionDef) and (
+                scope.name.value in called or scope.name.value == "forward"
+                or (unit.klass is not None and structure.class_of(scope) is unit.klass)
+            ):
+                covered = True
+            if covered:
+                break
+        if not covered:
+            outside.append((unit, uses[0]))
+    return outside
+
+
+def _names_called_in(node: cst.CSTNode) -> Set[str]:
+    """Function names called inside node: `f(...)`, `self.f(...)`, `obj.f(...)`."""
+    found: Set[str] = set()
+    for call in _calls_in(node):
+        if isinstance(call.func, cst.Name):
+            found.add(call.func.value)
+        elif isinstance(call.func, cst.Attribute):
+            found.add(call.func.attr.value)
+    return found
