@@ -38,6 +38,8 @@ EXPECTED_CALLS = {
     # 6 batches: 2 warm-up steps that `continue` (their own update) + 4 full steps
     "warmup_and_grad_clamp": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
     # 6 iterations: 6 critic steps, 3 generator steps, one update per iteration (3 before `continue`)
+    # 4 iterations; the masked write of target values is cast back to float32
+    "dqn_target_values": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
     "critic_every_step_generator_every_other": {"step": 9, "update": 6, "scale": 9, "load_state_dict": 0},
 }
 

@@ -72,6 +72,17 @@ BCE_LOSS_CLASSES = ("torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss")
 BCE_FUNCTIONS = ("torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy")
 SIGMOID_MODULES = ("torch.nn.Sigmoid", "torch.nn.modules.activation.Sigmoid")
 
+#: constructors of a fresh float32 tensor: an index assignment into one from inside an autocast
+#: region (`values[mask] = net(x)`) gets a float16 value and raises (index_put needs equal dtypes)
+TENSOR_FACTORIES = {
+    "torch.zeros", "torch.ones", "torch.empty", "torch.full", "torch.zeros_like", "torch.ones_like",
+    "torch.empty_like", "torch.full_like", "torch.rand", "torch.randn", "torch.tensor", "torch.Tensor",
+    "torch.FloatTensor", "torch.cuda.FloatTensor",
+}
+
+#: methods/builtins whose result is a Python value, not a tensor: never cast with `.to(dtype)`
+PYTHON_VALUE_CALLS = {"item", "tolist", "numpy", "size", "dim", "len", "float", "int", "bool", "str", "sum", "max", "min"}
+
 #: anything under these means the file already trains in mixed precision
 MIXED_PRECISION_PREFIXES = (
     "torch.autocast",
