@@ -23,6 +23,7 @@ from ampify.transforms import torch_names as names
 from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms.imports import ImportMap, dotted_name
 from ampify.transforms.torch_edits import StatementEdits, apply_edits
+from ampify.transforms.torch_step_plan import StepPlanner
 from ampify.transforms.torch_training_loop import (
     BackwardCall,
     Binding,
@@ -237,6 +238,7 @@ class _ApexConversion:
         self._plan_initialize(unit, setup, anchor)
         self._plan_parallel_wraps(setup, anchor)
         self._plan_backwards(unit)
+        self._plan_index_assignment_casts(unit)
         self._plan_clipping(unit)
         self._plan_checkpoints(setup, anchor)
 
@@ -268,6 +270,18 @@ class _ApexConversion:
         if any(scope is not scopes[0] for scope in scopes):
             self._refuse(unit.steps[0].call, "the optimizers of this loop are created in different functions")
         return _Setup(scopes[0], optimizers, models, statements, renames)
+
+    def _plan_index_assignment_casts(self, unit: TrainingUnit) -> None:
+        """Under O1 model outputs are float16: `values[mask] = net(x)` into a float32 tensor
+        raises, so the value is cast to the tensor's dtype (a no-op in float32)."""
+        planner = StepPlanner(self.s, self.s.imports)
+        for node, target in planner.index_assignments_to_cast(unit.owner, unit.scope):
+            self.plan.cast_assigned_value(node, f"{target}.dtype")
+            self._note(
+                "AMP302", node,
+                f"the value assigned into {target}[...] is cast to {target}.dtype: apex O1 makes it float16, and "
+                "index assignment into a float32 tensor needs equal dtypes",
+            )
 
     def _check_models_reach_the_gpu(self, setup: _Setup) -> None:
         """amp.initialize raises on models whose parameters are not on a CUDA device. Refuse when

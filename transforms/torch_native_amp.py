@@ -691,32 +691,13 @@ class _NativeRewrite:
             )
 
     def _cast_index_assignments(self, statement: cst.CSTNode, unit: TrainingUnit) -> None:
-        """`values[mask] = net(x)...` into a float32 tensor made by torch.zeros(...) & co: under
-        autocast the right side is float16 and index assignment raises on the dtype mismatch
-        (the PyTorch DQN tutorial's target values). Cast it to the tensor's own dtype, a no-op
-        in float32."""
-        s = self.structure
-        for node in statements.nodes_of_type(statement, cst.Assign):
-            if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Subscript):
-                continue
-            root = node.targets[0].target.value
-            if not isinstance(root, cst.Name):
-                continue
-            bindings = s.bindings_visible(root.value, unit.scope)
-            if not bindings or not all(b.qualified_call in names.TENSOR_FACTORIES for b in bindings):
-                continue
-            value = node.value
-            outer = value.func if isinstance(value, cst.Call) else None
-            outer_name = (
-                outer.attr.value if isinstance(outer, cst.Attribute)
-                else outer.value if isinstance(outer, cst.Name) else None
-            )
-            if outer_name in names.PYTHON_VALUE_CALLS or not self.planner._calls_model(value):
-                continue
-            self.edits.cast_assigned_value(node, f"{root.value}.dtype")
+        """Index assignments of a model output into a float32 tensor, cast back to its dtype
+        (see StepPlanner.index_assignments_to_cast)."""
+        for node, target in self.planner.index_assignments_to_cast(statement, unit.scope):
+            self.edits.cast_assigned_value(node, f"{target}.dtype")
             self._info(
                 "AMP201",
-                f"the value assigned into {root.value}[...] is cast to {root.value}.dtype: under autocast it is "
+                f"the value assigned into {target}[...] is cast to {target}.dtype: under autocast it is "
                 f"{self.options.dtype}, and index assignment into a float32 tensor needs equal dtypes",
                 node,
             )

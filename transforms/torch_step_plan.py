@@ -97,6 +97,34 @@ class StepPlanner:
                 regions.append((block, start, end))
         return regions
 
+    def index_assignments_to_cast(self, node: cst.CSTNode, scope) -> List[Tuple[cst.Assign, str]]:
+        """(assignment, target tensor name) for `values[mask] = net(x)...` inside node, where
+        `values` is made by torch.zeros(...) & co: under autocast (or apex O1) the right side is
+        float16 and index assignment into the float32 tensor raises (index_put needs equal dtypes;
+        the PyTorch DQN tutorial's target values). Casting the value to `values.dtype` fixes it
+        and is a no-op in float32. Python values (`.item()`) and non-tensor targets are skipped."""
+        s = self.structure
+        found: List[Tuple[cst.Assign, str]] = []
+        for assign in statements.nodes_of_type(node, cst.Assign):
+            if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Subscript):
+                continue
+            root = assign.targets[0].target.value
+            if not isinstance(root, cst.Name):
+                continue
+            bindings = s.bindings_visible(root.value, scope)
+            if not bindings or not all(b.qualified_call in names.TENSOR_FACTORIES for b in bindings):
+                continue
+            value = assign.value
+            outer = value.func if isinstance(value, cst.Call) else None
+            outer_name = (
+                outer.attr.value if isinstance(outer, cst.Attribute)
+                else outer.value if isinstance(outer, cst.Name) else None
+            )
+            if outer_name in names.PYTHON_VALUE_CALLS or not self._calls_model(value):
+                continue
+            found.append((assign, root.value))
+        return found
+
     def _calls_model(self, statement: cst.CSTNode) -> bool:
         """Does the statement call something other than imported functions, tensor methods and
         builtins: a model, a loss module, a helper that runs them?"""
