@@ -72,6 +72,12 @@ BCE_LOSS_CLASSES = ("torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss")
 BCE_FUNCTIONS = ("torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy")
 SIGMOID_MODULES = ("torch.nn.Sigmoid", "torch.nn.modules.activation.Sigmoid")
 
+#: names with "grad" in them that do not read gradients (no scaler.unscale_ before them)
+NOT_GRADIENT_HELPERS = {
+    "zero_grad", "no_grad", "enable_grad", "set_grad_enabled", "requires_grad_", "requires_grad",
+    "set_requires_grad", "backward", "step", "inference_mode",
+}
+
 #: constructors of a fresh float32 tensor: an index assignment into one from inside an autocast
 #: region (`values[mask] = net(x)`) gets a float16 value and raises (index_put needs equal dtypes)
 TENSOR_FACTORIES = {

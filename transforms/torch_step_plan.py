@@ -316,6 +316,7 @@ class StepPlanner:
             (self._where(clip.call), "clip", clip.call) for clip in unit.clips
         ]
         needs += [(self._where(read.node), "grad", read.node) for read in self._grad_reads_before_step(unit)]
+        needs += [(self._where(call), "clip", call) for call in self._gradient_helper_calls(unit)]
         for where, kind, node in sorted(needs, key=lambda item: item[0]):
             following = [st for st in steps if self._where(st.call) > where]
             if not following:
@@ -337,10 +338,13 @@ class StepPlanner:
             else:
                 statement = self._grad_read_statement(unit, node, step_block, step)
             if step.receiver in unscaled:
-                if s.block_of(unscaled[step.receiver]) is not s.block_of(statement):
-                    raise Unconvertible(
-                        "gradients of one optimizer are clipped or read in different branches", node
-                    )
+                earlier = unscaled[step.receiver]
+                if s.block_of(earlier) is not s.block_of(statement):
+                    # e.g. `if clip: clip_gradients(...)` then `log_grad_norm(...)`: one unscale_
+                    # before the step-level statement that holds the first of them
+                    hoisted = self._grad_read_statement(unit, earlier, step_block, step)
+                    planned = [(hoisted if st is earlier else st, r) for st, r in planned]
+                    unscaled[step.receiver] = hoisted
                 continue
             unscaled[step.receiver] = statement
             planned.append((statement, step.receiver))
@@ -349,6 +353,35 @@ class StepPlanner:
     def _where(self, node: cst.CSTNode) -> Tuple[int, int]:
         position = self.structure.position(node)
         return position.line, position.column
+
+    def _gradient_helper_calls(self, unit: TrainingUnit) -> List[cst.Call]:
+        """Calls of the script's own helpers that look at gradients (`clip_gradients(model, c)`,
+        `utils.get_grad_norm(...)`, `average_gradients(model)`) after the iteration's first
+        backward() and before its last step(): they get `scaler.unscale_` before them like
+        clipping (unscaling early is harmless; reading scaled gradients is not)."""
+        if not unit.backwards or not unit.steps:
+            return []
+        first_backward = min(self._where(b.call) for b in unit.backwards)
+        last_step = max(self._where(st.call) for st in unit.steps)
+        known = {id(site.call) for site in unit.clips}
+        found: List[cst.Call] = []
+        for call in statements.calls_within(unit.body):
+            if id(call) in known or not first_backward < self._where(call) < last_step:
+                continue
+            if (self.imports.resolve(call.func) or "").startswith("torch."):
+                continue
+            if isinstance(call.func, cst.Attribute):
+                called = call.func.attr.value
+            elif isinstance(call.func, cst.Name):
+                called = call.func.value
+            else:
+                continue
+            lowered = called.lower()
+            if lowered in names.NOT_GRADIENT_HELPERS:
+                continue
+            if "clip" in lowered or "grad" in lowered:
+                found.append(call)
+        return found
 
     def _grad_reads_before_step(self, unit: TrainingUnit):
         """`.grad` accesses after the iteration's first backward() and before its last step():

@@ -888,7 +888,7 @@ _TRAINING_MIXED_PRECISION_WORDS = ("GradScaler", "scale_loss", "initialize", "gr
 
 def units_outside_mixed_precision(structure: TrainingStructure) -> List[Tuple[TrainingUnit, cst.CSTNode]]:
     """Training units that no mixed precision use of the file reaches (autocast only in an
-    evaluation function, say), each with one such use to point at. Empty when a loss-scaling API
+    evaluation function, say), each with one such use to point at, when no unit at all is reached. Empty when a loss-scaling API
     is used (the file trains in mixed precision), when a use sits at module level, in the unit's
     function, class or an enclosing function, in a function the unit calls, or on a `forward`."""
     uses = [u for u in structure.mixed_precision_uses if structure.parent(u) is not None]
@@ -916,6 +916,10 @@ def units_outside_mixed_precision(structure: TrainingStructure) -> List[Tuple[Tr
                 break
         if not covered:
             outside.append((unit, uses[0]))
+    if len(outside) < len(structure.units):
+        # some training step is under mixed precision: the file was converted on purpose (a step
+        # ampify refused then was reported then); only a file with none at all is suspicious
+        return []
     return outside
 
 
