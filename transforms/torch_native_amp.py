@@ -638,6 +638,8 @@ class _NativeRewrite:
             self.edits.wrap(body[start], body[end], header)
             for index in range(start, end + 1):
                 self._cast_index_assignments(body[index], unit)
+                if self.scaling:
+                    self._warn_penalty_helpers(body[index])
             first_line, last_line = s.line(first), s.line(body[end])
             lines = f"line {first_line}" if first_line == last_line else f"lines {first_line}-{last_line}"
             self._info(
@@ -689,6 +691,22 @@ class _NativeRewrite:
                 f"'{self.scaler_name}'; its {len(plan.threaded_calls)} call(s) in this file pass it",
                 plan.threaded_function,
             )
+
+    def _warn_penalty_helpers(self, statement: cst.CSTNode) -> None:
+        """A helper named like a gradient penalty (`compute_gradient_penalty(D, real, fake)`),
+        defined elsewhere: if it calls torch.autograd.grad(create_graph=True), float16 loss
+        scaling needs it to scale its outputs by hand, which ampify cannot see from here."""
+        for call in statements.calls_within(statement):
+            func = call.func
+            called = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+            if "penalty" in called.lower():
+                self._warn(
+                    "AMP212",
+                    f"{called}() looks like a gradient penalty computed elsewhere: if it uses "
+                    "torch.autograd.grad(..., create_graph=True), compute it from scaler.scale(outputs) and divide "
+                    "the gradients by scaler.get_scale() (PyTorch AMP examples), or use --dtype bfloat16",
+                    call,
+                )
 
     def _cast_index_assignments(self, statement: cst.CSTNode, unit: TrainingUnit) -> None:
         """Index assignments of a model output into a float32 tensor, cast back to its dtype

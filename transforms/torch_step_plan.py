@@ -377,10 +377,13 @@ class StepPlanner:
             else:
                 continue
             lowered = called.lower()
-            if lowered in names.NOT_GRADIENT_HELPERS:
+            if lowered in names.NOT_GRADIENT_HELPERS or not ("clip" in lowered or "grad" in lowered):
                 continue
-            if "clip" in lowered or "grad" in lowered:
-                found.append(call)
+            where = self._where(call)
+            next_step = min((self._where(st.call) for st in unit.steps if self._where(st.call) > where), default=None)
+            if next_step is None or any(where < self._where(b.call) < next_step for b in unit.backwards):
+                continue  # a backward() follows before the step (a gradient penalty, say): not a gradient reader
+            found.append(call)
         return found
 
     def _grad_reads_before_step(self, unit: TrainingUnit):
