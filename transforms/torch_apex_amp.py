@@ -126,6 +126,11 @@ class _ApexConversion:
         self.amp = "amp" if "amp" not in structure.all_names else structure.fresh_name("apex_amp")
         self.scaled_loss_name = structure.fresh_name("scaled_loss", "scaled")
         self.parse_config = structure.module.config_for_parsing
+        #: (training unit, setup scope) whose amp.initialize is planned: apex allows one call per
+        #: process, so a second unit set up in the same scope is refused (other classes/functions
+        #: are usually alternative trainers and keep their own)
+        self.initialize_planned: Optional[Tuple[TrainingUnit, Scope]] = None
+        self._last_setup_scope: Optional[Scope] = None
 
     # ---- findings -----------------------------------------------------------------------
 
@@ -189,6 +194,7 @@ class _ApexConversion:
             try:
                 self._convert_unit(unit)
                 converted_units += 1
+                self.initialize_planned = (unit, self._last_setup_scope)
             except Unconvertible as refusal:
                 self.plan = attempt  # drop the half-planned edits of a refused unit
                 del self.findings[findings_before:]
@@ -233,7 +239,16 @@ class _ApexConversion:
         if not unit.steps:
             self._refuse(unit.backwards[0].call, "no optimizer step found for this backward()")
         setup = self._find_setup(unit)
+        if self.initialize_planned is not None and self.initialize_planned[1] is setup.scope:
+            self._refuse(
+                unit.backwards[0].call,
+                f"apex allows one {self.amp}.initialize per process and the training loop at line "
+                f"{self.s.line(self.initialize_planned[0].backwards[0].call)} already gets one from the same setup; "
+                f"pass every model and optimizer of both loops to a single {self.amp}.initialize(..., num_losses=N) "
+                "by hand",
+            )
         self._check_models_reach_the_gpu(setup)
+        self._last_setup_scope = setup.scope
         anchor = self._initialize_anchor(unit, setup)
         self._plan_initialize(unit, setup, anchor)
         self._plan_parallel_wraps(setup, anchor)
