@@ -64,6 +64,13 @@ class StepPlanner:
             self._check_outer_forward(path[level + 1:], needed, by_block, backward)
             planned = by_block.get(id(block), (block, []))[1]
             if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
+                # an earlier region that starts after it with no backward()/step() in between
+                # (WGAN: `fake = G(z)` right before the real-batch forward and backward) grows to hold it
+                for k, (a, b) in enumerate(planned):
+                    if before_barrier < a and not any(id(body[i]) in barriers for i in range(before_barrier, a)):
+                        planned[k] = (before_barrier, b)
+                        break
+            if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
                 raise Unconvertible(
                     f"part of the forward pass for this loss (line {s.line(body[before_barrier])}) runs before "
                     "an earlier backward()/step(), outside any autocast region: put torch.autocast "
