@@ -53,6 +53,12 @@ _BLOCKING_HAZARDS = {
         "{detail}: apex amp does not support FullyShardedDataParallel; this file is left unconverted "
         "(use the native backend, e.g. --dtype bfloat16, or FSDP's MixedPrecision policy)",
     ),
+    "manual_half": (
+        "AMP317",
+        "{detail}: this script casts to half precision by hand; amp.initialize raises on float16 model "
+        "parameters (it expects float32 models and does the casting itself): remove the manual casts and run "
+        "ampify again; this file is left unconverted",
+    ),
     "closure": (
         "AMP311",
         "{detail}.step(closure): apex amp does not support optimizer closures (LBFGS and friends); "
