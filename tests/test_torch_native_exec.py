@@ -35,6 +35,12 @@ EXPECTED_CALLS = {
     "grad_accumulation": {"step": 3, "update": 3, "scale": 6, "load_state_dict": 0},
     # 8 train_step() calls, one save (state_dict) and one load of self.scaler
     "trainer_class": {"step": 8, "update": 8, "scale": 8, "load_state_dict": 1, "state_dict": 1},
+    # 6 batches: 2 warm-up steps that `continue` (their own update) + 4 full steps
+    "warmup_and_grad_clamp": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
+    # 6 iterations: 6 critic steps, 3 generator steps, one update per iteration (3 before `continue`)
+    # 4 iterations; the masked write of target values is cast back to float32
+    "dqn_target_values": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
+    "critic_every_step_generator_every_other": {"step": 9, "update": 6, "scale": 9, "load_state_dict": 0},
 }
 
 
@@ -84,3 +90,17 @@ def test_clipping_sees_unscaled_gradients(name, tmp_path):
     assert fp32.clip_norms and len(fp16.clip_norms) == len(fp32.clip_norms)
     for mixed, full in zip(fp16.clip_norms, fp32.clip_norms):
         assert math.isfinite(mixed) and mixed < 10 * full + 1, (fp16.clip_norms, fp32.clip_norms)
+
+
+def test_hand_made_gradient_clamp_sees_unscaled_gradients(tmp_path):
+    """`p.grad.data.clamp_(-1, 1)` between backward() and step(): scaler.unscale_ goes before
+    it, so the script reads gradients of fp32 size, not 65536 times larger."""
+    fp32 = run_script(str(SCRIPTS / "warmup_and_grad_clamp.py"))
+    fp16 = run_script(str(_convert("warmup_and_grad_clamp", "float16", tmp_path)))
+    full, mixed = fp32.script_globals["GRAD_MAX"], fp16.script_globals["GRAD_MAX"]
+    assert full and len(mixed) == len(full)
+    # an overflowing first scale gives inf (GradScaler then skips that step): not a scaled value
+    finite = [(m, f) for m, f in zip(mixed, full) if math.isfinite(m)]
+    assert len(finite) >= len(full) - 1, (mixed, full)
+    for m, f in finite:
+        assert m < 10 * f + 1, (mixed, full)

@@ -23,6 +23,7 @@ from ampify.transforms import torch_names as names
 from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms.imports import ImportMap, dotted_name
 from ampify.transforms.torch_edits import StatementEdits, apply_edits
+from ampify.transforms.torch_step_plan import StepPlanner
 from ampify.transforms.torch_training_loop import (
     BackwardCall,
     Binding,
@@ -33,6 +34,10 @@ from ampify.transforms.torch_training_loop import (
     TrainingUnit,
     Unconvertible,
     analyze_training,
+    concerns_torch,
+    may_train_without_torch_import,
+    training_without_torch_import,
+    units_outside_mixed_precision,
 )
 
 #: hazards that make apex amp raise at run time: the file is not converted
@@ -42,6 +47,17 @@ _BLOCKING_HAZARDS = {
         "{detail} under apex amp raises at run time (apex bans binary_cross_entropy on fp16 inputs); "
         "compute the loss with nn.BCEWithLogitsLoss / F.binary_cross_entropy_with_logits on logits, "
         "then run ampify again",
+    ),
+    "fsdp": (
+        "AMP317",
+        "{detail}: apex amp does not support FullyShardedDataParallel; this file is left unconverted "
+        "(use the native backend, e.g. --dtype bfloat16, or FSDP's MixedPrecision policy)",
+    ),
+    "manual_half": (
+        "AMP317",
+        "{detail}: this script casts to half precision by hand; amp.initialize raises on float16 model "
+        "parameters (it expects float32 models and does the casting itself): remove the manual casts and run "
+        "ampify again; this file is left unconverted",
     ),
     "closure": (
         "AMP311",
@@ -80,12 +96,13 @@ class TorchApexAmp(Transform):
     description = "Add NVIDIA apex amp.initialize and amp.scale_loss to PyTorch training steps."
 
     def may_apply(self, source: bytes, options: Options) -> bool:
-        return options.backend == "apex" and b"torch" in source and (
-            b"backward" in source or b"step" in source
+        return options.backend == "apex" and (
+            (b"torch" in source and (b"backward" in source or b"step" in source))
+            or may_train_without_torch_import(source)
         )
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
-        return options.backend == "apex" and (imports.uses("torch") or imports.uses("apex"))
+        return options.backend == "apex" and (imports.uses("apex") or concerns_torch(imports))
 
     def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
         structure = analyze_training(module, imports)
@@ -115,6 +132,11 @@ class _ApexConversion:
         self.amp = "amp" if "amp" not in structure.all_names else structure.fresh_name("apex_amp")
         self.scaled_loss_name = structure.fresh_name("scaled_loss", "scaled")
         self.parse_config = structure.module.config_for_parsing
+        #: (training unit, setup scope) whose amp.initialize is planned: apex allows one call per
+        #: process, so a second unit set up in the same scope is refused (other classes/functions
+        #: are usually alternative trainers and keep their own)
+        self.initialize_planned: Optional[Tuple[TrainingUnit, Scope]] = None
+        self._last_setup_scope: Optional[Scope] = None
 
     # ---- findings -----------------------------------------------------------------------
 
@@ -132,7 +154,28 @@ class _ApexConversion:
 
     def run(self) -> TransformResult:
         s = self.s
+        if not (s.imports.uses("torch") or s.imports.uses("apex")):
+            backward = training_without_torch_import(s)
+            if backward is None:
+                return self._result(Verdict.NOT_APPLICABLE, "does not import torch")
+            self._warn(
+                "AMP317", backward,
+                "this file trains (backward() and an optimizer step) but never imports torch by name (the "
+                "model and optimizer come from elsewhere, or torch through `from ... import *`); nothing "
+                "converted: add `import torch` to this file and rerun ampify, or convert by hand",
+            )
+            return self._result(Verdict.UNCONVERTED, "trains without importing torch; see the warning")
         if s.mixed_precision_uses:
+            outside = units_outside_mixed_precision(s)
+            for unit, use in outside:
+                self._warn(
+                    "AMP317", unit.backwards[0].call,
+                    f"this file uses mixed precision (line {s.line(use)}) but not around this training step: "
+                    "it may still train in float32; nothing converted because the file already uses torch.amp / "
+                    "apex amp: convert this step by hand",
+                )
+            if outside:
+                return self._result(Verdict.UNCONVERTED, "mixed precision is used, but not around the training step")
             used = dotted_name(s.mixed_precision_uses[0]) or "torch.amp / apex amp"
             return self._result(Verdict.ALREADY_MIXED_PRECISION, f"already uses {used}")
         if s.loop_owning_framework:
@@ -157,6 +200,7 @@ class _ApexConversion:
             try:
                 self._convert_unit(unit)
                 converted_units += 1
+                self.initialize_planned = (unit, self._last_setup_scope)
             except Unconvertible as refusal:
                 self.plan = attempt  # drop the half-planned edits of a refused unit
                 del self.findings[findings_before:]
@@ -201,10 +245,21 @@ class _ApexConversion:
         if not unit.steps:
             self._refuse(unit.backwards[0].call, "no optimizer step found for this backward()")
         setup = self._find_setup(unit)
+        if self.initialize_planned is not None and self.initialize_planned[1] is setup.scope:
+            self._refuse(
+                unit.backwards[0].call,
+                f"apex allows one {self.amp}.initialize per process and the training loop at line "
+                f"{self.s.line(self.initialize_planned[0].backwards[0].call)} already gets one from the same setup; "
+                f"pass every model and optimizer of both loops to a single {self.amp}.initialize(..., num_losses=N) "
+                "by hand",
+            )
+        self._check_models_reach_the_gpu(setup)
+        self._last_setup_scope = setup.scope
         anchor = self._initialize_anchor(unit, setup)
         self._plan_initialize(unit, setup, anchor)
         self._plan_parallel_wraps(setup, anchor)
         self._plan_backwards(unit)
+        self._plan_index_assignment_casts(unit)
         self._plan_clipping(unit)
         self._plan_checkpoints(setup, anchor)
 
@@ -236,6 +291,38 @@ class _ApexConversion:
         if any(scope is not scopes[0] for scope in scopes):
             self._refuse(unit.steps[0].call, "the optimizers of this loop are created in different functions")
         return _Setup(scopes[0], optimizers, models, statements, renames)
+
+    def _plan_index_assignment_casts(self, unit: TrainingUnit) -> None:
+        """Under O1 model outputs are float16: `values[mask] = net(x)` into a float32 tensor
+        raises, so the value is cast to the tensor's dtype (a no-op in float32)."""
+        planner = StepPlanner(self.s, self.s.imports)
+        for node, target in planner.index_assignments_to_cast(unit.owner, unit.scope):
+            self.plan.cast_assigned_value(node, f"{target}.dtype")
+            self._note(
+                "AMP302", node,
+                f"the value assigned into {target}[...] is cast to {target}.dtype: apex O1 makes it float16, and "
+                "index assignment into a float32 tensor needs equal dtypes",
+            )
+
+    def _check_models_reach_the_gpu(self, setup: _Setup) -> None:
+        """amp.initialize raises on models whose parameters are not on a CUDA device. Refuse when
+        the models are built in this file and nothing in it moves anything to a device (a CPU
+        script, e.g. a small RL example): the converted script would crash at amp.initialize."""
+        s = self.s
+        if s.uses_cuda_method or s.to_device_arguments or s.device_bindings or s.parallel_wraps:
+            return
+        for model in setup.models:
+            built = [
+                b for b in s.bindings_visible(model, setup.scope)
+                if b.kind in ("assign", "attribute") and isinstance(b.value, cst.Call)
+            ]
+            if not built:
+                return  # the model comes from elsewhere (a parameter): it may be on the GPU already
+        self._refuse(
+            setup.construction_statements[0],
+            f"{self.amp}.initialize needs the models on a CUDA device, and this file never moves "
+            f"{', '.join(setup.models)} there (no .cuda() / .to(device)); move the model to the GPU, then rerun ampify",
+        )
 
     def _construction(self, name: str, scope: Scope, use: cst.CSTNode, depth: int) -> Tuple[Binding, str]:
         """The binding that creates optimizer `name` as seen from `scope`, following function

@@ -28,6 +28,8 @@ class StatementEdits:
     dict_elements: Dict[int, List[Tuple[str, str]]] = field(default_factory=dict)
     #: statements to drop (a statement that moves: removed here, inserted elsewhere as code)
     removed: Set[int] = field(default_factory=set)
+    #: id(Assign) -> dtype expression: `x[i] = v` becomes `x[i] = (v).to(<dtype>)`
+    casts: Dict[int, str] = field(default_factory=dict)
     #: bookkeeping for callers: statements after which a scaler is already created
     created_scalers: Set[int] = field(default_factory=set)
 
@@ -42,6 +44,7 @@ class StatementEdits:
             keywords={k: list(v) for k, v in self.keywords.items()},
             dict_elements={k: list(v) for k, v in self.dict_elements.items()},
             removed=set(self.removed),
+            casts=dict(self.casts),
             created_scalers=set(self.created_scalers),
         )
 
@@ -76,6 +79,10 @@ class StatementEdits:
         planned = self.keywords.setdefault(id(call), [])
         if (keyword, value) not in planned:
             planned.append((keyword, value))
+
+    def cast_assigned_value(self, assign: cst.Assign, dtype: str) -> None:
+        """`target = value` becomes `target = (value).to(<dtype>)`."""
+        self.casts[id(assign)] = dtype
 
     def add_dict_element(self, element: cst.DictElement, key: str, value: str) -> None:
         """Insert `"key": value` right after `element` (same quotes and spacing)."""
@@ -145,6 +152,19 @@ class _EditApplier(cst.CSTTransformer):
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         body = self._rebuild(list(original_node.body), list(updated_node.body))
         return updated_node.with_changes(body=body)
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        dtype = self.edits.casts.get(id(original_node))
+        if dtype is None:
+            return updated_node
+        value = updated_node.value
+        if not isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not value.lpar:
+            value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        cast = cst.Call(
+            func=cst.Attribute(value=value, attr=cst.Name("to")),
+            args=[cst.Arg(cst.parse_expression(dtype))],
+        )
+        return updated_node.with_changes(value=cast)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         replacement = self.edits.calls.get(id(original_node))

@@ -58,10 +58,36 @@ PARALLEL_WRAPPERS = (
     "torch.nn.parallel.distributed.DistributedDataParallel",
 )
 
+#: FullyShardedDataParallel wrappers: float16 loss scaling then needs ShardedGradScaler (a plain
+#: GradScaler does not agree on inf/NaN across ranks) and apex amp does not support them
+FSDP_WRAPPERS = (
+    "torch.distributed.fsdp.FullyShardedDataParallel",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+    "torch.distributed.fsdp.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard",
+)
+
 #: binary cross entropy on probabilities: CUDA autocast raises on these
 BCE_LOSS_CLASSES = ("torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss")
 BCE_FUNCTIONS = ("torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy")
 SIGMOID_MODULES = ("torch.nn.Sigmoid", "torch.nn.modules.activation.Sigmoid")
+
+#: names with "grad" in them that do not read gradients (no scaler.unscale_ before them)
+NOT_GRADIENT_HELPERS = {
+    "zero_grad", "no_grad", "enable_grad", "set_grad_enabled", "requires_grad_", "requires_grad",
+    "set_requires_grad", "backward", "step", "inference_mode",
+}
+
+#: constructors of a fresh float32 tensor: an index assignment into one from inside an autocast
+#: region (`values[mask] = net(x)`) gets a float16 value and raises (index_put needs equal dtypes)
+TENSOR_FACTORIES = {
+    "torch.zeros", "torch.ones", "torch.empty", "torch.full", "torch.zeros_like", "torch.ones_like",
+    "torch.empty_like", "torch.full_like", "torch.rand", "torch.randn", "torch.tensor", "torch.Tensor",
+    "torch.FloatTensor", "torch.cuda.FloatTensor",
+}
+
+#: methods/builtins whose result is a Python value, not a tensor: never cast with `.to(dtype)`
+PYTHON_VALUE_CALLS = {"item", "tolist", "numpy", "size", "dim", "len", "float", "int", "bool", "str", "sum", "max", "min"}
 
 #: anything under these means the file already trains in mixed precision
 MIXED_PRECISION_PREFIXES = (
@@ -72,6 +98,13 @@ MIXED_PRECISION_PREFIXES = (
     "torch.xpu.amp",
     "apex.amp",
     "apex.fp16_utils",
+    # FSDP's own mixed precision policies (parameters, reductions and buffers in low precision)
+    "torch.distributed.fsdp.MixedPrecision",
+    "torch.distributed.fsdp.MixedPrecisionPolicy",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.MixedPrecision",
+    "torch.distributed.fsdp.api.MixedPrecision",
+    "torch.distributed._composable.fsdp.MixedPrecisionPolicy",
+    "torch.distributed.fsdp.sharded_grad_scaler",
 )
 
 #: frameworks that own the training loop and their own mixed precision switch

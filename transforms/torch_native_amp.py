@@ -37,6 +37,10 @@ from ampify.transforms.torch_training_loop import (
     TrainingStructure,
     TrainingUnit,
     analyze_training,
+    concerns_torch,
+    may_train_without_torch_import,
+    training_without_torch_import,
+    units_outside_mixed_precision,
 )
 
 #: finding codes of this transform, and what each means
@@ -45,7 +49,7 @@ RULES = {
     "AMP202": "backward() now scales the loss through the GradScaler",
     "AMP203": "optimizer.step() now goes through the GradScaler; scaler.update() added",
     "AMP204": "created the GradScaler",
-    "AMP205": "scaler.unscale_(optimizer) added before gradient clipping",
+    "AMP205": "scaler.unscale_(optimizer) added before gradient clipping (or the script's own .grad reads)",
     "AMP206": "GradScaler state saved/loaded with the optimizer's checkpoint state",
     "AMP210": "BCELoss / binary_cross_entropy cannot run under CUDA autocast",
     "AMP211": "optimizer.step(closure) is not supported by GradScaler",
@@ -79,6 +83,8 @@ class _UnitPlan:
     reference: str  # how the unit's code refers to the scaler
     regions: List[Tuple[Block, int, int]]  # (block, first index, last index) to wrap in autocast
     update_after: Optional[cst.CSTNode] = None
+    #: steps in a branch that leaves the iteration (`continue`): scaler.update() after them too
+    early_exit_updates: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
     unscale_before: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
     home: Optional[_ScalerHome] = None
     #: functions that receive the scaler as a new parameter, with their in-file calls
@@ -92,10 +98,10 @@ class TorchNativeAmp(Transform):
     description = "Add torch.autocast and torch.amp.GradScaler to PyTorch training steps."
 
     def may_apply(self, source: bytes, options: Options) -> bool:
-        return options.backend == "native" and b"torch" in source
+        return options.backend == "native" and (b"torch" in source or may_train_without_torch_import(source))
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
-        return options.backend == "native" and imports.uses("torch")
+        return options.backend == "native" and concerns_torch(imports)
 
     def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
         try:
@@ -132,7 +138,20 @@ class _NativeRewrite:
         s = self.structure = analyze_training(self.module, self.imports)
         self.planner = StepPlanner(s, self.imports)
         self.module = s.module
+        if not self.imports.uses("torch"):
+            return self._without_torch_import()
         if s.mixed_precision_uses:
+            outside = units_outside_mixed_precision(s)
+            for unit, use in outside:
+                self._warn(
+                    "AMP215",
+                    f"this file uses mixed precision (line {s.line(use)}) but not around this training step: "
+                    "its forward pass may still run in float32; nothing converted because the file already "
+                    "uses torch.amp: put the training step under torch.autocast (and GradScaler) by hand",
+                    unit.backwards[0].call,
+                )
+            if outside:
+                return self._result(Verdict.UNCONVERTED, "mixed precision is used, but not around the training step")
             return self._result(Verdict.ALREADY_MIXED_PRECISION, "already uses torch.amp / torch.cuda.amp / apex amp")
         if s.loop_owning_framework:
             return self._result(Verdict.NOT_APPLICABLE, names.LOOP_OWNING_FRAMEWORKS[s.loop_owning_framework])
@@ -189,6 +208,21 @@ class _NativeRewrite:
         if self.torch_import_needed:
             new_module = _add_import_torch(new_module)
         return self._result(Verdict.CONVERTED, "", new_module)
+
+    def _without_torch_import(self) -> TransformResult:
+        """The file does not import torch: report training code, never rewrite it (ampify cannot
+        tell which names are torch's)."""
+        backward = training_without_torch_import(self.structure)
+        if backward is None:
+            return self._result(Verdict.NOT_APPLICABLE, "does not import torch")
+        self._warn(
+            "AMP215",
+            "this file trains (backward() and an optimizer step) but never imports torch by name (the "
+            "model and optimizer come from elsewhere, or torch through `from ... import *`); nothing "
+            "converted: add `import torch` to this file and rerun ampify, or convert by hand",
+            backward,
+        )
+        return self._result(Verdict.UNCONVERTED, "trains without importing torch; see the warning")
 
     def _result(self, verdict: Verdict, reason: str, module: Optional[cst.Module] = None) -> TransformResult:
         findings = sorted(self.findings, key=lambda f: (f.line, f.column, f.code))
@@ -269,6 +303,15 @@ class _NativeRewrite:
                     "and rerun ampify; the training steps of this file were left unconverted",
                     hazard.node,
                 )
+            elif hazard.kind == "fsdp" and self.scaling and has_training:
+                self._warn(
+                    "AMP215",
+                    "the model is wrapped in FullyShardedDataParallel: float16 loss scaling needs "
+                    "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler (a plain GradScaler lets ranks "
+                    "disagree on skipped steps); this file was left unconverted: use --dtype bfloat16, or FSDP's "
+                    "MixedPrecision policy with a ShardedGradScaler by hand",
+                    hazard.node,
+                )
             elif hazard.kind == "autograd_backward":
                 self._warn(
                     "AMP215",
@@ -281,7 +324,7 @@ class _NativeRewrite:
         kinds = {h.kind for h in self.structure.hazards}
         if "bce" in kinds or "manual_half" in kinds:
             return True
-        if self.scaling and ("create_graph" in kinds or "masked_fill" in kinds):
+        if self.scaling and ("create_graph" in kinds or "masked_fill" in kinds or "fsdp" in kinds):
             return True
         return False
 
@@ -310,6 +353,7 @@ class _NativeRewrite:
         if not self.scaling:
             return plan
         plan.update_after = self.planner.update_anchor(unit)
+        plan.early_exit_updates = list(self.planner.early_exit_updates.get(id(unit), []))
         plan.unscale_before = self.planner.unscale_points(unit)
         self._plan_scaler_home(plan)
         return plan
@@ -592,6 +636,10 @@ class _NativeRewrite:
             device = self._device_for(unit.scope, s.line(first), first)
             header = f"with {self.torch}.autocast(device_type={device}, dtype={dtype}):"
             self.edits.wrap(body[start], body[end], header)
+            for index in range(start, end + 1):
+                self._cast_index_assignments(body[index], unit)
+                if self.scaling:
+                    self._warn_penalty_helpers(body[index])
             first_line, last_line = s.line(first), s.line(body[end])
             lines = f"line {first_line}" if first_line == last_line else f"lines {first_line}-{last_line}"
             self._info(
@@ -611,9 +659,25 @@ class _NativeRewrite:
             self._info("AMP203", f"{step.receiver}.step() now {reference}.step({step.receiver})", step.call)
         assert plan.update_after is not None
         self.edits.insert_after(plan.update_after, f"{reference}.update()")
+        for exit_statement, where in plan.early_exit_updates:
+            if where == "after":
+                self.edits.insert_after(exit_statement, f"{reference}.update()")
+            else:
+                self.edits.insert_before(exit_statement, f"{reference}.update()")
+            self._info(
+                "AMP203",
+                f"{reference}.update() also added {where} line {s.line(exit_statement)}: this branch leaves the "
+                "iteration after an optimizer step",
+                exit_statement,
+            )
         for clip_statement, receiver in plan.unscale_before:
             self.edits.insert_before(clip_statement, f"{reference}.unscale_({receiver})")
-            self._info("AMP205", f"{reference}.unscale_({receiver}) added before gradient clipping", clip_statement)
+            self._info(
+                "AMP205",
+                f"{reference}.unscale_({receiver}) added before line {s.line(clip_statement)}, which needs "
+                "true gradients (gradient clipping or a .grad read)",
+                clip_statement,
+            )
         homes = [plan.home] if plan.home is not None else plan.caller_homes
         for home in homes:
             self._create_scaler(home)
@@ -626,6 +690,34 @@ class _NativeRewrite:
                 f"{plan.threaded_function.name.value}() takes the GradScaler as a new keyword parameter "
                 f"'{self.scaler_name}'; its {len(plan.threaded_calls)} call(s) in this file pass it",
                 plan.threaded_function,
+            )
+
+    def _warn_penalty_helpers(self, statement: cst.CSTNode) -> None:
+        """A helper named like a gradient penalty (`compute_gradient_penalty(D, real, fake)`),
+        defined elsewhere: if it calls torch.autograd.grad(create_graph=True), float16 loss
+        scaling needs it to scale its outputs by hand, which ampify cannot see from here."""
+        for call in statements.calls_within(statement):
+            func = call.func
+            called = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+            if "penalty" in called.lower():
+                self._warn(
+                    "AMP212",
+                    f"{called}() looks like a gradient penalty computed elsewhere: if it uses "
+                    "torch.autograd.grad(..., create_graph=True), compute it from scaler.scale(outputs) and divide "
+                    "the gradients by scaler.get_scale() (PyTorch AMP examples), or use --dtype bfloat16",
+                    call,
+                )
+
+    def _cast_index_assignments(self, statement: cst.CSTNode, unit: TrainingUnit) -> None:
+        """Index assignments of a model output into a float32 tensor, cast back to its dtype
+        (see StepPlanner.index_assignments_to_cast)."""
+        for node, target in self.planner.index_assignments_to_cast(statement, unit.scope):
+            self.edits.cast_assigned_value(node, f"{target}.dtype")
+            self._info(
+                "AMP201",
+                f"the value assigned into {target}[...] is cast to {target}.dtype: under autocast it is "
+                f"{self.options.dtype}, and index assignment into a float32 tensor needs equal dtypes",
+                node,
             )
 
     def _create_scaler(self, home: _ScalerHome) -> None:

@@ -223,3 +223,18 @@ def string_subscript(node: Optional[cst.BaseExpression]) -> Optional[cst.SimpleS
             if dotted_name(node.value) is not None:
                 return element.value
     return None
+
+
+def nodes_of_type(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:
+    """Every node of one type inside node (node included), in source order; nested function
+    and class bodies included."""
+    found: List[cst.CSTNode] = []
+
+    class _Find(cst.CSTVisitor):
+        def on_visit(self, visited: cst.CSTNode) -> bool:
+            if isinstance(visited, kind):
+                found.append(visited)
+            return True
+
+    node.visit(_Find())
+    return found

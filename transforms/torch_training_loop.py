@@ -22,6 +22,7 @@ How a backend uses it (the native backend, `torch_native_amp`, is the worked exa
         unit.backwards            # BackwardCall: .call, .loss (receiver expression), .statement
         unit.steps                # StepCall: .receiver ("optimizer", "self.opt"), .has_closure
         unit.clips, unit.zero_grads
+        unit.grad_reads           # `p.grad` read in the iteration (needs unscaled gradients)
         unit.owner, unit.scope    # the loop (or function) and the function that holds it
         s.bindings_visible(unit.optimizers[0], unit.scope)   # where that optimizer is created
     s.unpaired_backwards          # backward() with no optimizer step found: report, never skip
@@ -113,6 +114,15 @@ class StepCall(CallSite):
 
 
 @dataclass
+class GradRead:
+    """`<tensor>.grad` read or modified by the script itself (`p.grad.data.clamp_(-1, 1)`)."""
+
+    node: cst.Attribute
+    statement: cst.CSTNode
+    scope: Scope
+
+
+@dataclass
 class TrainingUnit:
     """One training iteration: backward calls and the optimizer steps that consume their gradients."""
 
@@ -123,6 +133,8 @@ class TrainingUnit:
     steps: List[StepCall] = field(default_factory=list)
     clips: List[CallSite] = field(default_factory=list)
     zero_grads: List[CallSite] = field(default_factory=list)
+    #: `.grad` accesses inside the iteration; only those between a backward and a step matter
+    grad_reads: List[GradRead] = field(default_factory=list)
 
     @property
     def body(self) -> Block:
@@ -157,6 +169,7 @@ HAZARD_KINDS = {
     "masked_fill": "masked_fill with a constant beyond the float16 range",
     "wrapper_class": "a class with its own step() that steps an inner optimizer",
     "autograd_backward": "torch.autograd.backward(...), which the rewrite does not follow",
+    "fsdp": "a FullyShardedDataParallel wrap (float16 needs ShardedGradScaler; apex does not support FSDP)",
     "manual_half": "a manual cast to float16/bfloat16 (.half(), .to(torch.float16)), i.e. hand-made half precision",
 }
 
@@ -175,6 +188,8 @@ class TrainingStructure:
     other_steps: List[CallSite] = field(default_factory=list)
     zero_grads: List[CallSite] = field(default_factory=list)
     clips: List[CallSite] = field(default_factory=list)
+    #: every `<expr>.grad` attribute access
+    grad_reads: List[GradRead] = field(default_factory=list)
     units: List[TrainingUnit] = field(default_factory=list)
     #: backward calls that no unit holds (no optimizer step in any enclosing loop or function)
     unpaired_backwards: List[BackwardCall] = field(default_factory=list)
@@ -567,6 +582,8 @@ class _Collector(cst.CSTVisitor):
         self.structure.name_nodes.setdefault(node.value, []).append(node)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "grad" and self.imports.resolve(node) is None:
+            self.structure.grad_reads.append(GradRead(node, self._current_statement(node), self.scope))
         qualified = self.imports.resolve(node)
         if qualified and any(
             qualified == p or qualified.startswith(p + ".") for p in names.MIXED_PRECISION_PREFIXES
@@ -652,6 +669,9 @@ class _Collector(cst.CSTVisitor):
             return
         if qualified in names.PARALLEL_WRAPPERS:
             structure.parallel_wraps.append(site)
+            return
+        if qualified in names.FSDP_WRAPPERS:
+            structure.hazards.append(Hazard("fsdp", node, qualified))
             return
         if qualified in names.BCE_LOSS_CLASSES or qualified in names.BCE_FUNCTIONS:
             structure.hazards.append(Hazard("bce", node, qualified))
@@ -825,3 +845,90 @@ def _group_units(structure: TrainingStructure) -> None:
                 if unit is not None:
                     getattr(unit, attribute).append(site)
                     break
+    for read in structure.grad_reads:
+        for owner in _loop_body_owner(structure, read.node, read.scope):
+            unit = units.get(id(owner))
+            if unit is not None:
+                unit.grad_reads.append(read)
+                break
+
+
+# ---- files that train without importing torch ------------------------------------------------
+
+#: other frameworks whose files may also call `.backward()` / `.step()`: never treated as torch
+OTHER_TRAINING_FRAMEWORKS = ("tensorflow", "keras", "mxnet", "chainer", "jax", "paddle", "mindspore", "oneflow")
+
+
+def may_train_without_torch_import(source: bytes) -> bool:
+    """Byte test: a file that never names torch but calls `.backward(` (a trainer module that
+    only receives the model and optimizer, or torch reached through a star import)."""
+    return b".backward(" in source
+
+
+def concerns_torch(imports: ImportMap) -> bool:
+    """A PyTorch transform looks at a file that imports torch, or that imports no other
+    framework (it may train with objects made elsewhere)."""
+    return imports.uses("torch") or not any(imports.uses(name) for name in OTHER_TRAINING_FRAMEWORKS)
+
+
+def training_without_torch_import(structure: TrainingStructure) -> Optional[cst.CSTNode]:
+    """In a file that does not import torch: the first backward() of a training unit (a
+    backward() paired with an optimizer step), else None (nothing that trains)."""
+    for unit in structure.units:
+        if unit.backwards and unit.steps:
+            return unit.backwards[0].call
+    return None
+
+
+# ---- mixed precision used, but not around the training step --------------------------------
+
+#: parts of a mixed precision API that only training code uses: the file trains in mixed precision
+_TRAINING_MIXED_PRECISION_WORDS = ("GradScaler", "scale_loss", "initialize", "grad_scaler", "MixedPrecision", "fp16_utils")
+
+
+def units_outside_mixed_precision(structure: TrainingStructure) -> List[Tuple[TrainingUnit, cst.CSTNode]]:
+    """Training units that no mixed precision use of the file reaches (autocast only in an
+    evaluation function, say), each with one such use to point at, when no unit at all is reached. Empty when a loss-scaling API
+    is used (the file trains in mixed precision), when a use sits at module level, in the unit's
+    function, class or an enclosing function, in a function the unit calls, or on a `forward`."""
+    uses = [u for u in structure.mixed_precision_uses if structure.parent(u) is not None]
+    if not uses:
+        return []
+    for use in uses:
+        target = use.func if isinstance(use, cst.Call) else use
+        qualified = structure.imports.resolve(target) or dotted_name(target) or ""
+        if any(word in qualified for word in _TRAINING_MIXED_PRECISION_WORDS):
+            return []
+    outside: List[Tuple[TrainingUnit, cst.CSTNode]] = []
+    for unit in structure.units:
+        called = _names_called_in(unit.owner)
+        covered = False
+        for use in uses:
+            scope = structure.scope_of(use)
+            if scope is structure.module or any(a is scope for a in structure.enclosing_scopes(unit.scope)):
+                covered = True
+            elif isinstance(scope, cst.FunctionDef) and (
+                scope.name.value in called or scope.name.value == "forward"
+                or (unit.klass is not None and structure.class_of(scope) is unit.klass)
+            ):
+                covered = True
+            if covered:
+                break
+        if not covered:
+            outside.append((unit, uses[0]))
+    if len(outside) < len(structure.units):
+        # some training step is under mixed precision: the file was converted on purpose (a step
+        # ampify refused then was reported then); only a file with none at all is suspicious
+        return []
+    return outside
+
+
+def _names_called_in(node: cst.CSTNode) -> Set[str]:
+    """Function names called inside node: `f(...)`, `self.f(...)`, `obj.f(...)`."""
+    found: Set[str] = set()
+    for call in _calls_in(node):
+        if isinstance(call.func, cst.Name):
+            found.add(call.func.value)
+        elif isinstance(call.func, cst.Attribute):
+            found.add(call.func.attr.value)
+    return found
