@@ -35,7 +35,7 @@ from ampify.transforms.torch_training_loop import (
     Unconvertible,
     analyze_training,
     concerns_torch,
-    may_train_without_torch_import,
+    may_concern_torch_training,
     training_without_torch_import,
     units_outside_mixed_precision,
 )
@@ -96,10 +96,7 @@ class TorchApexAmp(Transform):
     description = "Add NVIDIA apex amp.initialize and amp.scale_loss to PyTorch training steps."
 
     def may_apply(self, source: bytes, options: Options) -> bool:
-        return options.backend == "apex" and (
-            (b"torch" in source and (b"backward" in source or b"step" in source))
-            or may_train_without_torch_import(source)
-        )
+        return options.backend == "apex" and may_concern_torch_training(source)
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
         return options.backend == "apex" and (imports.uses("apex") or concerns_torch(imports))

@@ -38,7 +38,7 @@ from ampify.transforms.torch_training_loop import (
     TrainingUnit,
     analyze_training,
     concerns_torch,
-    may_train_without_torch_import,
+    may_concern_torch_training,
     training_without_torch_import,
     units_outside_mixed_precision,
 )
@@ -98,7 +98,7 @@ class TorchNativeAmp(Transform):
     description = "Add torch.autocast and torch.amp.GradScaler to PyTorch training steps."
 
     def may_apply(self, source: bytes, options: Options) -> bool:
-        return options.backend == "native" and (b"torch" in source or may_train_without_torch_import(source))
+        return options.backend == "native" and may_concern_torch_training(source)
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
         return options.backend == "native" and concerns_torch(imports)

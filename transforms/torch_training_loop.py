@@ -859,6 +859,20 @@ def _group_units(structure: TrainingStructure) -> None:
 OTHER_TRAINING_FRAMEWORKS = ("tensorflow", "keras", "mxnet", "chainer", "jax", "paddle", "mindspore", "oneflow")
 
 
+#: a file the PyTorch transforms change or warn about holds one of these bytes next to `torch`:
+#: training (backward calls, optimizer steps, closures, wrapper classes' step) or a hazard they
+#: report on its own (AMP210/310 BCE, AMP212/312 create_graph, AMP213/313 masked_fill)
+TORCH_RELEVANT_MARKERS = (b"backward", b"step", b"BCELoss", b"binary_cross_entropy", b"create_graph", b"masked_fill")
+
+
+def may_concern_torch_training(source: bytes) -> bool:
+    """Byte test shared by both PyTorch backends, before any parse: most of a code base that
+    imports torch (models, data, utilities) never trains or trips a hazard, and is ruled out here."""
+    if b"torch" in source and any(marker in source for marker in TORCH_RELEVANT_MARKERS):
+        return True
+    return may_train_without_torch_import(source)
+
+
 def may_train_without_torch_import(source: bytes) -> bool:
     """Byte test: a file that never names torch but calls `.backward(` (a trainer module that
     only receives the model and optimizer, or torch reached through a star import)."""
