@@ -15,7 +15,6 @@ reported as not converted with a warning.
 from __future__ import annotations
 
 import hypothesmith
-import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 

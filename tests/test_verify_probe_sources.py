@@ -1,7 +1,6 @@
 """The probe files run inside the user's training interpreter: stdlib only, old Pythons, unique names."""
 import ast
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -23,13 +23,13 @@ from ampify.transforms import torch_names as names
 from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms.imports import ImportMap, dotted_name
 from ampify.transforms.torch_edits import StatementEdits, apply_edits
+from ampify.transforms.torch_statements import calls_within, code_of
 from ampify.transforms.torch_step_plan import StepPlanner
 from ampify.transforms.torch_training_loop import (
     BackwardCall,
     Binding,
     CallSite,
     Scope,
-    StepCall,
     TrainingStructure,
     TrainingUnit,
     Unconvertible,
@@ -351,7 +351,7 @@ class _ApexConversion:
     def _call_sites_of(self, function: cst.FunctionDef) -> List[Tuple[cst.Call, Scope]]:
         name = function.name.value
         sites = []
-        for node in _calls_in(self.s.module):
+        for node in calls_within(self.s.module):
             callee = dotted_name(node.func)
             if callee == name or (callee and callee.startswith("self.") and callee[5:] == name):
                 statement = self.s.statement_of(node)
@@ -369,7 +369,7 @@ class _ApexConversion:
             if argument_name is not None:
                 sources += [b.value for b in self.s.bindings_visible(argument_name, binding.scope) if b.value is not None]
         for source in sources:
-            for call in _calls_in(source):
+            for call in calls_within(source):
                 if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("parameters", "named_parameters"):
                     receiver = _model_root(dotted_name(call.func.value))
                     if receiver and receiver not in found:
@@ -441,7 +441,7 @@ class _ApexConversion:
                     "cannot be moved safely; move it after amp.initialize by hand",
                 )
             self.plan.remove_statement(statement)
-            self.plan.insert_after(anchor, _code(statement).strip("\n"))
+            self.plan.insert_after(anchor, code_of(statement).strip("\n"))
             self._note("AMP306", wrap.call, f"moved the parallel wrap of {wrapped} after {self.amp}.initialize (apex requires it)")
 
     # -- backward, clipping, checkpoints
@@ -456,7 +456,7 @@ class _ApexConversion:
                 )
             optimizers = self._optimizers_after(unit, backward, backwards)
             optimizer_text = optimizers[0] if len(optimizers) == 1 else "[" + ", ".join(optimizers) + "]"
-            loss_code = _code(backward.loss)
+            loss_code = code_of(backward.loss)
             loss_id_text = f", loss_id={loss_id}" if len(backwards) > 1 else ""
             header = f"with {self.amp}.scale_loss({loss_code}, {optimizer_text}{loss_id_text}) as {self.scaled_loss_name}:"
             self.plan.wrap(statement, statement, header)
@@ -497,7 +497,7 @@ class _ApexConversion:
             self.plan.replace_call(clip.call, clip.call.with_changes(args=arguments))
             self._note(
                 "AMP303", clip.call,
-                f"clipping now reads {self.amp}.master_params({optimizer}) instead of {_short(_code(first.value))}",
+                f"clipping now reads {self.amp}.master_params({optimizer}) instead of {_short(code_of(first.value))}",
             )
 
     def _step_after(self, unit: TrainingUnit, site: CallSite) -> Optional[str]:
@@ -566,10 +566,6 @@ class _ApexConversion:
 # ---- small CST helpers ---------------------------------------------------------------------
 
 
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
-
-
 def _short(text: str, limit: int = 60) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -578,19 +574,6 @@ def _short(text: str, limit: int = 60) -> str:
 def _pos(structure: TrainingStructure, node: cst.CSTNode) -> Tuple[int, int]:
     position = structure.position(node)
     return (position.line, position.column)
-
-
-def _calls_in(node: Optional[cst.CSTNode]) -> List[cst.Call]:
-    found: List[cst.Call] = []
-    if node is None:
-        return found
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_Calls())
-    return found
 
 
 def _index_of(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> int:
@@ -644,7 +627,7 @@ def _moves_a_model(statement: cst.CSTNode, models: Sequence[str]) -> bool:
     """`model.cuda()`, `model.to(device)`, `model = model.cuda()` and the like."""
     if not isinstance(statement, cst.SimpleStatementLine):
         return False
-    for call in _calls_in(statement):
+    for call in calls_within(statement):
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("cuda", "to", "half"):
             if dotted_name(call.func.value) in models:
                 return True

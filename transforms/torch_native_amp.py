@@ -342,7 +342,6 @@ class _NativeRewrite:
     # ---- planning ---------------------------------------------------------------------
 
     def _plan_unit(self, unit: TrainingUnit) -> _UnitPlan:
-        s = self.structure
         if not unit.steps:
             raise Unconvertible("no optimizer step in this training step")
         for step in unit.steps:

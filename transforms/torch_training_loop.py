@@ -47,6 +47,7 @@ from libcst.metadata import CodePosition, MetadataWrapper, PositionProvider
 
 from ampify.transforms import torch_names as names
 from ampify.transforms.imports import ImportMap, dotted_name
+from ampify.transforms.torch_statements import calls_within, code_of
 
 #: where a name can be bound: a function (parameters and locals) or the module
 Scope = Union[cst.FunctionDef, cst.Module]
@@ -604,7 +605,7 @@ class _Collector(cst.CSTVisitor):
         for item in node.body.body:
             if isinstance(item, cst.FunctionDef) and item.name.value == "step":
                 inner_steps = [
-                    call for call in _calls_in(item)
+                    call for call in calls_within(item)
                     if _method_name(call) == "step" and (_call_receiver(call) or "").startswith("self.")
                 ]
                 if inner_steps:
@@ -694,7 +695,7 @@ class _Collector(cst.CSTVisitor):
             if number is not None and abs(number) > names.FLOAT16_MAX and abs(number) != float("inf"):
                 structure.hazards.append(Hazard("masked_fill", node, str(number)))
             elif value_arg is not None and self._is_wide_finfo_limit(value_arg):
-                structure.hazards.append(Hazard("masked_fill", node, _code_of(value_arg)))
+                structure.hazards.append(Hazard("masked_fill", node, code_of(value_arg)))
 
     def _is_wide_finfo_limit(self, node: cst.BaseExpression) -> bool:
         """`torch.finfo(torch.float32).min` (or of float64, or numpy's): finite, beyond float16."""
@@ -710,21 +711,6 @@ class _Collector(cst.CSTVisitor):
             return False
         dtype = self.imports.resolve(call.args[0].value) or dotted_name(call.args[0].value) or ""
         return dtype.rsplit(".", 1)[-1] in names.WIDE_FLOAT_DTYPES
-
-
-def _code_of(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
-
-
-def _calls_in(node: cst.CSTNode) -> List[cst.Call]:
-    found: List[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_Calls())
-    return found
 
 
 # ---- optimizers -----------------------------------------------------------------------------
@@ -762,7 +748,7 @@ def _parameter_owners(bindings: List[Binding]) -> List[str]:
     for binding in bindings:
         if binding.value is None:
             continue
-        for call in _calls_in(binding.value):
+        for call in calls_within(binding.value):
             if _method_name(call) in ("parameters", "named_parameters") and isinstance(call.func, cst.Attribute):
                 owner = _call_receiver(call)
                 if owner and owner not in owners:
@@ -940,7 +926,7 @@ def units_outside_mixed_precision(structure: TrainingStructure) -> List[Tuple[Tr
 def _names_called_in(node: cst.CSTNode) -> Set[str]:
     """Function names called inside node: `f(...)`, `self.f(...)`, `obj.f(...)`."""
     found: Set[str] = set()
-    for call in _calls_in(node):
+    for call in calls_within(node):
         if isinstance(call.func, cst.Name):
             found.add(call.func.value)
         elif isinstance(call.func, cst.Attribute):
