@@ -1,10 +1,13 @@
-"""The byte prefilter is sound: when a transform's `may_apply` says no, running the transform
-anyway changes nothing and reports nothing.
+"""The two tests before parsing are sound: when a transform's `may_apply` (bytes) or its
+`screen` (names, read with the stdlib parser) says no, running the transform anyway changes
+nothing and reports nothing.
 
 `may_apply` is what keeps ampify fast on big trees (no LibCST parse for files that cannot
 concern a transform), and a wrong "no" would be a silent false negative. So every transform
-is forced through parse + imports + apply on files its byte test rejects: the fixtures (inputs
-and expected outputs, all backends) and small real files that do import the framework.
+is forced through parse + imports + apply on files its tests reject: the fixtures (inputs
+and expected outputs, all backends) and small real files that do import the framework. A file
+the screen rejects must also keep the status it would have had: "not applicable" (never
+"already mixed precision" or "unconverted").
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import pytest
 
 from ampify.options import Options
 from ampify.registry import ALL_TRANSFORMS
+from ampify.transforms.base import Verdict
 from ampify.transforms.imports import ImportMap
+from ampify.transforms.source_facts import SourceFacts
 
 REPO = Path(__file__).resolve().parent.parent
 PER_TREE = 15
@@ -48,16 +53,36 @@ def framework_files(package: str, marker: bytes) -> List[Path]:
 
 
 def forced_outcome(transform, source: bytes, options: Options):
-    """(changed?, findings) of running `transform` whatever its byte test says."""
+    """(changed?, findings, verdict) of running `transform` whatever its tests say."""
     try:
         module = cst.parse_module(source)
     except (cst.ParserSyntaxError, RecursionError, UnicodeDecodeError, LookupError, SyntaxError):
-        return False, []
+        return False, [], Verdict.NOT_APPLICABLE
     imports = ImportMap.from_module(module)
     if not transform.concerns(imports, options):
-        return False, []
+        return False, [], Verdict.NOT_APPLICABLE
     result = transform.apply(module, imports, options)
-    return result.module.code != module.code, list(result.findings)
+    return result.module.code != module.code, list(result.findings), result.verdict
+
+
+def byte_test_passing_files(package: str) -> List[Path]:
+    """Small files of an installed package that pass some transform's byte test: the ones the
+    screen decides on."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    root = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(root.rglob("*.py"), key=lambda p: zlib.crc32(str(p.relative_to(root)).encode()))
+    picked = []
+    for path in files:
+        if path.stat().st_size > MAX_BYTES:
+            continue
+        source = path.read_bytes()
+        if any(t.may_apply(source, o) for o in OPTION_SETS for t in ALL_TRANSFORMS):
+            picked.append(path)
+        if len(picked) >= 2 * PER_TREE:
+            break
+    return picked
 
 
 CORPORA = {
@@ -80,9 +105,64 @@ def test_rejected_files_would_not_have_been_touched(corpus):
                 if transform.may_apply(source, options):
                     continue
                 rejected += 1
-                changed, findings = forced_outcome(transform, source, options)
+                changed, findings, _verdict = forced_outcome(transform, source, options)
                 assert not changed, f"{transform.name} would change {path} but its may_apply said no"
                 assert findings == [], (
                     f"{transform.name} would report {[f.code for f in findings]} on {path} but its may_apply said no"
                 )
     assert rejected > 0, "nothing was rejected: the check checked nothing"
+
+
+SCREEN_CORPORA = {
+    "fixtures": fixture_files,
+    "torch": lambda: byte_test_passing_files("torch"),
+    "tensorflow": lambda: byte_test_passing_files("tensorflow"),
+}
+
+
+@pytest.mark.parametrize("corpus", sorted(SCREEN_CORPORA))
+def test_files_the_screen_rejects_would_not_have_been_touched(corpus):
+    files = SCREEN_CORPORA[corpus]()
+    screened_out = 0
+    for path in files:
+        source = path.read_bytes()
+        facts = SourceFacts.from_source(source)
+        if facts is None:
+            continue
+        for options in OPTION_SETS:
+            for transform in ALL_TRANSFORMS:
+                if not transform.may_apply(source, options) or transform.screen(facts, options):
+                    continue
+                screened_out += 1
+                changed, findings, verdict = forced_outcome(transform, source, options)
+                assert not changed, f"{transform.name} would change {path} but its screen said no"
+                assert findings == [], (
+                    f"{transform.name} would report {[f.code for f in findings]} on {path} but its screen said no"
+                )
+                assert verdict in (Verdict.NOT_APPLICABLE, Verdict.NOTHING_TO_DO), (
+                    f"{transform.name} would say {verdict.value!r} of {path} but its screen said no"
+                )
+    if corpus != "fixtures":
+        # Library code that names the framework mostly holds no training step: the screen must
+        # rule some of it out, or it is not doing its job.
+        assert screened_out > 0, "the screen ruled nothing out: the check checked nothing"
+
+
+def test_every_fixture_that_converts_passes_the_screen():
+    """The screen lets through every fixture a transform changes or reports on (the converse
+    of the check above, stated directly so a too-narrow screen fails with a clear message)."""
+    passed = 0
+    for path in fixture_files():
+        source = path.read_bytes()
+        facts = SourceFacts.from_source(source)
+        if facts is None:
+            continue
+        for options in OPTION_SETS:
+            for transform in ALL_TRANSFORMS:
+                if not transform.may_apply(source, options):
+                    continue
+                changed, findings, _verdict = forced_outcome(transform, source, options)
+                if changed or findings:
+                    assert transform.screen(facts, options), f"{transform.name}'s screen rejects {path}"
+                    passed += 1
+    assert passed >= 20

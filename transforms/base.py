@@ -12,6 +12,7 @@ import libcst as cst
 from ampify.findings import Finding
 from ampify.options import Options
 from ampify.transforms.imports import ImportMap
+from ampify.transforms.source_facts import SourceFacts
 
 
 class Verdict(str, enum.Enum):
@@ -49,6 +50,18 @@ class Transform(abc.ABC):
         A False here means the file is reported as not applicable without a LibCST parse, so
         it must never be False for a file the transform would change or warn about.
         """
+
+    def screen(self, facts: SourceFacts, options: Options) -> bool:
+        """Second test, on the names the module uses (stdlib `ast`, no LibCST parse yet).
+
+        False promises more than `may_apply`: the transform would return the module unchanged,
+        with no findings and a "not applicable" / "nothing to do" verdict. Only then is the file
+        reported as not applicable (with `screened_out_reason`) without a LibCST parse.
+        """
+        return True
+
+    #: why the file is not applicable when `screen` said no
+    screened_out_reason: str = "no training code"
 
     @abc.abstractmethod
     def concerns(self, imports: ImportMap, options: Options) -> bool:

@@ -34,7 +34,9 @@ from libcst.metadata import PositionProvider
 from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import Transform, TransformResult, Verdict
+from ampify.transforms import tf1_screen
 from ampify.transforms.imports import ImportMap
+from ampify.transforms.source_facts import SourceFacts
 from ampify.transforms.tf1_gradients_rewrite import GradientsPlan, plan_gradients_rewrites
 from ampify.transforms.tf1_module_header import (
     add_header_statements,
@@ -64,6 +66,11 @@ class TF1GraphRewrite(Transform):
         # (see MAY_APPLY_MARKERS); TF2 training files name their Keras optimizer, so they are
         # still parsed and reported as not applicable with the reason why.
         return b"tensorflow" in source and any(marker in source for marker in MAY_APPLY_MARKERS)
+
+    screened_out_reason = tf1_screen.SCREENED_OUT_REASON
+
+    def screen(self, facts: SourceFacts, options: Options) -> bool:
+        return tf1_screen.may_concern_tf1_graph_rewrite(facts)
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
         return imports.uses("tensorflow")

@@ -25,8 +25,10 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms import torch_names as names
 from ampify.transforms import torch_statements as statements
+from ampify.transforms import torch_screen
 from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms.imports import ImportMap, dotted_name
+from ampify.transforms.source_facts import SourceFacts
 from ampify.transforms.torch_checkpoints import CheckpointWriter
 from ampify.transforms.torch_edits import StatementEdits, apply_edits
 from ampify.transforms.torch_step_plan import StepPlanner
@@ -99,6 +101,11 @@ class TorchNativeAmp(Transform):
 
     def may_apply(self, source: bytes, options: Options) -> bool:
         return options.backend == "native" and may_concern_torch_training(source)
+
+    screened_out_reason = torch_screen.SCREENED_OUT_REASON
+
+    def screen(self, facts: SourceFacts, options: Options) -> bool:
+        return torch_screen.may_concern_torch_training_code(facts)
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
         return options.backend == "native" and concerns_torch(imports)
