@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
-from libcst.metadata import PositionProvider
 
 from ampify.findings import Finding, Severity
+from ampify.transforms.fast_walk import walk
 from ampify.transforms.imports import dotted_name
+from ampify.transforms.positions import Positions
 from ampify.transforms.tf1_names import (
     GRADIENTS_TO_COMPUTE_GRADIENTS_KWARGS,
     TF_GRADIENTS,
@@ -154,9 +155,8 @@ def _target_names(target: cst.BaseExpression) -> Set[str]:
 
 
 class _FlowCollector(cst.CSTVisitor):
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
-    def __init__(self, resolve: Resolver) -> None:
+    def __init__(self, positions: Positions, resolve: Resolver) -> None:
+        self.positions = positions
         self.resolve_name = resolve
         self.finished: List[_ScopeFlow] = []
         self._stack: List[_ScopeFlow] = [_ScopeFlow()]
@@ -190,7 +190,7 @@ class _FlowCollector(cst.CSTVisitor):
         return self._stack[-1]
 
     def _line(self, node: cst.CSTNode) -> int:
-        return self.get_metadata(PositionProvider, node).start.line
+        return self.positions[node].start.line
 
     def _references(self, *nodes: Optional[cst.CSTNode]) -> _References:
         refs = _References(self.resolve_name)
@@ -270,14 +270,14 @@ class _FlowCollector(cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if self.resolve_name(func) in TF_GRADIENTS:
-            position = self.get_metadata(PositionProvider, node).start
+            position = self.positions[node].start
             self._flow.gradients_calls.append(
                 _GradientsCall(node, self._statement_lines[-1], position.line, position.column)
             )
             self.enclosing[id(node)] = tuple(self._statements)
             return
         if _is_other_gradients(func):
-            position = self.get_metadata(PositionProvider, node).start
+            position = self.positions[node].start
             shown = cst.Module(body=[]).code_for_node(func)
             self.other_gradients[id(node)] = (shown, position.line, position.column)
         if not isinstance(func, cst.Attribute):
@@ -294,7 +294,7 @@ class _FlowCollector(cst.CSTVisitor):
                     arg.keyword is not None and arg.keyword.value == "grads_and_vars"
                 ):
                     grads = arg.value
-            position = self.get_metadata(PositionProvider, node).start
+            position = self.positions[node].start
             self._flow.apply_calls.append(
                 _ApplyCall(
                     func.value,
@@ -411,7 +411,8 @@ def _bound_before(flow: _ScopeFlow, receiver_name: str, line: int) -> bool:
 
 
 def plan_gradients_rewrites(
-    wrapper: cst.MetadataWrapper,
+    module: cst.Module,
+    positions: Positions,
     resolve: Resolver,
     *,
     rewrite: bool,
@@ -425,9 +426,8 @@ def plan_gradients_rewrites(
     every such flow gets a warning giving `why_not_rewritten`. `wrapped_calls` holds the ids
     of the optimizer constructions being wrapped: only those may be moved above tf.gradients.
     """
-    collector = _FlowCollector(resolve)
-    wrapper.visit(collector)
-    positions = wrapper.resolve(PositionProvider)
+    collector = _FlowCollector(positions, resolve)
+    walk(module, collector)
     plan = GradientsPlan()
     for flow in collector.finished:
         hoister = _Hoister(collector, flow, plan, wrapped_calls, positions)

@@ -29,13 +29,13 @@ from __future__ import annotations
 from typing import Dict, List
 
 import libcst as cst
-from libcst.metadata import PositionProvider
 
 from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms import tf1_screen
 from ampify.transforms.imports import ImportMap
+from ampify.transforms.positions import Positions
 from ampify.transforms.source_facts import SourceFacts
 from ampify.transforms.tf1_gradients_rewrite import GradientsPlan, plan_gradients_rewrites
 from ampify.transforms.tf1_module_header import (
@@ -159,13 +159,12 @@ class _GraphRewrite:
     def __init__(self, module: cst.Module, imports: ImportMap, options: Options):
         self.options = options
         self.imports = imports
-        # No defensive deep copy: the module is freshly parsed (every node appears once) and is
-        # only read here; the copy alone cost as much as a whole walk on big files.
-        self.wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
-        self.module = self.wrapper.module
+        self.module = module
         self.original = module
+        # computed on first use: a module with nothing to report never pays for it
+        self.positions = Positions(module)
         self.classifier = OptimizerClassifier(self.module, self.resolve)
-        self.survey: ModuleSurvey = survey_module(self.wrapper, self.resolve, self.classifier)
+        self.survey: ModuleSurvey = survey_module(self.module, self.positions, self.resolve, self.classifier)
         self.findings: List[Finding] = []
 
     def resolve(self, node: cst.CSTNode):
@@ -213,7 +212,7 @@ class _GraphRewrite:
     def _plan_gradients(self, **kwargs) -> GradientsPlan:
         if not self.survey.has_apply_gradients:
             return GradientsPlan()  # nothing is applied, so nothing can bypass loss scaling
-        return plan_gradients_rewrites(self.wrapper, self.resolve, **kwargs)
+        return plan_gradients_rewrites(self.module, self.positions, self.resolve, **kwargs)
 
     # -- TF1 graph code ------------------------------------------------------------------------
     def _tf1_sites(self) -> List[OptimizerSite]:
@@ -342,7 +341,7 @@ class _GraphRewrite:
 
     def _line_of_statement(self, index: int) -> int:
         if index < len(self.module.body):
-            return self.wrapper.resolve(PositionProvider)[self.module.body[index]].start.line
+            return self.positions[self.module.body[index]].start.line
         return 1
 
     def _report_optimizer_sites(self, to_wrap: List[OptimizerSite]) -> None:

@@ -13,6 +13,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 import libcst as cst
 
+from ampify.transforms.fast_walk import walk
 from ampify.transforms.imports import dotted_name
 from ampify.transforms.tf1_names import (
     TF1_OPTIMIZER_CLASS_FACTORIES,
@@ -62,7 +63,7 @@ def _wraps_another_optimizer(cls: cst.ClassDef) -> bool:
                 if name in ("opt", "optimizer") or name.endswith(("_opt", "_optimizer")):
                     return True
     finder = _DelegationFinder()
-    cls.body.visit(finder)
+    walk(cls.body, finder)
     return finder.delegates
 
 
@@ -149,7 +150,7 @@ class OptimizerClassifier:
         #: classes this file defines that subclass a TF1 optimizer
         self.local_optimizer_classes: Dict[str, cst.ClassDef] = {}
         collector = _BindingCollector()
-        module.visit(collector)
+        walk(module, collector)
         collector.bind_call_arguments()
         #: names of every function or method the file defines
         self.defined_functions = set(collector.functions)

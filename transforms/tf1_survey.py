@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
-from libcst.metadata import PositionProvider
 
+from ampify.transforms.fast_walk import walk
 from ampify.transforms.imports import dotted_name
+from ampify.transforms.positions import Positions
 from ampify.transforms.tf1_module_header import import_aliases
 from ampify.transforms.tf1_names import (
     IGNORE_PERFORMANCE_ENV,
@@ -141,9 +142,8 @@ def _code(node: cst.CSTNode) -> str:
 
 
 class _Surveyor(cst.CSTVisitor):
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
-    def __init__(self, resolve: Resolver, classifier: OptimizerClassifier) -> None:
+    def __init__(self, positions: Positions, resolve: Resolver, classifier: OptimizerClassifier) -> None:
+        self.positions = positions
         self.resolve_name = resolve
         self.classifier = classifier
         self.survey = ModuleSurvey()
@@ -488,14 +488,14 @@ class _Surveyor(cst.CSTVisitor):
             self.survey.mixed_precision_marker = (what, self._position(node).start.line)
 
     def _position(self, node: cst.CSTNode):
-        return self.get_metadata(PositionProvider, node)
+        return self.positions[node]
 
 
 def survey_module(
-    wrapper: cst.MetadataWrapper, resolve: Resolver, classifier: OptimizerClassifier
+    module: cst.Module, positions: Positions, resolve: Resolver, classifier: OptimizerClassifier
 ) -> ModuleSurvey:
     """Walk the module once and record what the TF1 graph rewrite needs to decide."""
-    surveyor = _Surveyor(resolve, classifier)
-    wrapper.visit(surveyor)
+    surveyor = _Surveyor(positions, resolve, classifier)
+    walk(module, surveyor)
     return surveyor.survey
 

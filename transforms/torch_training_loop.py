@@ -43,10 +43,12 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
-from libcst.metadata import CodePosition, MetadataWrapper, PositionProvider
+from libcst.metadata import CodePosition
 
 from ampify.transforms import torch_names as names
+from ampify.transforms.fast_walk import walk
 from ampify.transforms.imports import ImportMap, dotted_name
+from ampify.transforms.positions import Positions
 from ampify.transforms.torch_statements import calls_within, code_of
 
 #: where a name can be bound: a function (parameters and locals) or the module
@@ -214,7 +216,7 @@ class TrainingStructure:
     #: every Name node, by value (to find the uses of a function without another walk)
     name_nodes: Dict[str, List[cst.Name]] = field(default_factory=dict)
     _parents: Dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict, repr=False)
-    _positions: Dict[cst.CSTNode, object] = field(default_factory=dict, repr=False)
+    _positions: Optional[Positions] = field(default=None, repr=False)
 
     # ---- navigation -------------------------------------------------------------------
 
@@ -231,7 +233,7 @@ class TrainingStructure:
 
     def position(self, node: cst.CSTNode) -> CodePosition:
         """Start line (1-based) and column (0-based) of a node."""
-        found = self._positions.get(node)
+        found = self._positions.get(node) if self._positions is not None else None
         return found.start if found is not None else CodePosition(0, 0)
 
     def line(self, node: cst.CSTNode) -> int:
@@ -359,13 +361,12 @@ def _position_in(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> Optiona
 
 def analyze_training(module: cst.Module, imports: ImportMap) -> TrainingStructure:
     """Walk `module` once and describe its training structure (see the module docstring)."""
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     collector = _Collector(imports)
-    module.visit(collector)
+    walk(module, collector)
     structure = collector.structure
-    structure.module = wrapper.module
+    structure.module = module
     structure._parents = collector.parents
-    structure._positions = dict(wrapper.resolve(PositionProvider))
+    structure._positions = Positions(module)
     _identify_optimizers(structure, collector)
     _group_units(structure)
     return structure

@@ -1,0 +1,115 @@
+"""The cheap read-only walk and the cheap positions give exactly what LibCST's own give.
+
+Every analysis now walks with `fast_walk.walk` instead of `module.visit`, and asks
+`positions.Positions` instead of `PositionProvider`, so any difference would change findings
+or rewrites: both are compared node by node on the fixtures and on real installed code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import zlib
+from pathlib import Path
+from typing import List
+
+import libcst as cst
+import pytest
+from libcst.metadata import PositionProvider
+
+from ampify.transforms.fast_walk import iter_tree, walk
+from ampify.transforms.positions import Positions
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: nodes that hold only layout (whitespace, comments, punctuation, operator tokens): the fast
+#: walk does not enter them, and no analysis looks at them
+LAYOUT_TYPES = (
+    cst.BaseParenthesizableWhitespace, cst.EmptyLine, cst.TrailingWhitespace, cst.Newline,
+    cst.Comment, cst.LeftParen, cst.RightParen, cst.Comma, cst.Semicolon, cst.Colon, cst.Dot,
+    cst.AssignEqual, cst.BaseBinaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseUnaryOp,
+    cst.BaseAugOp, cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace,
+    cst.RightCurlyBrace, cst.ImportStar, cst.ParenthesizedWhitespace, cst.SimpleWhitespace,
+)
+
+
+def real_files(package: str, count: int) -> List[Path]:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    root = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(root.rglob("*.py"), key=lambda p: zlib.crc32(str(p.relative_to(root)).encode()))
+    return [p for p in files if 2_000 < p.stat().st_size < 40_000][:count]
+
+
+CORPUS = sorted((REPO / "fixtures").rglob("*.py")) + real_files("torch", 12) + real_files("tensorflow", 12)
+
+
+class _Order(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.entered: List[cst.CSTNode] = []
+        self.left: List[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if not isinstance(node, LAYOUT_TYPES):
+            self.entered.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if not isinstance(original_node, LAYOUT_TYPES):
+            self.left.append(original_node)
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.name)
+def test_walk_visits_the_code_nodes_in_libcst_order(path):
+    module = cst.parse_module(path.read_bytes())
+    libcst_order, fast_order = _Order(), _Order()
+    module.visit(libcst_order)
+    walk(module, fast_order)
+    assert [id(n) for n in fast_order.entered] == [id(n) for n in libcst_order.entered]
+    assert [id(n) for n in fast_order.left] == [id(n) for n in libcst_order.left]
+    assert [id(n) for n in iter_tree(module) if not isinstance(n, LAYOUT_TYPES)] == [
+        id(n) for n in libcst_order.entered
+    ]
+
+
+def test_a_false_from_visit_skips_the_children():
+    class SkipFunctions(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.names: List[str] = []
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            self.names.append(node.value)
+
+    visitor = SkipFunctions()
+    walk(cst.parse_module("a = b\ndef f(x):\n    return y\nc = d\n"), visitor)
+    assert visitor.names == ["a", "b", "c", "d"]
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.name)
+def test_positions_equal_libcst_position_provider(path):
+    module = cst.parse_module(path.read_bytes())
+    expected = cst.MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    positions = Positions(module)
+    mismatched = [node for node, code_range in expected.items() if positions[node] != code_range]
+    assert not mismatched, f"{len(mismatched)} nodes differ, first: {mismatched[0]!r:.200}"
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_positions_count_every_newline_form(newline):
+    source = newline.join(["import torch", "", "def f(x,", "      y):", '    s = """a', 'b"""', "    return x  # c", ""])
+    module = cst.parse_module(source)
+    expected = cst.MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    positions = Positions(module)
+    for node, code_range in expected.items():
+        assert positions[node] == code_range
+    function = module.body[1]
+    assert positions[function].start.line == 3
+    assert positions[function.body.body[1]].start.line == 7
+
+
+def test_a_node_from_another_tree_has_no_position():
+    positions = Positions(cst.parse_module("x = 1\n"))
+    assert positions.get(cst.Name("x")) is None
