@@ -43,7 +43,7 @@ def convert_source(
     if not transforms:
         return Conversion(FileStatus.NOT_APPLICABLE, reason)
 
-    module = _parse(source)
+    parsed = module = _parse(source)
     imports = ImportMap.from_module(module)
     results: List[TransformResult] = []
     for index, transform in enumerate(transforms):
@@ -54,14 +54,19 @@ def convert_source(
         if result.module is not module:
             module = result.module
             if index + 1 < len(transforms):
-                # Transforms wrap modules for metadata without LibCST's defensive copy, which
-                # needs a tree with no shared nodes: hand the next one a freshly parsed tree.
+                # Analyses key nodes by identity (positions, parents), which needs a tree with
+                # no shared nodes: hand the next transform a freshly parsed one.
                 module = cst.parse_module(module.bytes)
             imports = ImportMap.from_module(module)
 
     findings = sorted(
         (f for r in results for f in r.findings), key=lambda f: (f.line, f.column, f.code)
     )
+    if module is parsed:
+        # No transform rewrote anything, and LibCST gives back exactly the code it parsed:
+        # generating the code again only to compare it would cost half a parse.
+        status, reason = _unchanged_status(results)
+        return Conversion(status, reason, findings)
     new_source: Union[str, bytes] = module.bytes if isinstance(source, bytes) else module.code
     if new_source != source:
         _check_compiles(new_source, filename)

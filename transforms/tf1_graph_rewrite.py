@@ -485,10 +485,11 @@ class _GraphRewrite:
         if not builders:
             return
         for session in self.survey.sessions:
-            for scope, name, line, _column in self.survey.name_calls:
-                site = builders.get(name)
-                if site is None or scope != session.scope:
+            for call in self.survey.name_calls:
+                site = builders.get(call.name)
+                if site is None or call.scope != session.scope:
                     continue
+                name, line = call.name, call.line
                 if session.encloses is not None:
                     after = session.encloses[0] <= line <= session.encloses[1]
                 else:

@@ -85,12 +85,33 @@ class ForeignOptimizerCall:
 
 @dataclass
 class AttributeRead:
-    """`name.attr` where attr is not something the mixed precision wrapper forwards."""
+    """`name.attr` where attr is not something the mixed precision wrapper forwards.
+
+    Every such attribute of a module is recorded, but few are ever reported: the line is
+    looked up only when asked for (see `positions.Positions`)."""
 
     attr: str
-    line: int
-    column: int
+    node: cst.CSTNode
     scope: int
+    positions: Positions
+
+    @property
+    def line(self) -> int:
+        return self.positions[self.node].start.line
+
+
+@dataclass
+class NameCall:
+    """A call of a plain name (`build_model()`, `Model(...)`); its line looked up when asked."""
+
+    scope: int
+    name: str
+    node: cst.CSTNode
+    positions: Positions
+
+    @property
+    def line(self) -> int:
+        return self.positions[self.node].start.line
 
 
 @dataclass
@@ -103,8 +124,8 @@ class ModuleSurvey:
     #: scope id -> (parameter, line) of a function parameter named like a Session (`sess`):
     #: the caller created that Session before this function runs
     session_params: Dict[int, Tuple[str, int]] = field(default_factory=dict)
-    #: calls of plain names (`build_model()`, `Model(...)`): (scope id, name, line, column)
-    name_calls: List[Tuple[int, str, int, int]] = field(default_factory=list)
+    #: calls of plain names (`build_model()`, `Model(...)`) that resolve to no import
+    name_calls: List[NameCall] = field(default_factory=list)
     #: scope id of a function -> (its name, the name of the class it is a method of, or "")
     function_names: Dict[int, Tuple[str, str]] = field(default_factory=dict)
     foreign_optimizer_calls: List[ForeignOptimizerCall] = field(default_factory=list)
@@ -151,7 +172,8 @@ class _Surveyor(cst.CSTVisitor):
         self._loop_depth: List[int] = [0]
         self._function_imports: List[Dict[str, str]] = [{}]
         self._mixed_precision_arg_ids: Set[int] = set()
-        self._with_session_ids: Dict[int, Tuple[int, int]] = {}
+        #: id of a `with` item's call -> the body it encloses
+        self._with_bodies: Dict[int, cst.BaseSuite] = {}
         self._assigned: Dict[int, Tuple[str, ...]] = {}
         self._classes: List[cst.ClassDef] = []
         #: len(self._scopes) when each enclosing class body was entered (methods sit right in it)
@@ -248,11 +270,9 @@ class _Surveyor(cst.CSTVisitor):
 
     # -- statements -------------------------------------------------------------------------
     def visit_With(self, node: cst.With) -> None:
-        body_start = self._position(node.body).start.line
-        body_end = self._position(node.body).end.line
         for item in node.items:
             if isinstance(item.item, cst.Call):
-                self._with_session_ids[id(item.item)] = (body_start, body_end)
+                self._with_bodies[id(item.item)] = node.body
 
     def visit_Assign(self, node: cst.Assign) -> None:
         if isinstance(node.value, cst.Call):
@@ -301,9 +321,8 @@ class _Surveyor(cst.CSTVisitor):
         if node.attr.value not in WRAPPER_FORWARDED_ATTRIBUTES:
             owner = dotted_name(node.value)
             if owner is not None:
-                position = self._position(node.attr).start
                 self.survey.unforwarded_reads.setdefault(owner, []).append(
-                    AttributeRead(node.attr.value, position.line, position.column, self._scopes[-1])
+                    AttributeRead(node.attr.value, node.attr, self._scopes[-1], self.positions)
                 )
         if node.attr.value in MIXED_PRECISION_POLICY_FUNCTIONS:
             name = dotted_name(node)
@@ -340,10 +359,7 @@ class _Surveyor(cst.CSTVisitor):
                 if name:
                     self.survey.wrapped_names.add(name)
         if isinstance(node.func, cst.Name) and resolved is None:
-            position = self._position(node).start
-            self.survey.name_calls.append(
-                (self._scopes[-1], node.func.value, position.line, position.column)
-            )
+            self.survey.name_calls.append(NameCall(self._scopes[-1], node.func.value, node, self.positions))
         if resolved in SESSION_CONSTRUCTORS:
             self._record_session(node)
         elif self._hands_out_session(resolved, last):
@@ -357,8 +373,8 @@ class _Surveyor(cst.CSTVisitor):
         elif last not in MIXED_PRECISION_IDENTIFIERS:
             self._check_classes_handed_off(node, resolved)
         kind = self.classifier.instance_kind(node)
-        position = self._position(node).start
         if kind is not None:
+            position = self._position(node).start
             self.survey.optimizers.append(
                 OptimizerSite(
                     call=node,
@@ -377,6 +393,7 @@ class _Surveyor(cst.CSTVisitor):
             if kind in (TF1, MIXED):
                 self.survey.tf1_style = True
         elif self._looks_like_foreign_optimizer(node.func, last, resolved):
+            position = self._position(node).start
             # `optimization.AdamWeightDecayOptimizer(...)`: defined in a module we cannot see.
             self.survey.foreign_optimizer_calls.append(
                 ForeignOptimizerCall(
@@ -463,10 +480,18 @@ class _Surveyor(cst.CSTVisitor):
                 column=position.column,
                 scope=self._scopes[-1],
                 display=_code(node.func),
-                encloses=self._with_session_ids.get(id(node)),
+                encloses=self._enclosed_lines(node),
                 obtained=obtained,
             )
         )
+
+    def _enclosed_lines(self, call: cst.Call) -> Optional[Tuple[int, int]]:
+        """First and last line of the body of the `with` this call is an item of, if any."""
+        body = self._with_bodies.get(id(call))
+        if body is None:
+            return None
+        body_range = self._position(body)
+        return body_range.start.line, body_range.end.line
 
     def _check_built_inside(self, node: cst.Call, resolved: str) -> None:
         optimizer_arg = None
