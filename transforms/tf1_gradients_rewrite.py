@@ -196,7 +196,7 @@ class _FlowCollector(cst.CSTVisitor):
         refs = _References(self.resolve_name)
         for node in nodes:
             if node is not None:
-                node.visit(refs)
+                walk(node, refs)
         return refs
 
     def _edge(self, targets: Set[str], *sources: Optional[cst.CSTNode]) -> None:
@@ -332,7 +332,7 @@ def _labels_of(expr: Optional[cst.BaseExpression], taint, resolve: Resolver) -> 
     if expr is None:
         return set()
     refs = _References(resolve)
-    expr.visit(refs)
+    walk(expr, refs)
     labels = set(refs.labels)
     for name in refs.names:
         labels |= taint.get(name, set())
@@ -520,7 +520,7 @@ def _passes_through(flow: _ScopeFlow, apply: _ApplyCall, resolve: Resolver) -> b
     if flow.function_name != "apply_gradients" or apply.grads is None:
         return False
     refs = _References(resolve)
-    apply.grads.visit(refs)
+    walk(apply.grads, refs)
     return bool(refs.names) and refs.names <= flow.params
 
 

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from ampify.transforms.fast_walk import walk
 from ampify.transforms.tf1_names import IGNORE_PERFORMANCE_ENV, WRAPPER_PATH_FROM_MODULE
 
 _ADDED_ALIAS_CANDIDATES = ("tf", "tensorflow", "_tf", "_ampify_tf")
@@ -98,7 +99,7 @@ class _BoundNames(cst.CSTVisitor):
 def module_level_aliases(module: cst.Module) -> Dict[str, str]:
     """Local name -> module path, for imports bound at module level."""
     collector = _ModuleLevelImports()
-    module.visit(collector)
+    walk(module, collector)
     return collector.aliases
 
 
@@ -108,7 +109,7 @@ def choose_wrapper_spelling(module: cst.Module) -> WrapperSpelling:
     if callee is not None:
         return WrapperSpelling(callee)
     used = _BoundNames()
-    module.visit(used)
+    walk(module, used)
     for candidate in _ADDED_ALIAS_CANDIDATES:
         if candidate not in used.names:
             break
@@ -121,7 +122,7 @@ def choose_wrapper_spelling(module: cst.Module) -> WrapperSpelling:
 def _imports_tensorflow(statement: cst.CSTNode) -> bool:
     """Does this module-level statement (or a block directly in it) import tensorflow?"""
     finder = _TensorFlowImportFinder()
-    statement.visit(finder)
+    walk(statement, finder)
     return finder.found
 
 

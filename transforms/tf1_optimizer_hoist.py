@@ -16,6 +16,7 @@ from typing import Dict, Optional, Sequence, Set
 
 import libcst as cst
 
+from ampify.transforms.fast_walk import walk
 from ampify.transforms.imports import dotted_name
 
 
@@ -133,10 +134,10 @@ def plan_hoist(
     if dotted_name(assign.targets[0].target) != receiver:
         return "its construction is not a plain assignment"
     needed = _Bindings()
-    assign.value.visit(needed)
+    walk(assign.value, needed)
     changed = _Bindings()
     for node in between:
-        node.visit(changed)
+        walk(node, changed)
     touched = [name for name in needed.read if _overlaps(name, changed.bound)]
     if touched:
         # name the most specific one (`self.lr`, not `self`)
@@ -151,7 +152,7 @@ def plan_hoist(
     arguments = _Bindings()
     if isinstance(assign.value, cst.Call):
         for arg in assign.value.args:
-            arg.visit(arguments)
+            walk(arg, arguments)
     objects = sorted({name.split(".")[0] for name in arguments.read if "." in name} & changed.called_on)
     if objects:
         return f"the code between them calls methods of {objects[0]}, whose attributes building the optimizer reads"

@@ -22,6 +22,7 @@ from ampify.options import Options
 from ampify.transforms import torch_names as names
 from ampify.transforms import torch_screen
 from ampify.transforms.base import Transform, TransformResult, Verdict
+from ampify.transforms.fast_walk import walk
 from ampify.transforms.imports import ImportMap, dotted_name
 from ampify.transforms.source_facts import SourceFacts
 from ampify.transforms.torch_edits import StatementEdits, apply_edits
@@ -680,7 +681,7 @@ def _uses_other_than_parameters(statement: cst.CSTNode, name: str) -> bool:
             ):
                 parameter_uses += 1
 
-    statement.visit(_Uses())
+    walk(statement, _Uses())
     return uses > parameter_uses
 
 

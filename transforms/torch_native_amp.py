@@ -27,6 +27,7 @@ from ampify.transforms import torch_names as names
 from ampify.transforms import torch_statements as statements
 from ampify.transforms import torch_screen
 from ampify.transforms.base import Transform, TransformResult, Verdict
+from ampify.transforms.fast_walk import walk
 from ampify.transforms.imports import ImportMap, dotted_name
 from ampify.transforms.source_facts import SourceFacts
 from ampify.transforms.torch_checkpoints import CheckpointWriter
@@ -861,7 +862,7 @@ class _ModuleLevelImports(cst.CSTVisitor):
 
 def _module_level_aliases(module: cst.Module, target: str) -> Set[str]:
     visitor = _ModuleLevelImports(target)
-    module.visit(visitor)
+    walk(module, visitor)
     return visitor.found
 
 

@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Set
 import libcst as cst
 
 from ampify.transforms import torch_names as names
+from ampify.transforms.fast_walk import walk
 from ampify.transforms.imports import dotted_name
 
 
@@ -58,7 +59,7 @@ def calls_within(node: cst.CSTNode) -> List[cst.Call]:
         def visit_Call(self, call: cst.Call) -> None:
             found.append(call)
 
-    node.visit(_Calls())
+    walk(node, _Calls())
     return found
 
 
@@ -79,7 +80,7 @@ class _NameCollector(cst.CSTVisitor):
 def used_names(node: cst.CSTNode) -> Set[str]:
     """Every name and dotted attribute chain that appears in node."""
     collector = _NameCollector()
-    node.visit(collector)
+    walk(node, collector)
     return collector.used
 
 
@@ -129,7 +130,7 @@ class _AssignCollector(cst.CSTVisitor):
 def assigned_names(statement: cst.CSTNode) -> Set[str]:
     """Names (and dotted chains) a statement binds, including inside its nested blocks."""
     collector = _AssignCollector()
-    statement.visit(collector)
+    walk(statement, collector)
     return collector.assigned
 
 
@@ -177,9 +178,9 @@ def find_jump(statement: cst.CSTNode) -> Optional[cst.CSTNode]:
     if isinstance(statement, (cst.For, cst.While)):
         # jumps inside a nested loop's body belong to that loop; only its else-block matters
         if statement.orelse is not None:
-            statement.orelse.visit(finder)
+            walk(statement.orelse, finder)
         return finder.found
-    statement.visit(finder)
+    walk(statement, finder)
     return finder.found
 
 
@@ -236,5 +237,5 @@ def nodes_of_type(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:
                 found.append(visited)
             return True
 
-    node.visit(_Find())
+    walk(node, _Find())
     return found
