@@ -11,7 +11,7 @@ whitespace, comments or parentheses, which no analysis here looks at.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterator, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import libcst as cst
 
@@ -75,18 +75,71 @@ def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
                     yield item
 
 
-def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
-    """Run a read-only visitor over `node` and everything below it."""
-    if visitor.on_visit(node):
+def walk(
+    node: cst.CSTNode,
+    visitor: cst.CSTVisitor,
+    parents: Optional[Dict[cst.CSTNode, cst.CSTNode]] = None,
+) -> None:
+    """Run a read-only visitor over `node` and everything below it; with `parents`, also record
+    each visited node's parent there (the root's is not recorded)."""
+    kind = type(visitor)
+    if kind.on_visit is cst.CSTVisitor.on_visit and kind.on_leave is cst.CSTVisitor.on_leave:
+        # The usual visitor: look its visit_X / leave_X up once per node class, not per node.
+        hooks = _HOOKS.setdefault(kind, {})
+        _walk_with_hooks(node, visitor, hooks, parents)
+    else:
+        _walk_generic(node, visitor, parents)
+
+
+#: visitor class -> node class -> (visit_X or None, leave_X or None)
+_HOOKS: Dict[type, Dict[type, Tuple[Optional[Callable], Optional[Callable]]]] = {}
+
+
+def _hooks_for(visitor_kind: type, node_kind: type):
+    name = node_kind.__name__
+    return getattr(visitor_kind, "visit_" + name, None), getattr(visitor_kind, "leave_" + name, None)
+
+
+def _walk_with_hooks(node, visitor, hooks, parents) -> None:
+    node_kind = node.__class__
+    pair = hooks.get(node_kind)
+    if pair is None:
+        pair = hooks[node_kind] = _hooks_for(type(visitor), node_kind)
+    visit, leave = pair
+    if visit is None or visit(visitor, node) is not False:
         node_type = cst.CSTNode
-        for name in _fields_of(node):
+        for name in _FIELD_ORDER.get(node_kind) or _fields_of(node):
             value = getattr(node, name)
             if isinstance(value, node_type):
-                walk(value, visitor)
+                if parents is not None:
+                    parents[value] = node
+                _walk_with_hooks(value, visitor, hooks, parents)
             elif value.__class__ is tuple or value.__class__ is list:
                 for item in value:
                     if isinstance(item, node_type):
-                        walk(item, visitor)
+                        if parents is not None:
+                            parents[item] = node
+                        _walk_with_hooks(item, visitor, hooks, parents)
+    if leave is not None:
+        leave(visitor, node)
+
+
+def _walk_generic(node, visitor, parents) -> None:
+    """For visitors that override on_visit / on_leave themselves."""
+    if visitor.on_visit(node):
+        node_type = cst.CSTNode
+        for name in _FIELD_ORDER.get(node.__class__) or _fields_of(node):
+            value = getattr(node, name)
+            if isinstance(value, node_type):
+                if parents is not None:
+                    parents[value] = node
+                _walk_generic(value, visitor, parents)
+            elif value.__class__ is tuple or value.__class__ is list:
+                for item in value:
+                    if isinstance(item, node_type):
+                        if parents is not None:
+                            parents[item] = node
+                        _walk_generic(item, visitor, parents)
     visitor.on_leave(node)
 
 

@@ -362,7 +362,7 @@ def _position_in(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> Optiona
 def analyze_training(module: cst.Module, imports: ImportMap) -> TrainingStructure:
     """Walk `module` once and describe its training structure (see the module docstring)."""
     collector = _Collector(imports)
-    walk(module, collector)
+    walk(module, collector, parents=collector.parents)
     structure = collector.structure
     structure.module = module
     structure._parents = collector.parents
@@ -448,7 +448,6 @@ class _Collector(cst.CSTVisitor):
         self.wrapper_classes: Dict[str, cst.ClassDef] = {}
         self.step_candidates: List[CallSite] = []
         self.parents: Dict[cst.CSTNode, cst.CSTNode] = {}
-        self._stack: List[cst.CSTNode] = []
         self.state_dict_calls: List[CallSite] = []
         self.load_state_dict_calls: List[CallSite] = []
         for framework in names.LOOP_OWNING_FRAMEWORKS:
@@ -458,16 +457,6 @@ class _Collector(cst.CSTVisitor):
         for module_name in imports.modules:
             if any(module_name == p or module_name.startswith(p + ".") for p in names.MIXED_PRECISION_PREFIXES):
                 self.structure.mixed_precision_uses.append(cst.Name(module_name.split(".")[0]))
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if self._stack:
-            self.parents[node] = self._stack[-1]
-        self._stack.append(node)
-        return super().on_visit(node)
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        super().on_leave(original_node)
-        self._stack.pop()
 
     # scopes ---------------------------------------------------------------------------
 
