@@ -113,3 +113,16 @@ def test_positions_count_every_newline_form(newline):
 def test_a_node_from_another_tree_has_no_position():
     positions = Positions(cst.parse_module("x = 1\n"))
     assert positions.get(cst.Name("x")) is None
+
+
+@pytest.mark.parametrize("path", CORPUS[-6:], ids=lambda p: p.name)
+def test_positions_asked_in_any_order_are_right(path):
+    """The first lookups stop the code generation early; later ones run it through: every
+    answer is still PositionProvider's, whatever the order of the questions."""
+    module = cst.parse_module(path.read_bytes())
+    expected = cst.MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    nodes = list(expected)
+    order = sorted(range(len(nodes)), key=lambda i: zlib.crc32(str(i).encode()))
+    positions = Positions(module)
+    for index in order[:50] + order:
+        assert positions[nodes[index]] == expected[nodes[index]]

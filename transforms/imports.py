@@ -57,10 +57,12 @@ class ImportMap:
 
     def resolve(self, node: cst.CSTNode) -> Optional[str]:
         """The fully qualified name of a Name/Attribute chain, or None when not imported."""
-        name = dotted_name(node)
-        if name is None:
-            return None
-        return self.resolve_dotted(name)
+        head = node
+        while isinstance(head, cst.Attribute):
+            head = head.value
+        if not isinstance(head, cst.Name) or head.value not in self.aliases:
+            return None  # decided without building the dotted name: most names are not imports
+        return self.resolve_dotted(get_full_name_for_node(node))
 
     def resolve_dotted(self, name: str) -> Optional[str]:
         head, _, rest = name.partition(".")

@@ -8,7 +8,8 @@ instead of regex splits, plain tuples, a slotted context manager) and builds `Co
 objects only for the nodes a transform asks about. `tests/test_fast_walk_positions.py` checks
 that every node gets exactly what `PositionProvider` gives it.
 
-It is computed on first use, so a transform that finds nothing to report never pays for it.
+It is computed on first use, so a transform that finds nothing to report never pays for it, and
+the first lookups stop generating code at the node asked for.
 """
 
 from __future__ import annotations
@@ -25,14 +26,24 @@ _Range = Tuple[int, int, int, int]  # start line, start column, end line, end co
 class Positions:
     """`positions[node]` -> CodeRange, as `MetadataWrapper.resolve(PositionProvider)[node]`."""
 
+    #: code generations stopped at an asked-for node before one runs to the end
+    PARTIAL_RUNS = 2
+
     def __init__(self, module: cst.Module) -> None:
         self._module = module
-        self._ranges: Optional[Dict[int, _Range]] = None
+        self._ranges: Dict[int, _Range] = {}
+        self._complete = False
+        self._partial_runs = 0
 
     def __getitem__(self, node: cst.CSTNode) -> CodeRange:
-        if self._ranges is None:
-            self._ranges = _compute_ranges(self._module)
-        start_line, start_column, end_line, end_column = self._ranges[id(node)]
+        key = id(node)
+        found = self._ranges.get(key)
+        if found is None and not self._complete:
+            self._generate(stop_at=key if self._partial_runs < self.PARTIAL_RUNS else None)
+            found = self._ranges.get(key)
+        if found is None:
+            raise KeyError(node)
+        start_line, start_column, end_line, end_column = found
         return CodeRange(CodePosition(start_line, start_column), CodePosition(end_line, end_column))
 
     def get(self, node: cst.CSTNode, default=None):
@@ -41,11 +52,21 @@ class Positions:
         except KeyError:
             return default
 
+    def _generate(self, stop_at: Optional[int]) -> None:
+        """Generate the module's code, recording ranges; with `stop_at`, stop once that node's
+        range is known (a file's one finding near the top costs a fraction of the module)."""
+        module = self._module
+        state = _RangeRecordingState(module.default_indent, module.default_newline, self._ranges, stop_at)
+        try:
+            module._codegen(state)
+        except _Reached:
+            self._partial_runs += 1
+            return
+        self._complete = True
 
-def _compute_ranges(module: cst.Module) -> Dict[int, _Range]:
-    state = _RangeRecordingState(default_indent=module.default_indent, default_newline=module.default_newline)
-    module._codegen(state)
-    return state.ranges
+
+class _Reached(Exception):
+    """The asked-for node's range is recorded: stop generating code."""
 
 
 class _SyntacticRange:
@@ -63,7 +84,9 @@ class _SyntacticRange:
         self.line = self.state.line
         self.column = self.state.column
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        if exc_type is not None:
+            return  # stopped early: this node's range is not complete
         state = self.state
         ranges = state.ranges
         if self.start_node is not None:
@@ -80,11 +103,12 @@ class _SyntacticRange:
 class _RangeRecordingState(CodegenState):
     """PositionProvidingCodegenState's bookkeeping, done cheaply."""
 
-    def __init__(self, default_indent: str, default_newline: str) -> None:
+    def __init__(self, default_indent: str, default_newline: str, ranges: Dict[int, _Range], stop_at: Optional[int]) -> None:
         super().__init__(default_indent=default_indent, default_newline=default_newline)
         self.line = 1
         self.column = 0
-        self.ranges: Dict[int, _Range] = {}
+        self.ranges = ranges
+        self.stop_at = stop_at
         self._starts: List[Tuple[int, int]] = []
 
     def add_indent_tokens(self) -> None:
@@ -113,6 +137,8 @@ class _RangeRecordingState(CodegenState):
         key = id(node)
         if key not in self.ranges:  # a syntactic range, recorded inside, wins
             self.ranges[key] = (start_line, start_column, self.line, self.column)
+        if key == self.stop_at:
+            raise _Reached
 
     def record_syntactic_position(self, node, *, start_node=None, end_node=None) -> _SyntacticRange:
         return _SyntacticRange(self, node, start_node, end_node)

@@ -179,7 +179,8 @@ class _GraphRewrite:
 
     # -- files that already use mixed precision ----------------------------------------------
     def _already_mixed_precision(self) -> TransformResult:
-        what, line = self.survey.mixed_precision_marker
+        what, marker = self.survey.mixed_precision_marker
+        line = self.positions[marker].start.line
         if not self.survey.ngc_auto_mixed_precision:
             for site in self._tf1_sites():
                 if site.already_wrapped or set(site.assigned_to) & self.survey.wrapped_names:
@@ -529,7 +530,7 @@ class _GraphRewrite:
                     _warning(
                         "AMP113",
                         f"{site.display} is built in a function that is handed a Session "
-                        f"(parameter {param[0]}, line {param[1]}): the caller created that "
+                        f"(parameter {param.name}, line {param.line}): the caller created that "
                         "Session before this optimizer is wrapped, so it does not get the mixed "
                         "precision graph rewrite (nothing runs in float16); build the model and "
                         "optimizer first, then create the Session",
@@ -538,7 +539,8 @@ class _GraphRewrite:
                     )
                 )
                 continue
-            shown, line = run
+            shown, receiver = run
+            line = self.positions[receiver].start.line
             self.findings.append(
                 _warning(
                     "AMP113",

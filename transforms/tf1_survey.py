@@ -59,15 +59,46 @@ class OptimizerSite:
 
 @dataclass
 class SessionSite:
-    line: int
-    column: int
+    """A call that creates (or hands out) a Session; lines looked up only when asked for."""
+
+    node: cst.Call
+    positions: Positions
     scope: int
     display: str
-    #: for `with tf.Session() ...:`, the body lines it encloses; None for a plain call
-    encloses: Optional[Tuple[int, int]] = None
+    #: for `with tf.Session() ...:`, the body of the `with`; None for a plain call
+    with_body: Optional[cst.BaseSuite] = None
     #: True for a call that hands out a Session built elsewhere (`get_session()`), False
     #: for a Session constructor
     obtained: bool = False
+
+    @property
+    def line(self) -> int:
+        return self.positions[self.node].start.line
+
+    @property
+    def column(self) -> int:
+        return self.positions[self.node].start.column
+
+    @property
+    def encloses(self) -> Optional[Tuple[int, int]]:
+        """For `with tf.Session() ...:`, the first and last line of the body it encloses."""
+        if self.with_body is None:
+            return None
+        body = self.positions[self.with_body]
+        return body.start.line, body.end.line
+
+
+@dataclass
+class SessionParam:
+    """A function parameter named like a Session (`sess`)."""
+
+    name: str
+    node: cst.Param
+    positions: Positions
+
+    @property
+    def line(self) -> int:
+        return self.positions[self.node].start.line
 
 
 @dataclass
@@ -118,12 +149,12 @@ class NameCall:
 class ModuleSurvey:
     optimizers: List[OptimizerSite] = field(default_factory=list)
     sessions: List[SessionSite] = field(default_factory=list)
-    #: scope id -> (session as written, line) of the first `sess.run(...)` on a Session the
+    #: scope id -> (session as written, its node) of the first `sess.run(...)` on a Session the
     #: scope did not create (a parameter, `self.sess`, the default Session)
-    session_runs: Dict[int, Tuple[str, int]] = field(default_factory=dict)
-    #: scope id -> (parameter, line) of a function parameter named like a Session (`sess`):
+    session_runs: Dict[int, Tuple[str, cst.CSTNode]] = field(default_factory=dict)
+    #: scope id -> the function parameter named like a Session (`sess`):
     #: the caller created that Session before this function runs
-    session_params: Dict[int, Tuple[str, int]] = field(default_factory=dict)
+    session_params: Dict[int, SessionParam] = field(default_factory=dict)
     #: calls of plain names (`build_model()`, `Model(...)`) that resolve to no import
     name_calls: List[NameCall] = field(default_factory=list)
     #: scope id of a function -> (its name, the name of the class it is a method of, or "")
@@ -132,8 +163,8 @@ class ModuleSurvey:
     built_inside_tf: List[Tuple[str, int, int]] = field(default_factory=list)
     #: (class as written, callee as written, line, column): a class handed to code elsewhere
     classes_handed_off: List[Tuple[str, str, int, int]] = field(default_factory=list)
-    #: first mixed precision marker: (what, line)
-    mixed_precision_marker: Optional[Tuple[str, int]] = None
+    #: first mixed precision marker: (what, the node that says it)
+    mixed_precision_marker: Optional[Tuple[str, cst.CSTNode]] = None
     ngc_auto_mixed_precision: bool = False
     #: dotted names passed to a mixed precision wrapper (`opt` in `enable_...(opt)`)
     wrapped_names: Set[str] = field(default_factory=set)
@@ -210,11 +241,11 @@ class _Surveyor(cst.CSTVisitor):
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             lowered = param.name.value.lower()
             if lowered in ("sess", "session") or lowered.endswith(("_sess", "_session")):
-                line = self._position(param).start.line
-                self.survey.session_params[id(node)] = (param.name.value, line)
+                session_param = SessionParam(param.name.value, param, self.positions)
+                self.survey.session_params[id(node)] = session_param
                 if node.name.value == "__init__" and self._classes and len(self._scopes) == 2:
                     # `Actor(sess, ...)`: every method's optimizer comes after that Session
-                    self.survey.session_params[id(self._classes[-1])] = (param.name.value, line)
+                    self.survey.session_params[id(self._classes[-1])] = session_param
                 break
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
@@ -469,29 +500,19 @@ class _Surveyor(cst.CSTVisitor):
             shown = "the default Session"
         else:
             return
-        line = self._position(receiver).start.line
-        self.survey.session_runs.setdefault(self._scopes[-1], (shown, line))
+        self.survey.session_runs.setdefault(self._scopes[-1], (shown, receiver))
 
     def _record_session(self, node: cst.Call, obtained: bool = False) -> None:
-        position = self._position(node).start
         self.survey.sessions.append(
             SessionSite(
-                line=position.line,
-                column=position.column,
+                node=node,
+                positions=self.positions,
                 scope=self._scopes[-1],
                 display=_code(node.func),
-                encloses=self._enclosed_lines(node),
+                with_body=self._with_bodies.get(id(node)),
                 obtained=obtained,
             )
         )
-
-    def _enclosed_lines(self, call: cst.Call) -> Optional[Tuple[int, int]]:
-        """First and last line of the body of the `with` this call is an item of, if any."""
-        body = self._with_bodies.get(id(call))
-        if body is None:
-            return None
-        body_range = self._position(body)
-        return body_range.start.line, body_range.end.line
 
     def _check_built_inside(self, node: cst.Call, resolved: str) -> None:
         optimizer_arg = None
@@ -510,7 +531,7 @@ class _Surveyor(cst.CSTVisitor):
 
     def _mark_mixed_precision(self, what: str, node: cst.CSTNode) -> None:
         if self.survey.mixed_precision_marker is None:
-            self.survey.mixed_precision_marker = (what, self._position(node).start.line)
+            self.survey.mixed_precision_marker = (what, node)
 
     def _position(self, node: cst.CSTNode):
         return self.positions[node]
