@@ -10,9 +10,10 @@ fresh interpreter, as a user would run it):
   (a) `ampify TREE --check`, also with 1 worker and with 2 (scaling);
   (c) `python -m libcst.tool codemod` with a no-op command (bench/noop_codemod.py), --no-format;
   (d) a LibCST parse-only pass (bench/parse_only.py) over just the files ampify had to parse
-      (those whose cheap byte test, `may_apply`, passed for some transform);
-and, in this process, ampify's per-file cost on the parsed files against a bare
-`libcst.parse_module` of the same files, with a breakdown per transform.
+      with LibCST (a transform's byte test, `may_apply`, then its screen on the names the code
+      uses, read with the stdlib `ast`, passed);
+and, in this process, ampify's per-file cost on those parsed files (screen included) against a
+bare `libcst.parse_module` of the same files, with a breakdown per stage and transform.
 Nothing is written to the trees: ampify runs with --check, and LibCST writes back only the
 files a codemod changed (the no-op changes none).
 """
@@ -35,7 +36,7 @@ from typing import Dict, List, Optional
 
 import libcst as cst
 
-from ampify.convert import _check_compiles, transforms_that_may_apply
+from ampify.convert import _check_compiles, transforms_that_may_apply, transforms_to_run
 from ampify.discover import discover
 from ampify.options import Options
 from ampify.transforms.imports import ImportMap
@@ -149,8 +150,9 @@ def time_parse_only(paths: List[Path], jobs: int, repeat: int, workdir: Path, na
 def per_file_costs(paths: List[Path], options: Options) -> dict:
     """In this process: parse-only vs ampify's whole per-file pipeline, and where time goes.
 
-    The stages mirror `convert_source`: parse, imports (once per file, again only after a
-    transform changed the module), each transform, the compile check of a changed result.
+    The stages mirror `convert_source`: the byte tests and the screen (a stdlib `ast` parse),
+    parse, imports (once per file, again only after a transform changed the module), each
+    transform, the compile check of a changed result. ampify's time includes the screen.
     """
     from ampify.convert import convert_source
 
@@ -159,7 +161,7 @@ def per_file_costs(paths: List[Path], options: Options) -> dict:
     sources = [p.read_bytes() for p in paths]
     convert_source(sources[0], options)  # warm caches (LibCST's parser config, imports)
     parse_total = convert_total = 0.0
-    stages: Dict[str, float] = {"parse": 0.0, "imports": 0.0, "compile check": 0.0}
+    stages: Dict[str, float] = {"byte tests + screen": 0.0, "parse": 0.0, "imports": 0.0, "compile check": 0.0}
     for raw in sources:
         start = time.perf_counter()
         try:
@@ -183,6 +185,9 @@ def per_file_costs(paths: List[Path], options: Options) -> dict:
 def _add_stage_costs(raw: bytes, options: Options, stages: Dict[str, float]) -> None:
     clock = time.perf_counter
     start = clock()
+    to_run, _reason = transforms_to_run(raw, options)
+    stages["byte tests + screen"] += clock() - start
+    start = clock()
     try:
         module = cst.parse_module(raw)
     except Exception:  # noqa: BLE001
@@ -193,7 +198,7 @@ def _add_stage_costs(raw: bytes, options: Options, stages: Dict[str, float]) -> 
     imports = ImportMap.from_module(module)
     stages["imports"] += clock() - start
     original = module
-    for transform in transforms_that_may_apply(raw, options):
+    for transform in to_run:
         start = clock()
         if transform.concerns(imports, options):
             try:
@@ -217,13 +222,22 @@ def bench_tree(name: str, tree: Path, jobs: int, repeat: int, workdir: Path, con
     options = Options()
     candidates = discover([tree]).candidates
     sizes = {c.path: c.path.stat().st_size for c in candidates}
-    parsed = [c.path for c in candidates if transforms_that_may_apply(c.path.read_bytes(), options)]
+    screened, parsed = [], []
+    for candidate in candidates:
+        source = candidate.path.read_bytes()
+        if transforms_that_may_apply(source, options):
+            screened.append(candidate.path)
+            if transforms_to_run(source, options)[0]:
+                parsed.append(candidate.path)
     total_mb = sum(sizes.values()) / 1e6
+    screened_mb = sum(sizes[p] for p in screened) / 1e6
     parsed_mb = sum(sizes[p] for p in parsed) / 1e6
     print(f"\n== {name}: {tree}\n   {len(candidates)} files, {total_mb:.1f} MB; "
-          f"{len(parsed)} files ({parsed_mb:.1f} MB) pass a transform's byte test and get parsed", flush=True)
+          f"{len(screened)} files ({screened_mb:.1f} MB) pass a transform's byte test and get screened "
+          f"(stdlib ast); {len(parsed)} files ({parsed_mb:.1f} MB) pass a screen and get parsed by LibCST", flush=True)
 
     result: dict = {"path": str(tree), "files": len(candidates), "mb": total_mb,
+                    "screened_files": len(screened), "screened_mb": screened_mb,
                     "parsed_files": len(parsed), "parsed_mb": parsed_mb, "load_average_before": warn_if_busy()}
     worker_counts = sorted({1, 2, jobs})
     result["ampify"] = {}

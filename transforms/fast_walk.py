@@ -65,14 +65,7 @@ def _fields_of(node: cst.CSTNode) -> Tuple[str, ...]:
 
 def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """The code-bearing children of a node, in source order."""
-    for name in _fields_of(node):
-        value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            yield value
-        elif isinstance(value, (tuple, list)):
-            for item in value:
-                if isinstance(item, cst.CSTNode):
-                    yield item
+    return iter(_code_children(node))
 
 
 def walk(
@@ -100,6 +93,39 @@ def _hooks_for(visitor_kind: type, node_kind: type):
     return getattr(visitor_kind, "visit_" + name, None), getattr(visitor_kind, "leave_" + name, None)
 
 
+#: value class -> 1 for a CSTNode, 2 for a tuple/list (of nodes), 0 otherwise; a dict lookup is
+#: several times cheaper than isinstance() against LibCST's abstract base classes
+_VALUE_KIND: Dict[type, int] = {tuple: 2, list: 2}
+
+
+def _value_kind(kind: type) -> int:
+    found = _VALUE_KIND.get(kind)
+    if found is None:
+        found = _VALUE_KIND[kind] = 1 if issubclass(kind, cst.CSTNode) else 0
+    return found
+
+
+def _code_children(node: cst.CSTNode):
+    """The code-bearing children of a node, as a list (the walks' inner loop)."""
+    found = []
+    value_kinds = _VALUE_KIND
+    for name in _FIELD_ORDER.get(node.__class__) or _fields_of(node):
+        value = getattr(node, name)
+        kind = value_kinds.get(value.__class__)
+        if kind is None:
+            kind = _value_kind(value.__class__)
+        if kind == 1:
+            found.append(value)
+        elif kind == 2:
+            for item in value:
+                item_kind = value_kinds.get(item.__class__)
+                if item_kind is None:
+                    item_kind = _value_kind(item.__class__)
+                if item_kind == 1:
+                    found.append(item)
+    return found
+
+
 def _walk_with_hooks(node, visitor, hooks, parents) -> None:
     node_kind = node.__class__
     pair = hooks.get(node_kind)
@@ -107,19 +133,10 @@ def _walk_with_hooks(node, visitor, hooks, parents) -> None:
         pair = hooks[node_kind] = _hooks_for(type(visitor), node_kind)
     visit, leave = pair
     if visit is None or visit(visitor, node) is not False:
-        node_type = cst.CSTNode
-        for name in _FIELD_ORDER.get(node_kind) or _fields_of(node):
-            value = getattr(node, name)
-            if isinstance(value, node_type):
-                if parents is not None:
-                    parents[value] = node
-                _walk_with_hooks(value, visitor, hooks, parents)
-            elif value.__class__ is tuple or value.__class__ is list:
-                for item in value:
-                    if isinstance(item, node_type):
-                        if parents is not None:
-                            parents[item] = node
-                        _walk_with_hooks(item, visitor, hooks, parents)
+        for child in _code_children(node):
+            if parents is not None:
+                parents[child] = node
+            _walk_with_hooks(child, visitor, hooks, parents)
     if leave is not None:
         leave(visitor, node)
 
@@ -127,19 +144,10 @@ def _walk_with_hooks(node, visitor, hooks, parents) -> None:
 def _walk_generic(node, visitor, parents) -> None:
     """For visitors that override on_visit / on_leave themselves."""
     if visitor.on_visit(node):
-        node_type = cst.CSTNode
-        for name in _FIELD_ORDER.get(node.__class__) or _fields_of(node):
-            value = getattr(node, name)
-            if isinstance(value, node_type):
-                if parents is not None:
-                    parents[value] = node
-                _walk_generic(value, visitor, parents)
-            elif value.__class__ is tuple or value.__class__ is list:
-                for item in value:
-                    if isinstance(item, node_type):
-                        if parents is not None:
-                            parents[item] = node
-                        _walk_generic(item, visitor, parents)
+        for child in _code_children(node):
+            if parents is not None:
+                parents[child] = node
+            _walk_generic(child, visitor, parents)
     visitor.on_leave(node)
 
 
