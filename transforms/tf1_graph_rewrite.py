@@ -280,7 +280,7 @@ class _GraphRewrite:
         for name in site.assigned_to:
             if name in self.survey.bound_to_other_calls:
                 continue  # the name also holds another object: the attribute may be its own
-            for read in self.survey.unforwarded_reads.get(name, ()):
+            for read in self.survey.reads_of(name):
                 # A plain local name only means this optimizer in its own function; an
                 # attribute (`self.opt`) is shared by the class's methods.
                 if "." not in name and read.scope != site.scope:

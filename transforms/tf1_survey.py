@@ -31,6 +31,7 @@ from ampify.transforms.tf1_names import (
     TF1_OPTIMIZER_CLASS_FACTORIES,
     SESSION_CONSTRUCTORS,
     SESSION_GETTERS,
+    TF1_STYLE_MARKERS,
     WRAPPER_FORWARDED_ATTRIBUTES,
     is_tf1_optimizer_class,
     is_tf1_style_marker,
@@ -147,6 +148,8 @@ class NameCall:
 
 @dataclass
 class ModuleSurvey:
+    """What the TF1 graph rewrite decides on (see `survey_module`)."""
+
     optimizers: List[OptimizerSite] = field(default_factory=list)
     sessions: List[SessionSite] = field(default_factory=list)
     #: scope id -> (session as written, its node) of the first `sess.run(...)` on a Session the
@@ -173,8 +176,11 @@ class ModuleSurvey:
     has_apply_gradients: bool = False
     #: TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE appears in a string already
     mentions_ignore_performance_env: bool = False
-    #: dotted name -> reads of attributes the wrapper does not forward (`opt._lr`)
-    unforwarded_reads: Dict[str, List[AttributeRead]] = field(default_factory=dict)
+    #: every `X.attr` whose attr the wrapper does not forward (`opt._lr`), with its scope id;
+    #: grouped by X only when asked (`reads_of`): few files ever ask
+    attribute_reads: List[Tuple[cst.Attribute, int]] = field(default_factory=list)
+    _reads_by_owner: Optional[Dict[str, List[AttributeRead]]] = field(default=None, repr=False)
+    positions: Optional[Positions] = field(default=None, repr=False)
     #: string literals naming a TF1 optimizer class ("tf.train.AdamOptimizer"), looked up at
     #: run time (StyleGAN's util.get_obj_by_name): (the string, line, column)
     optimizer_class_strings: List[Tuple[str, int, int]] = field(default_factory=list)
@@ -182,11 +188,27 @@ class ModuleSurvey:
     #: reuses `opt` for its AccumulatingOptimizer): their attributes may be that object's
     bound_to_other_calls: Set[str] = field(default_factory=set)
 
+    def reads_of(self, name: str) -> List[AttributeRead]:
+        """Reads of `name.attr` for attributes the mixed precision wrapper does not forward."""
+        if self._reads_by_owner is None:
+            self._reads_by_owner = {}
+            for node, scope in self.attribute_reads:
+                owner = dotted_name(node.value)
+                if owner is not None:
+                    self._reads_by_owner.setdefault(owner, []).append(
+                        AttributeRead(node.attr.value, node.attr, scope, self.positions)
+                    )
+        return self._reads_by_owner.get(name, [])
+
 
 #: "tf.train.AdamOptimizer", "tensorflow.compat.v1.train.MomentumOptimizer", "tf.contrib.opt.X"
 _OPTIMIZER_CLASS_STRING = re.compile(
     r"^(tf|tensorflow)(\.compat\.v1)?\.(train|contrib\.opt)\.[A-Za-z0-9_]*Optimizer$"
 )
+
+
+#: the last name of every TF1 style marker (`Session`, `placeholder`, `estimator`, ...)
+_STYLE_MARKER_LAST_NAMES = frozenset(marker.rsplit(".", 1)[-1] for marker in TF1_STYLE_MARKERS)
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -348,13 +370,14 @@ class _Surveyor(cst.CSTVisitor):
         self._note_style(node)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        self._note_style(node)
-        if node.attr.value not in WRAPPER_FORWARDED_ATTRIBUTES:
-            owner = dotted_name(node.value)
-            if owner is not None:
-                self.survey.unforwarded_reads.setdefault(owner, []).append(
-                    AttributeRead(node.attr.value, node.attr, self._scopes[-1], self.positions)
-                )
+        attr = node.attr.value
+        if attr in _STYLE_MARKER_LAST_NAMES or attr.endswith("Optimizer"):
+            # A chain that resolves to a marker (or below one) either has a head that does
+            # (checked in visit_Name) or an inner attribute that equals it and ends with the
+            # marker's last name; an optimizer class's last name is its own.
+            self._note_style(node)
+        if attr not in WRAPPER_FORWARDED_ATTRIBUTES:
+            self.survey.attribute_reads.append((node, self._scopes[-1]))
         if node.attr.value in MIXED_PRECISION_POLICY_FUNCTIONS:
             name = dotted_name(node)
             resolved = self.resolve_name(node) or name or ""
@@ -542,6 +565,7 @@ def survey_module(
 ) -> ModuleSurvey:
     """Walk the module once and record what the TF1 graph rewrite needs to decide."""
     surveyor = _Surveyor(positions, resolve, classifier)
+    surveyor.survey.positions = positions
     walk(module, surveyor)
     return surveyor.survey
 
