@@ -7,6 +7,7 @@ rest, and the caller still gets every result that was produced.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import os
@@ -45,18 +46,24 @@ def run_tasks(
     """Yield one FileResult per task, in completion order. KeyboardInterrupt propagates
     after the workers have stopped; results produced before it were already yielded."""
     if jobs <= 1 or len(tasks) < POOL_THRESHOLD:
-        previous = _collect_garbage_less_often()
-        try:
+        with fewer_gc_passes():
             yield from _run_in_process(tasks, on_result)
-        finally:
-            gc.unfreeze()
-            gc.set_threshold(*previous)
     else:
         yield from _run_in_pool(tasks, jobs, on_result)
 
 
+@contextlib.contextmanager
+def fewer_gc_passes() -> Iterator[None]:
+    """Convert with fewer cyclic-GC passes (see GC_THRESHOLD); the old settings come back after."""
+    previous = _collect_garbage_less_often()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*previous)
+
+
 def _collect_garbage_less_often():
-    """Fewer cyclic-GC passes while converting (see GC_THRESHOLD); returns the old thresholds."""
     previous = gc.get_threshold()
     gc.freeze()  # what is alive now (imported modules) is never garbage: stop re-scanning it
     gc.set_threshold(GC_THRESHOLD, previous[1], previous[2])
