@@ -7,7 +7,6 @@ or rewrites: both are compared node by node on the fixtures and on real installe
 
 from __future__ import annotations
 
-import importlib.util
 import zlib
 from pathlib import Path
 from typing import List
@@ -18,6 +17,7 @@ from libcst.metadata import PositionProvider
 
 from ampify.transforms.fast_walk import iter_tree, walk
 from ampify.transforms.positions import Positions
+from installed_trees import installed_files
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,12 +33,7 @@ LAYOUT_TYPES = (
 
 
 def real_files(package: str, count: int) -> List[Path]:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    root = Path(list(spec.submodule_search_locations)[0])
-    files = sorted(root.rglob("*.py"), key=lambda p: zlib.crc32(str(p.relative_to(root)).encode()))
-    return [p for p in files if 2_000 < p.stat().st_size < 40_000][:count]
+    return installed_files(package, lambda p: 2_000 < p.stat().st_size < 40_000, count)
 
 
 CORPUS = sorted((REPO / "fixtures").rglob("*.py")) + real_files("torch", 12) + real_files("tensorflow", 12)

@@ -12,8 +12,6 @@ the screen rejects must also keep the status it would have had: "not applicable"
 
 from __future__ import annotations
 
-import importlib.util
-import zlib
 from pathlib import Path
 from typing import List
 
@@ -25,6 +23,7 @@ from ampify.registry import ALL_TRANSFORMS
 from ampify.transforms.base import Verdict
 from ampify.transforms.imports import ImportMap
 from ampify.transforms.source_facts import SourceFacts
+from installed_trees import installed_files
 
 REPO = Path(__file__).resolve().parent.parent
 PER_TREE = 15
@@ -38,18 +37,9 @@ def fixture_files() -> List[Path]:
 
 def framework_files(package: str, marker: bytes) -> List[Path]:
     """Small files of an installed package that mention the framework, in a fixed order."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    root = Path(list(spec.submodule_search_locations)[0])
-    files = sorted(root.rglob("*.py"), key=lambda p: zlib.crc32(str(p.relative_to(root)).encode()))
-    picked = []
-    for path in files:
-        if path.stat().st_size <= MAX_BYTES and marker in path.read_bytes():
-            picked.append(path)
-        if len(picked) >= PER_TREE:
-            break
-    return picked
+    return installed_files(
+        package, lambda p: p.stat().st_size <= MAX_BYTES and marker in p.read_bytes(), PER_TREE
+    )
 
 
 def forced_outcome(transform, source: bytes, options: Options):
@@ -68,21 +58,14 @@ def forced_outcome(transform, source: bytes, options: Options):
 def byte_test_passing_files(package: str) -> List[Path]:
     """Small files of an installed package that pass some transform's byte test: the ones the
     screen decides on."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    root = Path(list(spec.submodule_search_locations)[0])
-    files = sorted(root.rglob("*.py"), key=lambda p: zlib.crc32(str(p.relative_to(root)).encode()))
-    picked = []
-    for path in files:
+
+    def passes_a_byte_test(path: Path) -> bool:
         if path.stat().st_size > MAX_BYTES:
-            continue
+            return False
         source = path.read_bytes()
-        if any(t.may_apply(source, o) for o in OPTION_SETS for t in ALL_TRANSFORMS):
-            picked.append(path)
-        if len(picked) >= 2 * PER_TREE:
-            break
-    return picked
+        return any(t.may_apply(source, o) for o in OPTION_SETS for t in ALL_TRANSFORMS)
+
+    return installed_files(package, passes_a_byte_test, 2 * PER_TREE)
 
 
 CORPORA = {
@@ -120,10 +103,9 @@ SCREEN_CORPORA = {
 }
 
 
-@pytest.mark.parametrize("corpus", sorted(SCREEN_CORPORA))
-def test_files_the_screen_rejects_would_not_have_been_touched(corpus):
-    files = SCREEN_CORPORA[corpus]()
-    screened_out = 0
+def byte_test_passes(files: List[Path]):
+    """(path, transform, options, screen's answer) for every transform whose byte test passes on
+    a file the stdlib parser reads."""
     for path in files:
         source = path.read_bytes()
         facts = SourceFacts.from_source(source)
@@ -131,17 +113,25 @@ def test_files_the_screen_rejects_would_not_have_been_touched(corpus):
             continue
         for options in OPTION_SETS:
             for transform in ALL_TRANSFORMS:
-                if not transform.may_apply(source, options) or transform.screen(facts, options):
-                    continue
-                screened_out += 1
-                changed, findings, verdict = forced_outcome(transform, source, options)
-                assert not changed, f"{transform.name} would change {path} but its screen said no"
-                assert findings == [], (
-                    f"{transform.name} would report {[f.code for f in findings]} on {path} but its screen said no"
-                )
-                assert verdict in (Verdict.NOT_APPLICABLE, Verdict.NOTHING_TO_DO), (
-                    f"{transform.name} would say {verdict.value!r} of {path} but its screen said no"
-                )
+                if transform.may_apply(source, options):
+                    yield path, transform, options, transform.screen(facts, options)
+
+
+@pytest.mark.parametrize("corpus", sorted(SCREEN_CORPORA))
+def test_files_the_screen_rejects_would_not_have_been_touched(corpus):
+    screened_out = 0
+    for path, transform, options, passed in byte_test_passes(SCREEN_CORPORA[corpus]()):
+        if passed:
+            continue
+        screened_out += 1
+        changed, findings, verdict = forced_outcome(transform, path.read_bytes(), options)
+        assert not changed, f"{transform.name} would change {path} but its screen said no"
+        assert findings == [], (
+            f"{transform.name} would report {[f.code for f in findings]} on {path} but its screen said no"
+        )
+        assert verdict in (Verdict.NOT_APPLICABLE, Verdict.NOTHING_TO_DO), (
+            f"{transform.name} would say {verdict.value!r} of {path} but its screen said no"
+        )
     if corpus != "fixtures":
         # Library code that names the framework mostly holds no training step: the screen must
         # rule some of it out, or it is not doing its job.
@@ -151,18 +141,10 @@ def test_files_the_screen_rejects_would_not_have_been_touched(corpus):
 def test_every_fixture_that_converts_passes_the_screen():
     """The screen lets through every fixture a transform changes or reports on (the converse
     of the check above, stated directly so a too-narrow screen fails with a clear message)."""
-    passed = 0
-    for path in fixture_files():
-        source = path.read_bytes()
-        facts = SourceFacts.from_source(source)
-        if facts is None:
-            continue
-        for options in OPTION_SETS:
-            for transform in ALL_TRANSFORMS:
-                if not transform.may_apply(source, options):
-                    continue
-                changed, findings, _verdict = forced_outcome(transform, source, options)
-                if changed or findings:
-                    assert transform.screen(facts, options), f"{transform.name}'s screen rejects {path}"
-                    passed += 1
-    assert passed >= 20
+    checked = 0
+    for path, transform, options, passed in byte_test_passes(fixture_files()):
+        changed, findings, _verdict = forced_outcome(transform, path.read_bytes(), options)
+        if changed or findings:
+            assert passed, f"{transform.name}'s screen rejects {path}"
+            checked += 1
+    assert checked >= 20
