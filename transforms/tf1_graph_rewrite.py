@@ -32,8 +32,8 @@ import libcst as cst
 
 from ampify.findings import Finding, Severity
 from ampify.options import Options
-from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms import tf1_screen
+from ampify.transforms.base import Transform, TransformResult, Verdict
 from ampify.transforms.imports import ImportMap
 from ampify.transforms.positions import Positions
 from ampify.transforms.source_facts import SourceFacts
