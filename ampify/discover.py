@@ -12,7 +12,7 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Set
+from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
 import pathspec
 
@@ -53,17 +53,16 @@ def discover(
     for root in paths:
         if root.is_dir() and not root.is_symlink():
             base = root.resolve()
-            names = _walk_python_files(root, respect_gitignore, result)
-            for relative in names:
+            for relative, is_link in _walk_python_files(root, respect_gitignore, result):
                 if exclude_spec is not None and exclude_spec.match_file(relative):
                     continue
-                # os.walk does not enter symlinked folders, so a regular file's real path is
+                # The walk does not enter symlinked folders, so a regular file's real path is
                 # base/relative: no realpath (one lstat per path component) per file.
                 _add(result, seen, root / relative, _display(root, relative), boundary=base,
-                     real_if_not_link=base / relative)
+                     known_regular_at=None if is_link else base / relative)
         elif root.is_dir():
             # A symlinked folder named on the command line is the user's explicit choice.
-            for relative in _walk_python_files(root, respect_gitignore, result):
+            for relative, _ in _walk_python_files(root, respect_gitignore, result):
                 if exclude_spec is None or not exclude_spec.match_file(relative):
                     _add(result, seen, root / relative, _display(root, relative), boundary=root.resolve())
         else:
@@ -85,9 +84,14 @@ def _add(
     path: Path,
     display: str,
     boundary: Optional[Path],
-    real_if_not_link: Optional[Path] = None,
+    known_regular_at: Optional[Path] = None,
 ) -> None:
-    if path.is_symlink():
+    """Add `path` once. `known_regular_at`: the walk saw a plain file (no link) whose real
+    path is this, so no stat is needed; otherwise links are resolved and checked."""
+    is_link = known_regular_at is None and path.is_symlink()
+    if known_regular_at is not None:
+        real = known_regular_at
+    elif is_link:
         try:
             real = path.resolve(strict=True)
         except (OSError, RuntimeError):
@@ -100,14 +104,14 @@ def _add(
             result.skipped.append((display, "symlink to something that is not a file"))
             return
     else:
-        real = real_if_not_link or path.resolve()
+        real = path.resolve()
         if not path.exists():
             result.skipped.append((display, "no such file"))
             return
     if real in seen:
         return
     seen.add(real)
-    result.candidates.append(Candidate(real if path.is_symlink() else path, display))
+    result.candidates.append(Candidate(real if is_link else path, display))
 
 
 def _is_within(path: Path, folder: Path) -> bool:
@@ -118,22 +122,41 @@ def _is_within(path: Path, folder: Path) -> bool:
         return False
 
 
-def _walk_python_files(root: Path, respect_gitignore: bool, result: Discovery) -> List[str]:
-    """Relative paths of `*.py` files under `root`, junk folders pruned, gitignore applied
-    (the files it leaves out are counted in `result.ignored_by_gitignore`)."""
+def _walk_python_files(root: Path, respect_gitignore: bool, result: Discovery) -> List[Tuple[str, bool]]:
+    """(relative path, is a symlink) of the `*.py` files under `root`, junk folders pruned,
+    gitignore applied (the files it leaves out are counted in `result.ignored_by_gitignore`).
+
+    Order and pruning are those of `os.walk(root, followlinks=False)` with sorted names; the
+    directory entries already say which names are links, so regular files cost no stat."""
     tracked_or_unignored = _git_visible_files(root) if respect_gitignore else None
-    found: List[str] = []
-    for folder, dirs, files in os.walk(root, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if d not in JUNK_DIRS and not d.endswith(".egg-info"))
-        rel_folder = os.path.relpath(folder, root)
-        for name in sorted(files):
+    found: List[Tuple[str, bool]] = []
+    pending = [(str(root), "")]
+    while pending:
+        folder, rel_folder = pending.pop()
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except OSError:
+            continue  # unreadable or vanished folder: os.walk skips it too
+        subfolders = []
+        for entry in entries:
+            name = entry.name
+            relative = name if not rel_folder else os.path.join(rel_folder, name)
+            try:
+                is_folder = entry.is_dir()  # follows links, as os.walk does when it sorts names
+            except OSError:
+                is_folder = False
+            if is_folder:
+                if not entry.is_symlink() and name not in JUNK_DIRS and not name.endswith(".egg-info"):
+                    subfolders.append((entry.path, relative))
+                continue
             if not name.endswith(".py"):
                 continue
-            relative = name if rel_folder == "." else os.path.join(rel_folder, name)
             if tracked_or_unignored is not None and relative not in tracked_or_unignored:
                 result.ignored_by_gitignore += 1
                 continue
-            found.append(relative)
+            found.append((relative, entry.is_symlink()))
+        pending.extend(reversed(subfolders))
     return found
 
 

@@ -1,0 +1,64 @@
+"""Discovery over trees with links, junk folders and unreadable folders (no conversion)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ampify.discover import discover
+
+
+def _touch(root: Path, relative: str, text: str = "x = 1\n") -> Path:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_walk_order_links_and_junk(tmp_path):
+    tree = tmp_path / "tree"
+    for relative in ("b.py", "a.py", "notes.txt", "pkg/z.py", "pkg/sub/y.py", "pkg/sub/data.json",
+                     "build/gen.py", "thing.egg-info/x.py", "aa/first.py"):
+        _touch(tree, relative)
+    outside = _touch(tmp_path / "outside", "far.py")
+    (tree / "alias.py").symlink_to(tree / "pkg" / "z.py")  # same file twice: converted once
+    (tree / "far_link.py").symlink_to(outside)
+    (tree / "linked_dir").symlink_to(tmp_path / "outside", target_is_directory=True)
+    (tree / "dir_named.py").mkdir()  # a folder named *.py is not a file
+
+    found = discover([tree], respect_gitignore=False)
+
+    displays = [c.display for c in found.candidates]
+    rel = [os.path.relpath(d, tree) for d in displays]
+    # os.walk order: a folder's files (sorted), then its subfolders (sorted), depth first.
+    # alias.py and pkg/z.py are one real file: it is listed once, under the name met first,
+    # with its real path (a write replaces the file, never the link).
+    assert rel == ["a.py", "alias.py", "b.py", "aa/first.py", "pkg/sub/y.py"]
+    assert found.candidates[1].path == (tree / "pkg" / "z.py").resolve()
+    assert found.candidates[0].path == tree / "a.py"
+    skipped = {os.path.relpath(d, tree): reason for d, reason in found.skipped}
+    assert skipped == {"far_link.py": "symlink points outside the tree, not followed"}
+
+
+def test_link_to_in_tree_file_is_kept_when_the_target_is_excluded(tmp_path):
+    tree = tmp_path / "tree"
+    _touch(tree, "real/train.py")
+    (tree / "train_link.py").symlink_to(tree / "real" / "train.py")
+    found = discover([tree], excludes=["real/"], respect_gitignore=False)
+    assert [(os.path.relpath(c.display, tree), c.path) for c in found.candidates] == [
+        ("train_link.py", (tree / "real" / "train.py").resolve())
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every folder")
+def test_unreadable_folder_is_passed_over(tmp_path):
+    tree = tmp_path / "tree"
+    _touch(tree, "ok.py")
+    locked = tree / "locked"
+    _touch(tree, "locked/hidden.py")
+    locked.chmod(0)
+    try:
+        found = discover([tree], respect_gitignore=False)
+    finally:
+        locked.chmod(0o755)
+    assert [os.path.relpath(c.display, tree) for c in found.candidates] == ["ok.py"]
