@@ -21,6 +21,7 @@ Rule codes:
   AMP117 warning  optimizer built inside TensorFlow (optimize_loss, canned Estimators)
   AMP118 warning  an optimizer class handed to code outside this file: not wrapped
   AMP119 warning  the code reads an attribute the wrapper does not forward: not wrapped
+  AMP120 warning  eager execution is on and nothing builds a graph: the rewrite has nothing to change
   AMP100 error    internal error: the file was left unchanged
 """
 
@@ -149,6 +150,10 @@ def _session_before_message(session: SessionSite, site: OptimizerSite) -> str:
     )
 
 
+def _code_of(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
 def _warning(code: str, message: str, line: int, column: int) -> Finding:
     return Finding(code, message, line, column, Severity.WARNING)
 
@@ -261,6 +266,7 @@ class _GraphRewrite:
                     Severity.INFO,
                 )
             )
+        self._report_eager_execution()
         wrapped = len(to_wrap)
         return TransformResult(
             new_module,
@@ -268,6 +274,26 @@ class _GraphRewrite:
             self.findings,
             f"wrapped {wrapped} optimizer{'s' if wrapped != 1 else ''} with the mixed precision "
             "graph rewrite",
+        )
+
+    def _report_eager_execution(self) -> None:
+        """Eager execution on, and no tf.function, Session, tf.Graph or Estimator: the wrapper
+        scales the loss, but no op runs in float16. Say so instead of reporting success."""
+        enabler = self.survey.eager_enabled_by
+        if enabler is None or self.survey.builds_graph or self.survey.sessions:
+            return
+        position = self.positions[enabler].start
+        self.findings.append(
+            _warning(
+                "AMP120",
+                f"{_code_of(enabler.func)}() turns eager execution on, and nothing in this file "
+                "builds a graph (no tf.function, Session, tf.Graph or Estimator): the mixed "
+                "precision graph rewrite only changes graphs, so the optimizer is wrapped (its "
+                "loss is scaled) but every op still runs in float32; run the training step "
+                "inside tf.function (or use tf.keras.mixed_precision for eager code)",
+                position.line,
+                position.column,
+            )
         )
 
     def _reads_unforwarded(self, site: OptimizerSite) -> bool:

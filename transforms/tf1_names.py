@@ -320,6 +320,44 @@ def is_keras_optimizer(name: Optional[str]) -> bool:
     return bool(name) and name.startswith(KERAS_OPTIMIZER_PREFIXES) and ".schedules" not in name
 
 
+#: Calls that turn eager execution on in TF1 code. The graph rewrite changes graphs only:
+#: "When eager execution is enabled, the mixed precision graph rewrite is only enabled within
+#: tf.functions, as outside tf.functions, there is no graph" (its docstring).
+EAGER_ENABLERS = frozenset(
+    {
+        "tensorflow.enable_eager_execution",
+        "tensorflow.enable_v2_behavior",
+        "tensorflow.contrib.eager.enable_eager_execution",
+    }
+)
+
+#: Normalised names (or their prefixes) of what builds a graph even with eager execution on:
+#: tf.function and defun, an explicit tf.Graph, a Session, an Estimator.
+GRAPH_BUILDERS = (
+    "tensorflow.function",
+    "tensorflow.compat.v2.function",
+    "tensorflow.contrib.eager.defun",
+    "tensorflow.contrib.eager.function",
+    "tensorflow.autograph",
+    "tensorflow.Graph",
+    "tensorflow.Session",
+    "tensorflow.InteractiveSession",
+    "tensorflow.train.MonitoredTrainingSession",
+    "tensorflow.train.MonitoredSession",
+    "tensorflow.train.SingularMonitoredSession",
+    "tensorflow.estimator",
+    "tensorflow.contrib.estimator",
+    "tensorflow.contrib.tpu",
+)
+
+
+def builds_graph(name: Optional[str]) -> bool:
+    """Does this normalised name build a graph the rewrite can change, even with eager on?"""
+    if not name:
+        return False
+    return any(name == entry or name.startswith(entry + ".") for entry in GRAPH_BUILDERS)
+
+
 def is_tf1_style_marker(name: Optional[str]) -> bool:
     """Does this normalised name mark TF1 graph-mode code?"""
     if not name:

@@ -26,6 +26,7 @@ from ampify.transforms.tf1_names import (
     NOT_FOREIGN_OPTIMIZER_MODULES,
     NOT_SESSION_GETTER_PREFIXES,
     CLASS_ARGUMENT_IS_LOCAL,
+    EAGER_ENABLERS,
     OPTIMIZER_BUILT_INSIDE_TF,
     RUN_ON_DEFAULT_SESSION,
     TF1_OPTIMIZER_CLASS_FACTORIES,
@@ -33,6 +34,7 @@ from ampify.transforms.tf1_names import (
     SESSION_GETTERS,
     TF1_STYLE_MARKERS,
     WRAPPER_FORWARDED_ATTRIBUTES,
+    builds_graph,
     is_tf1_optimizer_class,
     is_tf1_style_marker,
 )
@@ -187,6 +189,11 @@ class ModuleSurvey:
     #: dotted names also bound to the result of a call that builds no TF1 optimizer (gpt-2
     #: reuses `opt` for its AccumulatingOptimizer): their attributes may be that object's
     bound_to_other_calls: Set[str] = field(default_factory=set)
+    #: the first call that turns eager execution on (`tf.enable_eager_execution()`)
+    eager_enabled_by: Optional[cst.Call] = None
+    #: something builds a graph the rewrite changes even with eager on: tf.function or defun
+    #: (called or as a decorator), tf.Graph, a Session, an Estimator
+    builds_graph: bool = False
 
     def reads_of(self, name: str) -> List[AttributeRead]:
         """Reads of `name.attr` for attributes the mixed precision wrapper does not forward."""
@@ -272,6 +279,11 @@ class _Surveyor(cst.CSTVisitor):
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._leave_scope()
+
+    def visit_Decorator(self, node: cst.Decorator) -> None:
+        # `@tf.function` (a call `@tf.function(...)` is seen by visit_Call)
+        if not self.survey.builds_graph and builds_graph(self.resolve_name(node.decorator)):
+            self.survey.builds_graph = True
 
     def visit_Lambda(self, node: cst.Lambda) -> None:
         self._enter_scope(node)
@@ -414,6 +426,10 @@ class _Surveyor(cst.CSTVisitor):
                     self.survey.wrapped_names.add(name)
         if isinstance(node.func, cst.Name) and resolved is None:
             self.survey.name_calls.append(NameCall(self._scopes[-1], node.func.value, node, self.positions))
+        if resolved in EAGER_ENABLERS and self.survey.eager_enabled_by is None:
+            self.survey.eager_enabled_by = node
+        elif not self.survey.builds_graph and builds_graph(resolved):
+            self.survey.builds_graph = True
         if resolved in SESSION_CONSTRUCTORS:
             self._record_session(node)
         elif self._hands_out_session(resolved, last):
