@@ -26,6 +26,7 @@ from ampify.transforms.fast_walk import walk
 from ampify.transforms.imports import ImportMap, dotted_name
 from ampify.transforms.source_facts import SourceFacts
 from ampify.transforms.torch_edits import StatementEdits, apply_edits
+from ampify.transforms.torch_helper_backwards import call_of_unfollowed_backward
 from ampify.transforms.torch_statements import calls_within, code_of
 from ampify.transforms.torch_step_plan import StepPlanner
 from ampify.transforms.torch_training_loop import (
@@ -249,6 +250,9 @@ class _ApexConversion:
         """Plan the whole conversion of one training unit, or raise Unconvertible."""
         if not unit.steps:
             self._refuse(unit.backwards[0].call, "no optimizer step found for this backward()")
+        unfollowed = call_of_unfollowed_backward(self.s, unit)
+        if unfollowed is not None:
+            self._refuse(unfollowed[1], unfollowed[0])
         setup = self._find_setup(unit)
         if self.initialize_planned is not None and self.initialize_planned[1] is setup.scope:
             self._refuse(

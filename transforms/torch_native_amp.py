@@ -32,6 +32,7 @@ from ampify.transforms.imports import ImportMap, dotted_name
 from ampify.transforms.source_facts import SourceFacts
 from ampify.transforms.torch_checkpoints import CheckpointWriter
 from ampify.transforms.torch_edits import StatementEdits, apply_edits
+from ampify.transforms.torch_helper_backwards import call_of_unfollowed_backward, pair_helper_backwards
 from ampify.transforms.torch_step_plan import StepPlanner
 from ampify.transforms.torch_training_loop import (
     Unconvertible,
@@ -139,11 +140,14 @@ class _NativeRewrite:
         self.homes: Dict[int, _ScalerHome] = {}
         self.scaler_name = "scaler"
         self.unit_of_function: Dict[int, _UnitPlan] = {}
+        #: ids of backward() calls already rewritten (a helper's backward is reached from several units)
+        self.scaled_backwards: Set[int] = set()
 
     # ---- driver -----------------------------------------------------------------------
 
     def run(self) -> TransformResult:
         s = self.structure = analyze_training(self.module, self.imports)
+        pair_helper_backwards(s)
         self.planner = StepPlanner(s, self.imports)
         self.module = s.module
         if not self.imports.uses("torch"):
@@ -182,11 +186,16 @@ class _NativeRewrite:
 
         self.scaler_name = s.fresh_name("scaler", "grad_scaler", "amp_scaler")
         for backward in s.unpaired_backwards:
+            refusal = s.helper_refusals.get(id(backward.call))
+            followed = (
+                f" (its method was not followed to the step that uses it: {refusal})" if refusal
+                and isinstance(backward.scope, cst.FunctionDef) and s.class_of(backward.scope) is not None else ""
+            )
             self._warn(
                 "AMP215",
                 "backward() here has no optimizer step in the same loop or function that ampify can "
-                "identify (wrapped or hidden optimizer?); this backward is not converted: add autocast, "
-                "scaler.scale(loss).backward() and scaler.step()/update() by hand",
+                f"identify (wrapped or hidden optimizer?){followed}; this backward is not converted: add "
+                "autocast, scaler.scale(loss).backward() and scaler.step()/update() by hand",
                 backward.call,
             )
         plans = []
@@ -352,6 +361,9 @@ class _NativeRewrite:
     def _plan_unit(self, unit: TrainingUnit) -> _UnitPlan:
         if not unit.steps:
             raise Unconvertible("no optimizer step in this training step")
+        unfollowed = call_of_unfollowed_backward(self.structure, unit)
+        if unfollowed is not None:
+            raise Unconvertible(*unfollowed)
         for step in unit.steps:
             if step.has_closure:
                 raise Unconvertible(f"{step.receiver}.step(closure) cannot go through GradScaler", step.call)
@@ -363,6 +375,14 @@ class _NativeRewrite:
         plan.early_exit_updates = list(self.planner.early_exit_updates.get(id(unit), []))
         plan.unscale_before = self.planner.unscale_points(unit)
         self._plan_scaler_home(plan)
+        delegated = [b for b in unit.backwards if b.delegation is not None]
+        if delegated and not plan.reference.startswith("self."):
+            helper = delegated[0].delegation.helpers[-1].name.value
+            raise Unconvertible(
+                f"backward() runs in the method {helper}(), but the optimizers are not attributes of self, "
+                "so the method could not reach the GradScaler",
+                delegated[0].call,
+            )
         return plan
 
     # autocast regions ------------------------------------------------------------------
@@ -659,6 +679,12 @@ class _NativeRewrite:
             return
         reference = plan.reference
         for backward in unit.backwards:
+            if backward.delegation is not None:
+                # the real backward() runs in a helper method, maybe reached by several calls
+                backward = backward.delegation.inner
+                if id(backward.call) in self.scaled_backwards:
+                    continue
+            self.scaled_backwards.add(id(backward.call))
             self.edits.replace_call(backward.call, _scaled_backward(backward.call, reference))
             self._info("AMP202", f"{reference}.scale({statements.code_of(backward.loss)}).backward(...)", backward.call)
         for step in unit.steps:

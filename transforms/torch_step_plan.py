@@ -16,7 +16,7 @@ import libcst as cst
 from ampify.transforms import torch_names as names
 from ampify.transforms import torch_statements as statements
 from ampify.transforms.imports import ImportMap
-from ampify.transforms.torch_training_loop import Block, TrainingStructure, TrainingUnit, Unconvertible
+from ampify.transforms.torch_training_loop import Block, BackwardCall, TrainingStructure, TrainingUnit, Unconvertible
 
 #: reductions allowed on the loss inside `<loss>.backward()` (`loss.mean().backward()`)
 _LOSS_REDUCTIONS = {"mean", "sum", "float", "squeeze", "view", "reshape", "double"}
@@ -35,56 +35,18 @@ class StepPlanner:
     def autocast_regions(self, unit: TrainingUnit) -> List[Tuple[Block, int, int]]:
         """(block, first index, last index) runs of statements to put under autocast: for every
         backward() of the unit, the forward pass through the statement computing its loss."""
-        s = self.structure
         barriers = self._barrier_statements(unit)
         by_block: Dict[int, Tuple[Block, List[Tuple[int, int]]]] = {}
         for backward in unit.backwards:
-            loss_names = self._loss_names(backward)
-            if not loss_names:
-                raise Unconvertible("cannot tell which tensor backward() is called on", backward.call)
-            found = None
-            path = s.block_path(backward.call, stop=unit.body)
-            for level, (block, statement) in enumerate(path):
-                body = list(block.body)
-                index = index_of(body, statement)
-                for candidate in range(index - 1, -1, -1):
-                    if statements.assigned_names(body[candidate]) & loss_names:
-                        found = (block, body, candidate)
-                        break
-                if found:
-                    break
-            if found is None:
-                raise Unconvertible(
-                    f"the loss of backward() ({', '.join(sorted(loss_names))}) is not computed in this loop, "
-                    "so the forward pass cannot be put under autocast",
-                    backward.call,
-                )
-            block, body, end = found
-            start, before_barrier, needed = self._forward_start(body, end, barriers)
-            self._check_outer_forward(path[level + 1:], needed, by_block, backward)
-            planned = by_block.get(id(block), (block, []))[1]
-            if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
-                # an earlier region that starts after it with no backward()/step() in between
-                # (WGAN: `fake = G(z)` right before the real-batch forward and backward) grows to hold it
-                for k, (a, b) in enumerate(planned):
-                    if before_barrier < a and not any(id(body[i]) in barriers for i in range(before_barrier, a)):
-                        planned[k] = (before_barrier, b)
-                        break
-            if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
-                raise Unconvertible(
-                    f"part of the forward pass for this loss (line {s.line(body[before_barrier])}) runs before "
-                    "an earlier backward()/step(), outside any autocast region: put torch.autocast "
-                    "around it by hand",
-                    backward.call,
-                )
-            if not any(self._calls_model(body[index]) for index in range(start, end + 1)):
-                raise Unconvertible(
-                    f"the loss of backward() is computed from tensors made elsewhere (line {s.line(body[end])} "
-                    "holds no model call): the forward pass runs elsewhere, put torch.autocast around it by hand",
-                    backward.call,
-                )
-            ranges = by_block.setdefault(id(block), (block, []))[1]
-            ranges.append((start, end))
+            if backward.delegation is None:
+                self._plan_loss_region(backward, unit.body, barriers, by_block)
+                continue
+            # a helper method runs the backward (`self.backward_D()`): the forward pass and loss
+            # in the innermost helper, and the forward calls right before each helper call
+            delegation = backward.delegation
+            self._plan_loss_region(delegation.inner, delegation.helpers[-1].body, barriers, by_block)
+            for site in delegation.sites:
+                self._plan_prelude_region(site, barriers, by_block)
         regions: List[Tuple[Block, int, int]] = []
         for block, ranges in by_block.values():
             ranges.sort()
@@ -103,6 +65,96 @@ class StepPlanner:
                     )
                 regions.append((block, start, end))
         return regions
+
+    def _plan_loss_region(
+        self, backward: BackwardCall, stop: Block, barriers: Set[int],
+        by_block: Dict[int, Tuple[Block, List[Tuple[int, int]]]],
+    ) -> None:
+        """Plan the autocast region of one `<loss>.backward()`: from the forward pass to the
+        statement computing the loss, searched in the blocks from the backward up to `stop`."""
+        s = self.structure
+        loss_names = self._loss_names(backward)
+        if not loss_names:
+            raise Unconvertible("cannot tell which tensor backward() is called on", backward.call)
+        found = None
+        path = s.block_path(backward.call, stop=stop)
+        for level, (block, statement) in enumerate(path):
+            body = list(block.body)
+            index = index_of(body, statement)
+            for candidate in range(index - 1, -1, -1):
+                if statements.assigned_names(body[candidate]) & loss_names:
+                    found = (block, body, candidate)
+                    break
+            if found:
+                break
+        if found is None:
+            raise Unconvertible(
+                f"the loss of backward() ({', '.join(sorted(loss_names))}) is not computed in this loop, "
+                "so the forward pass cannot be put under autocast",
+                backward.call,
+            )
+        block, body, end = found
+        start, before_barrier, needed = self._forward_start(body, end, barriers)
+        self._check_outer_forward(path[level + 1:], needed, by_block, backward)
+        planned = by_block.get(id(block), (block, []))[1]
+        if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
+            # an earlier region that starts after it with no backward()/step() in between
+            # (WGAN: `fake = G(z)` right before the real-batch forward and backward) grows to hold it
+            for k, (a, b) in enumerate(planned):
+                if before_barrier < a and not any(id(body[i]) in barriers for i in range(before_barrier, a)):
+                    planned[k] = (before_barrier, b)
+                    break
+        if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
+            raise Unconvertible(
+                f"part of the forward pass for this loss (line {s.line(body[before_barrier])}) runs before "
+                "an earlier backward()/step(), outside any autocast region: put torch.autocast "
+                "around it by hand",
+                backward.call,
+            )
+        if not any(self._calls_model(body[index]) for index in range(start, end + 1)):
+            raise Unconvertible(
+                f"the loss of backward() is computed from tensors made elsewhere (line {s.line(body[end])} "
+                "holds no model call): the forward pass runs elsewhere, put torch.autocast around it by hand",
+                backward.call,
+            )
+        start = self._stateful_forward_start(body, start, barriers)
+        ranges = by_block.setdefault(id(block), (block, []))[1]
+        ranges.append((start, end))
+
+    def _stateful_forward_start(self, body: Sequence[cst.CSTNode], start: int, barriers: Set[int]) -> int:
+        """Move a region's start back over `self.forward()`: a method call whose result is dropped
+        runs the forward pass for its effect on self (pix2pix, CUT: `self.forward()` sets
+        self.fake_B, which the loss then reads), so tracing the loss's names cannot find it."""
+        first = start
+        for index in range(start - 1, -1, -1):
+            statement = body[index]
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or id(statement) in barriers:
+                break
+            if _is_dropped_self_call(statement) and self._runs_model_directly(statement):
+                first = index
+        return first
+
+    def _plan_prelude_region(
+        self, site: cst.Call, barriers: Set[int], by_block: Dict[int, Tuple[Block, List[Tuple[int, int]]]]
+    ) -> None:
+        """The statements right before a helper call that runs a backward() (`self.forward()`
+        before `self.backward_D()`), back to the previous backward()/step(): those that run a
+        model go under autocast too (bookkeeping such as zero_grad() at either end stays out)."""
+        s = self.structure
+        statement = s.statement_of(site)
+        block = s.block_of(statement) if statement is not None else None
+        if block is None:
+            return
+        body = list(block.body)
+        index = index_of(body, statement)
+        first = index
+        for candidate in range(index - 1, -1, -1):
+            if isinstance(body[candidate], (cst.FunctionDef, cst.ClassDef)) or id(body[candidate]) in barriers:
+                break
+            first = candidate
+        running = [i for i in range(first, index) if self._runs_model_directly(body[i])]
+        if running:
+            by_block.setdefault(id(block), (block, []))[1].append((running[0], running[-1]))
 
     def index_assignments_to_cast(self, node: cst.CSTNode, scope) -> List[Tuple[cst.Assign, str]]:
         """(assignment, target tensor name) for `values[mask] = net(x)...` inside node, where
@@ -148,13 +200,31 @@ class StepPlanner:
                 return True
         return False
 
+    def _runs_model_directly(self, statement: cst.CSTNode) -> bool:
+        """Does the statement call a model or a method of this object itself (`self.forward()`,
+        `self.netG(x)`, `net(x)`)? Methods of other objects (`self.pool.query(x)`) and
+        bookkeeping (`self.set_requires_grad(...)`, `zero_grad()`) do not count."""
+        for call in statements.calls_within(statement):
+            func = call.func
+            if self.imports.resolve(func) is not None:
+                continue
+            if isinstance(func, cst.Name):
+                called = func.value
+            elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+                called = func.attr.value
+            else:
+                continue
+            if called not in _BOOKKEEPING_CALLS and called not in names.TENSOR_ARITHMETIC_CALLS:
+                return True
+        return False
+
     def _barrier_statements(self, unit: TrainingUnit) -> Set[int]:
         """ids of every statement (at any depth) that holds a backward or step call: an autocast
         region never spans one. (zero_grad() is no barrier: a forward pass written before it must
         still be found, and zero_grad() under autocast is harmless.)"""
         s = self.structure
         barrier_ids: Set[int] = set()
-        calls = [b.call for b in s.backwards] + [st.call for st in s.steps]
+        calls = [b.call for b in s.backwards] + [st.call for st in s.steps] + list(s.delegated_sites)
         for call in calls:
             for ancestor in s.ancestors(call):
                 barrier_ids.add(id(ancestor))
@@ -450,3 +520,18 @@ def index_of(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> int:
         if candidate is statement:
             return index
     raise Unconvertible("internal: statement not found in its block", statement)
+
+
+#: calls that only prepare a step (no forward pass): they do not make a prelude region
+_BOOKKEEPING_CALLS = names.NOT_GRADIENT_HELPERS | names.DATA_PREPARATION_CALLS
+
+
+def _is_dropped_self_call(statement: cst.CSTNode) -> bool:
+    """`self.forward(...)` as a statement of its own, its result dropped."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
+        return False
+    func = small.value.func
+    return isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"

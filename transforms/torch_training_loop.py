@@ -104,9 +104,26 @@ class CallSite:
 
 @dataclass
 class BackwardCall(CallSite):
-    """`<loss>.backward(...)`; `loss` is the receiver expression."""
+    """`<loss>.backward(...)`; `loss` is the receiver expression.
+
+    A unit's backward can also be a call of a helper method that runs the backward
+    (`self.backward_D()`, see `torch_helper_backwards`): then `call` is that helper call in the
+    iteration, `loss` is None, and `delegation` leads to the real `<loss>.backward()`."""
 
     loss: Optional[cst.BaseExpression] = None
+    delegation: Optional["Delegation"] = None
+
+
+@dataclass
+class Delegation:
+    """How an iteration reaches a backward() that runs in helper methods of its class."""
+
+    #: the real `<loss>.backward()` call, in the innermost helper
+    inner: BackwardCall
+    #: the helper calls, from the one in the iteration down to the call of the innermost helper
+    sites: List[cst.Call] = field(default_factory=list)
+    #: the helper methods, outermost first (sites[i] calls helpers[i])
+    helpers: List[cst.FunctionDef] = field(default_factory=list)
 
 
 @dataclass
@@ -196,6 +213,11 @@ class TrainingStructure:
     units: List[TrainingUnit] = field(default_factory=list)
     #: backward calls that no unit holds (no optimizer step in any enclosing loop or function)
     unpaired_backwards: List[BackwardCall] = field(default_factory=list)
+    #: id of an unpaired backward call -> why its helper method could not be followed to a step
+    #: (filled by torch_helper_backwards.pair_helper_backwards)
+    helper_refusals: Dict[int, str] = field(default_factory=dict)
+    #: helper calls through which a unit reaches a backward() (`self.backward_D()`)
+    delegated_sites: List[cst.Call] = field(default_factory=list)
     #: `<optimizer>.state_dict()` calls (checkpoint saves)
     optimizer_state_saves: List[CallSite] = field(default_factory=list)
     #: `<optimizer>.load_state_dict(...)` calls (checkpoint loads)
@@ -771,7 +793,7 @@ def _optimizer_reason(
 # ---- grouping -------------------------------------------------------------------------------
 
 
-def _loop_body_owner(structure: TrainingStructure, node: cst.CSTNode, scope: Scope) -> List[UnitOwner]:
+def loop_body_owners(structure: TrainingStructure, node: cst.CSTNode, scope: Scope) -> List[UnitOwner]:
     """Loops whose body holds node (innermost first, within scope), then the scope itself."""
     owners: List[UnitOwner] = []
     child = node
@@ -790,9 +812,9 @@ def _loop_body_owner(structure: TrainingStructure, node: cst.CSTNode, scope: Sco
 def _group_units(structure: TrainingStructure) -> None:
     """Pair backward calls with steps: the innermost loop (or function) holding both."""
     units: Dict[int, TrainingUnit] = {}
-    step_owners = [(step, _loop_body_owner(structure, step.call, step.scope)) for step in structure.steps]
+    step_owners = [(step, loop_body_owners(structure, step.call, step.scope)) for step in structure.steps]
     for backward in structure.backwards:
-        owners = _loop_body_owner(structure, backward.call, backward.scope)
+        owners = loop_body_owners(structure, backward.call, backward.scope)
         chosen: Optional[UnitOwner] = None
         for owner in owners:
             if any(any(o is owner for o in s_owners) for _, s_owners in step_owners):
@@ -816,13 +838,13 @@ def _group_units(structure: TrainingStructure) -> None:
                 break
     for attribute, sites in (("clips", structure.clips), ("zero_grads", structure.zero_grads)):
         for site in sites:
-            for owner in _loop_body_owner(structure, site.call, site.scope):
+            for owner in loop_body_owners(structure, site.call, site.scope):
                 unit = units.get(id(owner))
                 if unit is not None:
                     getattr(unit, attribute).append(site)
                     break
     for read in structure.grad_reads:
-        for owner in _loop_body_owner(structure, read.node, read.scope):
+        for owner in loop_body_owners(structure, read.node, read.scope):
             unit = units.get(id(owner))
             if unit is not None:
                 unit.grad_reads.append(read)

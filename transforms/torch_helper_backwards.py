@@ -1,0 +1,241 @@
+"""backward() in a helper method: pair it with the optimizer step of the iteration that calls it.
+
+pix2pix, CycleGAN and many GAN code bases split one training iteration over methods of a model
+class:
+
+    def backward_D(self):
+        ...
+        self.loss_D = (self.loss_D_fake + self.loss_D_real) * 0.5
+        self.loss_D.backward()
+
+    def optimize_parameters(self):
+        self.forward()
+        self.optimizer_D.zero_grad()
+        self.backward_D()
+        self.optimizer_D.step()
+
+On its own, `backward_D` has a backward() and no step, so `analyze_training` leaves it unpaired.
+`pair_helper_backwards` follows such a backward() to the calls of its method (`self.backward_D()`),
+also through helpers of helpers (CycleGAN: backward_D_A -> backward_D_basic). When every call of
+the helper is a statement of its own, in a method of the same class, and runs in an iteration that
+steps an optimizer, each call joins that iteration's training unit as a delegated backward (see
+`Delegation`). Anything less certain leaves the backward unpaired, with the reason in
+`TrainingStructure.helper_refusals`, so that it is reported as before.
+
+Only the native backend follows helpers (apex would need the optimizer of each loss inside the
+helper, which `amp.scale_loss` takes as an argument).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Set, Tuple
+
+import libcst as cst
+
+from ampify.transforms.torch_statements import calls_within
+from ampify.transforms.torch_training_loop import (
+    BackwardCall,
+    Delegation,
+    TrainingStructure,
+    TrainingUnit,
+    UnitOwner,
+    loop_body_owners,
+)
+
+#: helpers of helpers followed at most this deep (CycleGAN needs 2)
+MAX_HELPER_DEPTH = 3
+
+#: (helper calls from the iteration down, the helpers they call, the iteration's owner)
+_Route = Tuple[List[cst.Call], List[cst.FunctionDef], UnitOwner]
+
+
+class _NoRoute(Exception):
+    """The helper cannot be followed safely; the message says why (shown to the user)."""
+
+
+def pair_helper_backwards(structure: TrainingStructure) -> None:
+    """Move each unpaired backward() that runs in a helper method into the training units of the
+    iterations that call it (see the module docstring); record why for those that stay unpaired."""
+    if not structure.unpaired_backwards:
+        return
+    step_owner_ids = {
+        id(owner) for step in structure.steps for owner in loop_body_owners(structure, step.call, step.scope)
+    }
+    per_helper: Dict[int, int] = {}
+    for backward in structure.unpaired_backwards:
+        per_helper[id(backward.scope)] = per_helper.get(id(backward.scope), 0) + 1
+    units = {id(unit.owner): unit for unit in structure.units}
+    still_unpaired: List[BackwardCall] = []
+    for backward in structure.unpaired_backwards:
+        helper = backward.scope
+        try:
+            if not isinstance(helper, cst.FunctionDef):
+                raise _NoRoute("it is not in a function")
+            if per_helper[id(helper)] > 1:
+                raise _NoRoute(f"{helper.name.value}() calls backward() more than once")
+            _check_helper_body(structure, helper)
+            routes = _routes_to_iterations(structure, helper, step_owner_ids, depth=0)
+        except _NoRoute as refusal:
+            structure.helper_refusals[id(backward.call)] = str(refusal)
+            still_unpaired.append(backward)
+            continue
+        for sites, helpers, owner in routes:
+            unit = units.get(id(owner))
+            if unit is None:
+                scope = structure.scope_of(sites[0])
+                unit = TrainingUnit(owner, scope, structure.class_of(scope))
+                units[id(owner)] = unit
+                structure.units.append(unit)
+                _adopt_sites_of(structure, unit)
+            site = sites[0]
+            unit.backwards.append(
+                BackwardCall(
+                    site,
+                    structure.statement_of(site),
+                    None,
+                    structure.scope_of(site),
+                    loss=None,
+                    delegation=Delegation(backward, sites, helpers),
+                )
+            )
+            structure.delegated_sites.extend(sites)
+    structure.unpaired_backwards = still_unpaired
+    for unit in structure.units:
+        unit.backwards.sort(key=lambda b: (structure.line(b.call), structure.position(b.call).column))
+
+
+def call_of_unfollowed_backward(structure: TrainingStructure, unit: TrainingUnit) -> Optional[Tuple[str, cst.Call]]:
+    """A call in the unit's iteration of a function that runs a backward() no unit holds
+    (`self.aux_backward()`), with a message; None if there is none. Such an iteration cannot be
+    converted: its optimizer step would unscale gradients that were never scaled."""
+    unfollowed: Dict[str, BackwardCall] = {}
+    for backward in structure.unpaired_backwards:
+        if isinstance(backward.scope, cst.FunctionDef):
+            unfollowed.setdefault(backward.scope.name.value, backward)
+    if not unfollowed:
+        return None
+    for call in calls_within(unit.owner):
+        func = call.func
+        called = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
+        backward = unfollowed.get(called) if called else None
+        if backward is not None:
+            return (
+                f"this training step calls {called}() (line {structure.line(call)}), which runs a backward() "
+                f"(line {structure.line(backward.call)}) that ampify could not pair with its optimizer step: "
+                "the step would unscale gradients that were never scaled",
+                call,
+            )
+    return None
+
+
+def _check_helper_body(structure: TrainingStructure, helper: cst.FunctionDef) -> None:
+    """Gradients must not be read, clipped or stepped inside the helper: they are scaled there."""
+    for site in structure.clips:
+        if site.scope is helper:
+            raise _NoRoute(
+                f"{helper.name.value}() clips gradients after its backward(), where they are still scaled"
+            )
+    for read in structure.grad_reads:
+        if read.scope is helper:
+            raise _NoRoute(f"{helper.name.value}() reads .grad after its backward(), where gradients are still scaled")
+
+
+def _routes_to_iterations(
+    structure: TrainingStructure, helper: cst.FunctionDef, step_owner_ids: Set[int], depth: int
+) -> List[_Route]:
+    """Every way the iterations of this file reach `helper`; raises _NoRoute unless each call of
+    it is followed to an iteration that steps an optimizer."""
+    name = helper.name.value
+    klass = structure.class_of(helper)
+    if klass is None:
+        raise _NoRoute(f"{name}() is not a method (helpers that are plain functions are not followed)")
+    calls = _calls_of_method(structure, helper, name)
+    if not calls:
+        raise _NoRoute(f"{name}() is never called as self.{name}() in this file")
+    routes: List[_Route] = []
+    for call in calls:
+        statement = structure.statement_of(call)
+        if not _is_call_statement(statement, call):
+            raise _NoRoute(f"self.{name}() is called inside an expression (line {structure.line(call)})")
+        caller = structure.scope_of(call)
+        if not isinstance(caller, cst.FunctionDef) or structure.class_of(caller) is not klass:
+            raise _NoRoute(f"self.{name}() is called outside the methods of its class (line {structure.line(call)})")
+        owner = next((o for o in loop_body_owners(structure, call, caller) if id(o) in step_owner_ids), None)
+        if owner is not None:
+            routes.append(([call], [helper], owner))
+            continue
+        if depth + 1 >= MAX_HELPER_DEPTH:
+            raise _NoRoute(f"self.{name}() is reached through too many helper methods")
+        where = f"self.{name}() at line {structure.line(call)} is in {caller.name.value}(), where no optimizer steps"
+        if any(b.scope is caller for b in structure.backwards):
+            raise _NoRoute(f"{where}, and which runs a backward() of its own")
+        try:
+            _check_helper_body(structure, caller)
+            outer_routes = _routes_to_iterations(structure, caller, step_owner_ids, depth + 1)
+        except _NoRoute as refusal:
+            raise _NoRoute(f"{where}; following {caller.name.value}() further: {refusal}") from None
+        for sites, helpers, outer_owner in outer_routes:
+            routes.append((sites + [call], helpers + [helper], outer_owner))
+    return routes
+
+
+def _calls_of_method(structure: TrainingStructure, helper: cst.FunctionDef, name: str) -> List[cst.Call]:
+    """The `self.<name>(...)` calls in the file; _NoRoute if the name is used any other way (a
+    second def of that name, a reference passed around, a call on another object)."""
+    calls: List[cst.Call] = []
+    for node in structure.name_nodes.get(name, []):
+        if node is helper.name:
+            continue
+        parent = structure.parent(node)
+        if isinstance(parent, cst.FunctionDef) and parent.name is node:
+            raise _NoRoute(f"this file defines more than one {name}()")
+        if not (
+            isinstance(parent, cst.Attribute)
+            and parent.attr is node
+            and isinstance(parent.value, cst.Name)
+            and parent.value.value == "self"
+        ):
+            raise _NoRoute(f"{name} is used other than as self.{name}() (line {structure.line(node)})")
+        call = structure.parent(parent)
+        if not (isinstance(call, cst.Call) and call.func is parent):
+            raise _NoRoute(f"self.{name} is used without being called (line {structure.line(node)})")
+        calls.append(call)
+    return calls
+
+
+def _is_call_statement(statement: Optional[cst.CSTNode], call: cst.Call) -> bool:
+    """`self.helper(...)` or `x = self.helper(...)` as a statement of its own."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    if isinstance(small, cst.Expr):
+        return small.value is call
+    if isinstance(small, (cst.Assign, cst.AnnAssign)):
+        return small.value is call
+    return False
+
+
+def _adopt_sites_of(structure: TrainingStructure, unit: TrainingUnit) -> None:
+    """A unit made for a delegated backward: its steps, clips, zero_grads and .grad reads."""
+    owner_id = id(unit.owner)
+
+    def innermost_is_unit(node: cst.CSTNode, scope) -> bool:
+        for owner in loop_body_owners(structure, node, scope):
+            if id(owner) == owner_id:
+                return True
+            if any(id(owner) == id(u.owner) for u in structure.units if u is not unit):
+                return False
+        return False
+
+    for step in structure.steps:
+        if innermost_is_unit(step.call, step.scope):
+            unit.steps.append(step)
+    for site in structure.clips:
+        if innermost_is_unit(site.call, site.scope):
+            unit.clips.append(site)
+    for site in structure.zero_grads:
+        if innermost_is_unit(site.call, site.scope):
+            unit.zero_grads.append(site)
+    for read in structure.grad_reads:
+        if innermost_is_unit(read.node, read.scope):
+            unit.grad_reads.append(read)
