@@ -22,6 +22,7 @@ from ampify.findings import FileResult, FileStatus
 from ampify.options import BACKENDS, DTYPES, Options
 from ampify.report import render_file, render_summary, summarize, write_json_report
 from ampify.runner import default_jobs, run_tasks
+from ampify.source_io import remove_abandoned_temp_files
 
 #: a progress bar only pays off from this many files on
 PROGRESS_THRESHOLD = 50
@@ -106,6 +107,7 @@ def rewrite(
             "(--no-gitignore includes them)",
             file=out,
         )
+    _report_abandoned_temp_files(found.abandoned_temp_files, mode, out)
     print(render_summary(summary, wrote=mode is Mode.WRITE, interrupted=interrupted), file=out)
     if report is not None:
         write_json_report(report, results, summary, options, mode.value, interrupted)
@@ -116,6 +118,21 @@ def rewrite(
     if verify:
         code = max(code, _verify_after_rewrite(verify))
     raise typer.Exit(code)
+
+
+def _report_abandoned_temp_files(paths: List[Path], mode: Mode, out) -> None:
+    """Temporary files of a killed ampify run: a rewrite run removes them, the others list them."""
+    if not paths:
+        return
+    if mode is Mode.WRITE:
+        removed = remove_abandoned_temp_files(paths)
+        if removed:
+            print(f"ampify: removed {removed} temporary file{'s' if removed != 1 else ''} left by a killed ampify run "
+                  "(every source file was already either untouched or fully replaced)", file=out)
+        return
+    listed = ", ".join(str(p) for p in paths[:5]) + (", ..." if len(paths) > 5 else "")
+    print(f"ampify: {len(paths)} temporary file{'s' if len(paths) != 1 else ''} left by a killed ampify run "
+          f"(safe to delete; a rewrite run removes them): {listed}", file=out)
 
 
 def _is_problem(result: FileResult, line: str) -> bool:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
 import pathspec
+
+from ampify.source_io import TEMP_SUFFIX, is_abandoned_temp_file
 
 #: folders never walked into (the user can still name a file inside one explicitly)
 JUNK_DIRS = frozenset(
@@ -41,6 +44,8 @@ class Discovery:
     skipped: List[tuple] = field(default_factory=list)
     #: `*.py` files left out because .gitignore excludes them
     ignored_by_gitignore: int = 0
+    #: temporary files of an ampify run that was killed before it could rename them
+    abandoned_temp_files: List[Path] = field(default_factory=list)
 
 
 def discover(
@@ -151,6 +156,8 @@ def _walk_python_files(root: Path, respect_gitignore: bool, result: Discovery) -
                     subfolders.append((entry.path, relative))
                 continue
             if not name.endswith(".py"):
+                if name.endswith(TEMP_SUFFIX):
+                    _note_abandoned_temp_file(entry, result)
                 continue
             if tracked_or_unignored is not None and relative not in tracked_or_unignored:
                 result.ignored_by_gitignore += 1
@@ -158,6 +165,15 @@ def _walk_python_files(root: Path, respect_gitignore: bool, result: Discovery) -
             found.append((relative, entry.is_symlink()))
         pending.extend(reversed(subfolders))
     return found
+
+
+def _note_abandoned_temp_file(entry: os.DirEntry, result: Discovery) -> None:
+    try:
+        mtime = entry.stat(follow_symlinks=False).st_mtime
+    except OSError:
+        return
+    if entry.is_file(follow_symlinks=False) and is_abandoned_temp_file(entry.name, mtime, time.time()):
+        result.abandoned_temp_files.append(Path(entry.path))
 
 
 def _git_visible_files(root: Path) -> Optional[Set[str]]:

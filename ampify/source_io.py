@@ -14,6 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+#: the new version of a file is written to `.<name>.<random><TEMP_SUFFIX>` next to it, then renamed
+TEMP_SUFFIX = ".ampify-tmp"
+
+#: a temporary file this old was left by a run that was killed (a live one exists for the
+#: milliseconds between write and rename)
+ABANDONED_AFTER_SECONDS = 60
+
+
+def is_abandoned_temp_file(name: str, mtime: float, now: float) -> bool:
+    """Is this directory entry a temporary file of a killed ampify run?"""
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX) and now - mtime > ABANDONED_AFTER_SECONDS
+
+
 class SourceIOError(Exception):
     """A file could not be read or written; the message is the reason shown to the user."""
 
@@ -90,7 +103,7 @@ def replace_atomically(source: SourceFile, new_data: bytes) -> None:
 
     directory = path.parent
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".ampify-tmp", dir=directory)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=directory)
     except OSError as error:
         raise SourceIOError(f"cannot create a temporary file next to it: {error.strerror or error}") from None
     try:
@@ -115,6 +128,20 @@ def replace_atomically(source: SourceFile, new_data: bytes) -> None:
         _remove_quietly(tmp_name)
         raise SourceIOError(f"cannot write the file: {error.strerror or error}") from None
     _fsync_directory(directory)
+
+
+def remove_abandoned_temp_files(paths) -> int:
+    """Delete temporary files of killed runs (see `is_abandoned_temp_file`); how many went."""
+    removed = 0
+    for path in paths:
+        try:
+            os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            pass  # another run removed it first
+        except OSError:
+            pass  # reported as still there by the next run
+    return removed
 
 
 def _remove_quietly(name: str) -> None:

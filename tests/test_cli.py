@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -279,3 +280,26 @@ def test_check_over_the_whole_installed_stdlib_changes_nothing_and_fails_only_on
             with pytest.raises((SyntaxError, ValueError, UnicodeDecodeError)):
                 ast.parse(Path(entry["path"]).read_bytes())
     assert result.returncode == (1 if report["summary"]["failed"] else 0)
+
+
+def test_temporary_files_of_a_killed_run_are_listed_then_removed(tmp_path):
+    make_tree(tmp_path, {"train.py": TF1_SCRIPT, "pkg/model.py": NOT_TRAINING})
+    abandoned = tmp_path / "pkg" / ".model.py.k2j4x9.ampify-tmp"
+    live = tmp_path / ".train.py.q8w1zz.ampify-tmp"  # a run in progress right now: never touched
+    not_ours = tmp_path / "notes.ampify-tmp"  # no leading dot: not a name ampify makes
+    for path in (abandoned, live, not_ours):
+        path.write_text("half of a file")
+    old = time.time() - 600
+    os.utime(abandoned, (old, old))
+    os.utime(not_ours, (old, old))
+
+    check = run_ampify("--check", tmp_path)
+    assert f"1 temporary file left by a killed ampify run (safe to delete; a rewrite run removes them): {abandoned}" in check.stdout
+    assert abandoned.exists() and live.exists() and not_ours.exists()
+
+    rewrite = run_ampify(tmp_path)
+    assert rewrite.returncode == 0, rewrite.stdout + rewrite.stderr
+    assert "removed 1 temporary file left by a killed ampify run" in rewrite.stdout
+    assert not abandoned.exists()
+    assert live.exists() and not_ours.exists()
+    assert "temporary file" not in run_ampify("--check", tmp_path).stdout

@@ -163,10 +163,17 @@ def test_sigkill_mid_rewrite_leaves_every_file_old_or_new(tmp_path, converter):
         assert new >= at_least and old > 0, (old, new)  # it really was killed mid-run
         assert_only_ampify_temp_files(tmp_path, files)
 
-    # A run after the crash finishes the job; converted files are not converted twice.
+    # A run after the crash finishes the job; converted files are not converted twice, and the
+    # temporary files the kills left (aged past the minute a live one could have) are removed.
+    leftovers = list(tmp_path.rglob("*.ampify-tmp"))
+    for path in leftovers:
+        os.utime(path, (time.time() - 120, time.time() - 120))
     finish = subprocess.run(ampify_command(converter, tmp_path, "-j", "2", "-q"), capture_output=True, text=True, timeout=300)
     assert finish.returncode == 0, finish.stderr
     assert count_states(files) == (0, FILES, [])
+    assert list(tmp_path.rglob("*.ampify-tmp")) == []
+    if leftovers:
+        assert f"removed {len(leftovers)} temporary file" in finish.stdout
 
 
 @pytest.mark.parametrize("converter,jobs", [("tf1", 2), ("stand-in", 2), ("stand-in", 1)])
