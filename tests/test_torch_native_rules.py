@@ -156,3 +156,49 @@ def test_class_attribute_is_not_taken_for_the_module_variable():
     assert conversion.status is FileStatus.UNCONVERTED
     assert "scaler" not in (conversion.converted or "")
     assert any(f.code == "AMP215" and "cannot find where optimizer is created" in f.message for f in conversion.findings)
+
+
+def test_scaler_in_init_waits_for_a_device_set_after_the_optimizers():
+    """StarGAN's Solver sets self.device a line after the optimizers: the scaler is created after
+    it (and uses it); created before it, `self.device.type` would raise AttributeError."""
+    torch = __import__("pytest").importorskip("torch")
+    source = textwrap.dedent(
+        """\
+        import torch
+        from torch import nn
+
+
+        class Solver:
+            def __init__(self, lr):
+                self.G = nn.Linear(4, 4)
+                self.D = nn.Linear(4, 1)
+                self.g_optimizer = torch.optim.Adam(self.G.parameters(), lr)
+                self.d_optimizer = torch.optim.Adam(self.D.parameters(), lr)
+                self.device = torch.device("cpu")
+                self.G.to(self.device)
+
+            def train_step(self, x):
+                d_loss = self.D(self.G(x).detach()).mean() - self.D(x).mean()
+                self.d_optimizer.zero_grad()
+                d_loss.backward()
+                self.d_optimizer.step()
+                g_loss = -self.D(self.G(x)).mean()
+                self.g_optimizer.zero_grad()
+                g_loss.backward()
+                self.g_optimizer.step()
+                return d_loss.item(), g_loss.item()
+        """
+    )
+    conversion = convert_source(source, Options())
+    assert conversion.status is FileStatus.CHANGED, conversion.reason
+    lines = conversion.converted.splitlines()
+    assert lines.index("        self.scaler = torch.amp.GradScaler(self.device.type)") == (
+        lines.index('        self.device = torch.device("cpu")') + 1
+    )
+    assert not [f for f in conversion.findings if f.severity is Severity.WARNING]
+    namespace: dict = {}
+    exec(compile(conversion.converted, "solver.py", "exec"), namespace)
+    solver = namespace["Solver"](1e-3)
+    assert isinstance(solver.scaler, torch.amp.GradScaler)
+    losses = solver.train_step(torch.randn(8, 4))
+    assert all(loss == loss for loss in losses)

@@ -508,6 +508,14 @@ class _NativeRewrite:
                 raise Unconvertible("the optimizers are created in different methods", node)
             first_bindings.append(first.statement)
         after = self._insertion_point(first_bindings, [], node)
+        # `self.device = ...` a few lines below the optimizers (StarGAN's Solver): create the
+        # scaler after it, so that it can use the script's device
+        for binding in s.device_bindings:
+            if binding.scope is method and binding.name.startswith("self.") and s.line(binding.statement) > s.line(after):
+                later = s.insertion_point(first_bindings + [binding.statement])
+                if later is not None:
+                    after = later
+                break
         home = _ScalerHome(method, f"self.{self.scaler_name}", after, method, s.line(after), list(receivers))
         self.homes[id(klass)] = home
         return home
@@ -597,7 +605,7 @@ class _NativeRewrite:
         klass = s.class_of(scope)
         if klass is not None:
             for binding in s.device_bindings:
-                if binding.name.startswith("self.") and binding.klass is klass:
+                if binding.name.startswith("self.") and binding.klass is klass and self._set_before(binding, scope, before_line):
                     return f"{binding.name}.type"
         for candidate_scope in chain:
             if isinstance(candidate_scope, cst.FunctionDef):
@@ -626,6 +634,14 @@ class _NativeRewrite:
         )
         return '"cuda"'
 
+    def _set_before(self, binding, scope: Scope, before_line: int) -> bool:
+        """Is the attribute `binding` sets (`self.device = ...`) already set when code at
+        `before_line` in `scope` runs? In the same method: only if bound above that line. From
+        another method: yes, except in __init__, which runs before any other method."""
+        if binding.scope is scope:
+            return binding.statement is not None and self.structure.line(binding.statement) < before_line
+        return not (isinstance(scope, cst.FunctionDef) and scope.name.value == "__init__")
+
     def _visible_device_argument(self, argument: cst.BaseExpression, scope: Scope, before_line: int) -> Optional[str]:
         s = self.structure
         if isinstance(argument, cst.SimpleString):
@@ -638,7 +654,7 @@ class _NativeRewrite:
             return None  # `.to(dtype)`, `.to(other_tensor)`: not a device
         base = name.split(".")[0]
         if base == "self":
-            if not s.bindings_visible(name, scope):
+            if not any(self._set_before(b, scope, before_line) for b in s.bindings_visible(name, scope)):
                 return None
         else:
             bindings = s.bindings_visible(base, scope)
