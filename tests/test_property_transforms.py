@@ -129,7 +129,7 @@ def torch_training_script(draw) -> str:
         lines += [backward, f"{opt}.step()"]
         return "".join(indent + line + "\n" for line in lines)
 
-    shape = draw(st.sampled_from(["top", "function", "helper", "method", "gan"]))
+    shape = draw(st.sampled_from(["top", "function", "helper", "method", "split_methods", "gan"]))
     if shape == "top":
         code = model + f"optimizer = {build}\n" + noise[0] + "for epoch in range(2):\n" + body("    ", "optimizer")
     elif shape == "function":
@@ -144,6 +144,13 @@ def torch_training_script(draw) -> str:
         code = ("class Trainer:\n    def __init__(self):\n        self." + model.strip() + "\n"
                 + "        model = self.model\n" + f"        self.opt = {build}\n\n"
                 + "    def fit(self):\n        model = self.model\n" + body("        ", "self.opt") + noise[0])
+    elif shape == "split_methods":
+        # pix2pix style: backward() in a helper method, the step in the method that calls it
+        steps = body("        ", "self.opt").splitlines(keepends=True)
+        code = ("class Trainer:\n    def __init__(self):\n        self." + model.strip() + "\n"
+                + "        model = self.model\n" + f"        self.opt = {build}\n\n"
+                + "    def backward_step(self):\n        model = self.model\n" + "".join(steps[1:-1])
+                + "\n    def fit(self):\n" + steps[0] + "        self.backward_step()\n" + steps[-1] + noise[0])
     else:
         generator = f"{optim_ref}.Adam(netG.parameters(), lr=2e-4)"
         discriminator = f"{optim_ref}.Adam(netD.parameters(), lr=2e-4)"
