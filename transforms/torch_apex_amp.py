@@ -26,7 +26,7 @@ from ampify.transforms.fast_walk import walk
 from ampify.transforms.imports import ImportMap, dotted_name
 from ampify.transforms.source_facts import SourceFacts
 from ampify.transforms.torch_edits import StatementEdits, apply_edits
-from ampify.transforms.torch_helper_backwards import call_of_unfollowed_backward
+from ampify.transforms.torch_helper_backwards import call_of_unfollowed_backward, helper_refusal_note, distinct_losses, pair_helper_backwards
 from ampify.transforms.torch_statements import calls_within, code_of
 from ampify.transforms.torch_step_plan import StepPlanner
 from ampify.transforms.torch_training_loop import (
@@ -112,6 +112,7 @@ class TorchApexAmp(Transform):
 
     def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
         structure = analyze_training(module, imports)
+        pair_helper_backwards(structure)
         return _ApexConversion(structure, options).run()
 
 
@@ -194,9 +195,10 @@ class _ApexConversion:
         if blocked:
             return self._result(Verdict.UNCONVERTED, "apex amp would raise on this script (see the warnings)")
         for backward in s.unpaired_backwards:
+            followed = helper_refusal_note(s, backward)
             self._warn(
                 "AMP316", backward.call,
-                "backward() with no optimizer step that ampify can identify in the same loop or function; "
+                f"backward() with no optimizer step that ampify can identify in the same loop or function{followed}; "
                 "not converted: wrap it in `with amp.scale_loss(loss, optimizer) as scaled_loss:` by hand",
             )
         converted_units = 0
@@ -416,8 +418,9 @@ class _ApexConversion:
         model_text = models[0] if len(models) == 1 else "[" + ", ".join(models) + "]"
         optimizer_text = optimizers[0] if len(optimizers) == 1 else "[" + ", ".join(optimizers) + "]"
         arguments = f'{model_text}, {optimizer_text}, opt_level="{self.options.apex_opt_level}"'
-        if len(unit.backwards) > 1:
-            arguments += f", num_losses={len(unit.backwards)}"
+        losses = len(distinct_losses(unit))
+        if losses > 1:
+            arguments += f", num_losses={losses}"
         self.plan.insert_after(anchor, f"{model_text}, {optimizer_text} = {self.amp}.initialize({arguments})")
         self._note(
             "AMP301", anchor,
@@ -460,16 +463,30 @@ class _ApexConversion:
 
     def _plan_backwards(self, unit: TrainingUnit) -> None:
         backwards = sorted(unit.backwards, key=lambda b: _pos(self.s, b.call))
-        for loss_id, backward in enumerate(backwards):
+        losses = distinct_losses(unit)
+        optimizers_of: Dict[int, List[str]] = {}
+        for site in backwards:
+            # a backward() in a helper method (`self.backward_D()`) is wrapped where it runs, once,
+            # with the optimizers stepped after the helper call(s) that reach it
+            backward = site.delegation.inner if site.delegation is not None else site
+            optimizers = self._optimizers_after(unit, site, backwards)
+            if optimizers_of.setdefault(id(backward.call), optimizers) != optimizers:
+                self._refuse(
+                    site.call,
+                    f"the backward() at line {self.s.line(backward.call)} feeds different optimizers depending on "
+                    "which helper call reaches it; ampify cannot give it one amp.scale_loss",
+                )
+        for backward in losses:
             statement = backward.statement
             if not _is_lone_expression(statement, backward.call):
                 self._refuse(
                     backward.call, "backward() is not a statement of its own; ampify cannot wrap it in amp.scale_loss"
                 )
-            optimizers = self._optimizers_after(unit, backward, backwards)
+            optimizers = optimizers_of[id(backward.call)]
+            loss_id = losses.index(backward)
             optimizer_text = optimizers[0] if len(optimizers) == 1 else "[" + ", ".join(optimizers) + "]"
             loss_code = code_of(backward.loss)
-            loss_id_text = f", loss_id={loss_id}" if len(backwards) > 1 else ""
+            loss_id_text = f", loss_id={loss_id}" if len(losses) > 1 else ""
             header = f"with {self.amp}.scale_loss({loss_code}, {optimizer_text}{loss_id_text}) as {self.scaled_loss_name}:"
             self.plan.wrap(statement, statement, header)
             # the same call, arguments and all, on the scaled loss

@@ -17,13 +17,13 @@ class:
 On its own, `backward_D` has a backward() and no step, so `analyze_training` leaves it unpaired.
 `pair_helper_backwards` follows such a backward() to the calls of its method (`self.backward_D()`),
 also through helpers of helpers (CycleGAN: backward_D_A -> backward_D_basic). When every call of
-the helper is a statement of its own, in a method of the same class, and runs in an iteration that
+the helper is a statement of its own, in a method of the same class, and runs in one iteration that
 steps an optimizer, each call joins that iteration's training unit as a delegated backward (see
 `Delegation`). Anything less certain leaves the backward unpaired, with the reason in
 `TrainingStructure.helper_refusals`, so that it is reported as before.
 
-Only the native backend follows helpers (apex would need the optimizer of each loss inside the
-helper, which `amp.scale_loss` takes as an argument).
+Both backends follow helpers: native scales the helper's backward through `self.scaler`, apex
+wraps it in `amp.scale_loss(loss, <the optimizer stepped after the helper call>)`.
 """
 
 from __future__ import annotations
@@ -75,6 +75,12 @@ def pair_helper_backwards(structure: TrainingStructure) -> None:
                 raise _NoRoute(f"{helper.name.value}() calls backward() more than once")
             _check_helper_body(structure, helper)
             routes = _routes_to_iterations(structure, helper, step_owner_ids, depth=0)
+            owners = {id(owner): sites[0] for sites, _, owner in routes}
+            if len(owners) > 1:
+                # if one of those steps were refused, the helper's scaled backward would feed an
+                # optimizer stepped without the scaler: follow a helper into one step only
+                lines = ", ".join(str(structure.line(site)) for site in owners.values())
+                raise _NoRoute(f"{helper.name.value}() is called from {len(owners)} training steps (lines {lines})")
         except _NoRoute as refusal:
             structure.helper_refusals[id(backward.call)] = str(refusal)
             still_unpaired.append(backward)
@@ -102,6 +108,28 @@ def pair_helper_backwards(structure: TrainingStructure) -> None:
     structure.unpaired_backwards = still_unpaired
     for unit in structure.units:
         unit.backwards.sort(key=lambda b: (structure.line(b.call), structure.position(b.call).column))
+
+
+def helper_refusal_note(structure: TrainingStructure, backward: BackwardCall) -> str:
+    """For the warning on an unpaired backward() in a method: why its method was not followed
+    (empty when nothing was tried)."""
+    refusal = structure.helper_refusals.get(id(backward.call))
+    if not refusal or not isinstance(backward.scope, cst.FunctionDef) or structure.class_of(backward.scope) is None:
+        return ""
+    return f" (its method was not followed to the step that uses it: {refusal})"
+
+
+def distinct_losses(unit: TrainingUnit) -> List[BackwardCall]:
+    """The real `<loss>.backward()` calls of a unit, each once, in the order the iteration reaches
+    them (a helper's backward may be reached by several helper calls: CycleGAN's backward_D_basic)."""
+    found: List[BackwardCall] = []
+    seen: Set[int] = set()
+    for backward in unit.backwards:
+        real = backward.delegation.inner if backward.delegation is not None else backward
+        if id(real.call) not in seen:
+            seen.add(id(real.call))
+            found.append(real)
+    return found
 
 
 def call_of_unfollowed_backward(structure: TrainingStructure, unit: TrainingUnit) -> Optional[Tuple[str, cst.Call]]:

@@ -32,7 +32,7 @@ from ampify.transforms.imports import ImportMap, dotted_name
 from ampify.transforms.source_facts import SourceFacts
 from ampify.transforms.torch_checkpoints import CheckpointWriter
 from ampify.transforms.torch_edits import StatementEdits, apply_edits
-from ampify.transforms.torch_helper_backwards import call_of_unfollowed_backward, pair_helper_backwards
+from ampify.transforms.torch_helper_backwards import call_of_unfollowed_backward, helper_refusal_note, pair_helper_backwards
 from ampify.transforms.torch_step_plan import StepPlanner
 from ampify.transforms.torch_training_loop import (
     Unconvertible,
@@ -186,11 +186,7 @@ class _NativeRewrite:
 
         self.scaler_name = s.fresh_name("scaler", "grad_scaler", "amp_scaler")
         for backward in s.unpaired_backwards:
-            refusal = s.helper_refusals.get(id(backward.call))
-            followed = (
-                f" (its method was not followed to the step that uses it: {refusal})" if refusal
-                and isinstance(backward.scope, cst.FunctionDef) and s.class_of(backward.scope) is not None else ""
-            )
+            followed = helper_refusal_note(s, backward)
             self._warn(
                 "AMP215",
                 "backward() here has no optimizer step in the same loop or function that ampify can "
