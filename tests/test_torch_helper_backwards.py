@@ -26,7 +26,7 @@ def test_each_refusal_says_why_the_helper_was_not_followed():
     assert conversion.status is FileStatus.UNCONVERTED
     messages = _messages(conversion)
     # called from a method where nothing steps
-    assert "self.backward_net() at line 32 is in gradients_for_inspection(), where no optimizer steps" in messages[16]
+    assert "self.backward_net() is called in gradients_for_inspection(), where no optimizer steps" in messages[16]
     # clips the gradients while they are still scaled
     assert "backward_other() clips gradients after its backward()" in messages[20]
     # a plain function: reported as before, with no claim about methods
@@ -75,7 +75,7 @@ class Model:
         assert conversion.status is FileStatus.UNCONVERTED, options
         assert conversion.converted is None
         assert list(_messages(conversion, code)) == [12]
-        assert "backward_common() is called from 2 training steps (lines 16, 21)" in _messages(conversion, code)[12]
+        assert "backward_common() is called from 2 training steps (in step_a(), in step_b())" in _messages(conversion, code)[12]
 
 
 def test_helper_of_an_iteration_with_local_optimizers_is_refused():
@@ -121,4 +121,4 @@ class Model:
 '''
     conversion = convert_source(source, Options())
     assert conversion.status is FileStatus.UNCONVERTED
-    assert "self.backward_net is used without being called (line 8)" in _messages(conversion)[12]
+    assert "self.backward_net is used without being called (in __init__())" in _messages(conversion)[12]

@@ -79,8 +79,8 @@ def pair_helper_backwards(structure: TrainingStructure) -> None:
             if len(owners) > 1:
                 # if one of those steps were refused, the helper's scaled backward would feed an
                 # optimizer stepped without the scaler: follow a helper into one step only
-                lines = ", ".join(str(structure.line(site)) for site in owners.values())
-                raise _NoRoute(f"{helper.name.value}() is called from {len(owners)} training steps (lines {lines})")
+                places = ", ".join(f"{_where(structure, site)}" for site in owners.values())
+                raise _NoRoute(f"{helper.name.value}() is called from {len(owners)} training steps ({places})")
         except _NoRoute as refusal:
             structure.helper_refusals[id(backward.call)] = str(refusal)
             still_unpaired.append(backward)
@@ -107,7 +107,8 @@ def pair_helper_backwards(structure: TrainingStructure) -> None:
             structure.delegated_sites.extend(sites)
     structure.unpaired_backwards = still_unpaired
     for unit in structure.units:
-        unit.backwards.sort(key=lambda b: (structure.line(b.call), structure.position(b.call).column))
+        if any(b.delegation is not None for b in unit.backwards):
+            unit.backwards.sort(key=lambda b: (structure.line(b.call), structure.position(b.call).column))
 
 
 def helper_refusal_note(structure: TrainingStructure, backward: BackwardCall) -> str:
@@ -184,17 +185,17 @@ def _routes_to_iterations(
     for call in calls:
         statement = structure.statement_of(call)
         if not _is_call_statement(statement, call):
-            raise _NoRoute(f"self.{name}() is called inside an expression (line {structure.line(call)})")
+            raise _NoRoute(f"self.{name}() is called inside an expression ({_where(structure, call)})")
         caller = structure.scope_of(call)
         if not isinstance(caller, cst.FunctionDef) or structure.class_of(caller) is not klass:
-            raise _NoRoute(f"self.{name}() is called outside the methods of its class (line {structure.line(call)})")
+            raise _NoRoute(f"self.{name}() is called outside the methods of its class ({_where(structure, call)})")
         owner = next((o for o in loop_body_owners(structure, call, caller) if id(o) in step_owner_ids), None)
         if owner is not None:
             routes.append(([call], [helper], owner))
             continue
         if depth + 1 >= MAX_HELPER_DEPTH:
             raise _NoRoute(f"self.{name}() is reached through too many helper methods")
-        where = f"self.{name}() at line {structure.line(call)} is in {caller.name.value}(), where no optimizer steps"
+        where = f"self.{name}() is called in {caller.name.value}(), where no optimizer steps"
         if any(b.scope is caller for b in structure.backwards):
             raise _NoRoute(f"{where}, and which runs a backward() of its own")
         try:
@@ -223,12 +224,20 @@ def _calls_of_method(structure: TrainingStructure, helper: cst.FunctionDef, name
             and isinstance(parent.value, cst.Name)
             and parent.value.value == "self"
         ):
-            raise _NoRoute(f"{name} is used other than as self.{name}() (line {structure.line(node)})")
+            raise _NoRoute(f"{name} is used other than as self.{name}() ({_where(structure, node)})")
         call = structure.parent(parent)
         if not (isinstance(call, cst.Call) and call.func is parent):
-            raise _NoRoute(f"self.{name} is used without being called (line {structure.line(node)})")
+            raise _NoRoute(f"self.{name} is used without being called ({_where(structure, node)})")
         calls.append(call)
     return calls
+
+
+def _where(structure: TrainingStructure, node: cst.CSTNode) -> str:
+    """Where a node is ("in train_step()", "at module level"), without computing line numbers
+    (positions cost a code generation of the module, and most refusals happen in library code
+    whose report needs no more than the backward's own line)."""
+    scope = structure.scope_of(node)
+    return f"in {scope.name.value}()" if isinstance(scope, cst.FunctionDef) else "at module level"
 
 
 def _is_call_statement(statement: Optional[cst.CSTNode], call: cst.Call) -> bool:
