@@ -121,4 +121,4 @@ class Model:
 '''
     conversion = convert_source(source, Options())
     assert conversion.status is FileStatus.UNCONVERTED
-    assert "self.backward_net is used without being called (in __init__())" in _messages(conversion)[12]
+    assert "backward_net is used other than as self.backward_net() (in __init__())" in _messages(conversion)[12]

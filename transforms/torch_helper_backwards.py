@@ -40,6 +40,7 @@ from ampify.transforms.torch_training_loop import (
     TrainingUnit,
     UnitOwner,
     loop_body_owners,
+    method_calls,
 )
 
 #: helpers of helpers followed at most this deep (CycleGAN needs 2)
@@ -178,7 +179,9 @@ def _routes_to_iterations(
     klass = structure.class_of(helper)
     if klass is None:
         raise _NoRoute(f"{name}() is not a method (helpers that are plain functions are not followed)")
-    calls = _calls_of_method(structure, helper, name)
+    calls, other_uses = method_calls(structure, helper, klass)
+    if other_uses:
+        raise _NoRoute(f"{name} is used other than as self.{name}() ({_where(structure, other_uses[0])})")
     if not calls:
         raise _NoRoute(f"{name}() is never called as self.{name}() in this file")
     routes: List[_Route] = []
@@ -206,30 +209,6 @@ def _routes_to_iterations(
         for sites, helpers, outer_owner in outer_routes:
             routes.append((sites + [call], helpers + [helper], outer_owner))
     return routes
-
-
-def _calls_of_method(structure: TrainingStructure, helper: cst.FunctionDef, name: str) -> List[cst.Call]:
-    """The `self.<name>(...)` calls in the file; _NoRoute if the name is used any other way (a
-    second def of that name, a reference passed around, a call on another object)."""
-    calls: List[cst.Call] = []
-    for node in structure.name_nodes.get(name, []):
-        if node is helper.name:
-            continue
-        parent = structure.parent(node)
-        if isinstance(parent, cst.FunctionDef) and parent.name is node:
-            raise _NoRoute(f"this file defines more than one {name}()")
-        if not (
-            isinstance(parent, cst.Attribute)
-            and parent.attr is node
-            and isinstance(parent.value, cst.Name)
-            and parent.value.value == "self"
-        ):
-            raise _NoRoute(f"{name} is used other than as self.{name}() ({_where(structure, node)})")
-        call = structure.parent(parent)
-        if not (isinstance(call, cst.Call) and call.func is parent):
-            raise _NoRoute(f"self.{name} is used without being called ({_where(structure, node)})")
-        calls.append(call)
-    return calls
 
 
 def _where(structure: TrainingStructure, node: cst.CSTNode) -> str:
@@ -264,15 +243,8 @@ def _adopt_sites_of(structure: TrainingStructure, unit: TrainingUnit) -> None:
                 return False
         return False
 
-    for step in structure.steps:
-        if innermost_is_unit(step.call, step.scope):
-            unit.steps.append(step)
-    for site in structure.clips:
-        if innermost_is_unit(site.call, site.scope):
-            unit.clips.append(site)
-    for site in structure.zero_grads:
-        if innermost_is_unit(site.call, site.scope):
-            unit.zero_grads.append(site)
-    for read in structure.grad_reads:
-        if innermost_is_unit(read.node, read.scope):
-            unit.grad_reads.append(read)
+    for attribute in ("steps", "clips", "zero_grads"):
+        getattr(unit, attribute).extend(
+            site for site in getattr(structure, attribute) if innermost_is_unit(site.call, site.scope)
+        )
+    unit.grad_reads.extend(read for read in structure.grad_reads if innermost_is_unit(read.node, read.scope))

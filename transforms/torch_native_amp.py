@@ -43,6 +43,7 @@ from ampify.transforms.torch_training_loop import (
     analyze_training,
     concerns_torch,
     may_concern_torch_training,
+    method_calls,
     training_without_torch_import,
     units_outside_mixed_precision,
 )
@@ -527,7 +528,7 @@ class _NativeRewrite:
         if self.scaler_name in {p.name.value for p in statements.all_params(function)}:
             raise Unconvertible("the function already has a parameter named like the scaler", node)
         if klass is not None:
-            calls, other_uses = _calls_of_method(s, function, klass)
+            calls, other_uses = method_calls(s, function, klass)
         else:
             calls, other_uses = _calls_of_function(s, function)
         what = f"{'method ' if klass is not None else ''}{function.name.value}()"
@@ -822,37 +823,6 @@ def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) 
             continue
         elif isinstance(parent, cst.Arg) and parent.keyword is node:
             continue  # f(train=True) names a keyword, not the function
-        else:
-            others.append(node)
-    return calls, others
-
-
-def _calls_of_method(
-    structure: TrainingStructure, method: cst.FunctionDef, klass: cst.ClassDef
-) -> Tuple[List[cst.Call], List[cst.CSTNode]]:
-    """`self.m(...)` calls of a method inside its own class, and every other use of the name
-    (`obj.m(...)` elsewhere may be this method too, so it counts as an unknown caller)."""
-    name = method.name.value
-    calls: List[cst.Call] = []
-    others: List[cst.CSTNode] = []
-    for node in structure.name_nodes.get(name, []):
-        if node is method.name:
-            continue
-        parent = structure.parent(node)
-        if isinstance(parent, cst.Attribute) and parent.attr is node:
-            call = structure.parent(parent)
-            own_call = (
-                isinstance(call, cst.Call)
-                and call.func is parent
-                and isinstance(parent.value, cst.Name)
-                and parent.value.value == "self"
-                and structure.contains(klass, call)
-            )
-            (calls if own_call else others).append(call if own_call else node)
-        elif isinstance(parent, (cst.FunctionDef, cst.Param, cst.ImportAlias)) or (
-            isinstance(parent, cst.Arg) and parent.keyword is node
-        ):
-            continue
         else:
             others.append(node)
     return calls, others

@@ -793,6 +793,37 @@ def _optimizer_reason(
 # ---- grouping -------------------------------------------------------------------------------
 
 
+def method_calls(
+    structure: TrainingStructure, method: cst.FunctionDef, klass: cst.ClassDef
+) -> Tuple[List[cst.Call], List[cst.CSTNode]]:
+    """`self.m(...)` calls of a method inside its own class, and every other use of the name
+    (`obj.m(...)` elsewhere may be this method too, so it counts as an unknown caller)."""
+    name = method.name.value
+    calls: List[cst.Call] = []
+    others: List[cst.CSTNode] = []
+    for node in structure.name_nodes.get(name, []):
+        if node is method.name:
+            continue
+        parent = structure.parent(node)
+        if isinstance(parent, cst.Attribute) and parent.attr is node:
+            call = structure.parent(parent)
+            own_call = (
+                isinstance(call, cst.Call)
+                and call.func is parent
+                and isinstance(parent.value, cst.Name)
+                and parent.value.value == "self"
+                and structure.contains(klass, call)
+            )
+            (calls if own_call else others).append(call if own_call else node)
+        elif isinstance(parent, (cst.FunctionDef, cst.Param, cst.ImportAlias)) or (
+            isinstance(parent, cst.Arg) and parent.keyword is node
+        ):
+            continue
+        else:
+            others.append(node)
+    return calls, others
+
+
 def loop_body_owners(structure: TrainingStructure, node: cst.CSTNode, scope: Scope) -> List[UnitOwner]:
     """Loops whose body holds node (innermost first, within scope), then the scope itself."""
     owners: List[UnitOwner] = []
