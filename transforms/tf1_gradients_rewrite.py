@@ -373,20 +373,36 @@ def _argument(call: cst.Call, index: int, keyword: str) -> Optional[cst.BaseExpr
 
 
 def _compute_gradients_expression(call: cst.Call, receiver: cst.BaseExpression) -> cst.BaseExpression:
-    """`[g for g, _ in O.compute_gradients(loss, var_list=xs, ...)]` for a plain tf.gradients call."""
-    loss = _argument(call, 0, "ys")
-    variables = _argument(call, 1, "xs")
-    args = [cst.Arg(loss), cst.Arg(variables, keyword=cst.Name("var_list"), equal=_EQUAL)]
-    grad_ys = _argument(call, 2, "grad_ys")
-    if grad_ys is not None:
-        args.append(cst.Arg(grad_ys, keyword=cst.Name("grad_loss"), equal=_EQUAL))
+    """`[g for g, _ in O.compute_gradients(loss, var_list=xs, ...)]` for a plain tf.gradients call.
+
+    The original arguments are reused, renamed where compute_gradients names them differently,
+    so their layout and comments (`loss,  # the total loss` on a line of its own) survive."""
+    positional_names = ("ys", "xs", "grad_ys")
+    new_keywords = {"xs": "var_list", **GRADIENTS_TO_COMPUTE_GRADIENTS_KWARGS}
+    loss_args: List[cst.Arg] = []
+    other_args: List[cst.Arg] = []
+    positional_index = 0
     for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value not in ("ys", "xs", "grad_ys"):
-            new_keyword = GRADIENTS_TO_COMPUTE_GRADIENTS_KWARGS[arg.keyword.value]
-            args.append(cst.Arg(arg.value, keyword=cst.Name(new_keyword), equal=_EQUAL))
+        if arg.keyword is None:
+            name = positional_names[positional_index]
+            positional_index += 1
+        else:
+            name = arg.keyword.value
+        if name == "ys":
+            loss_args.append(arg.with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT))
+        else:
+            other_args.append(arg.with_changes(keyword=cst.Name(new_keywords[name]), equal=_EQUAL))
+    args = loss_args + other_args  # the loss goes first: it is compute_gradients' one positional
+    last_comma = call.args[-1].comma
+    for index, arg in enumerate(args):
+        if index < len(args) - 1 and not isinstance(arg.comma, cst.Comma):
+            args[index] = arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        elif index == len(args) - 1 and arg.comma is not last_comma:
+            args[index] = arg.with_changes(comma=last_comma)  # moved last: the call's own ending
     compute = cst.Call(
         func=cst.Attribute(value=receiver.deep_clone(), attr=cst.Name("compute_gradients")),
-        args=[arg.with_changes(comma=cst.MaybeSentinel.DEFAULT) for arg in args],
+        args=args,
+        whitespace_before_args=call.whitespace_before_args,
     )
     return cst.ListComp(
         elt=cst.Name("g"),
