@@ -3,25 +3,28 @@
 `ampify PATH...` rewrites in place, `--diff` prints a diff, `--check` exits 1 when a file would
 change. `ampify verify SCRIPT` is handed to `ampify.verify`.
 Exit codes (as ruff and black): 0 nothing to do or all done; 1 changes needed (with --check),
-a file failed, or training code could not be converted; 2 usage error.
+a file failed, or training code could not be converted; 2 usage error; 128 + the signal when
+stopped by SIGINT (130), SIGTERM (143) or SIGHUP (129), after the summary and report.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import typer
 
 from ampify import __version__
 from ampify.config import ConfigError, load_config
 from ampify.discover import discover
-from ampify.engine import FileTask, Mode
+from ampify.engine import DEFAULT_MAX_FILE_BYTES, FileTask, Mode
 from ampify.findings import FileResult, FileStatus
+from ampify.names import for_terminal
 from ampify.options import BACKENDS, DTYPES, Options
 from ampify.report import render_file, render_summary, summarize, write_json_report
-from ampify.runner import default_jobs, run_tasks
+from ampify.runner import DEFAULT_FILE_TIMEOUT, Interrupted, default_jobs, run_tasks
 from ampify.source_io import remove_abandoned_temp_files
 
 #: a progress bar only pays off from this many files on
@@ -46,7 +49,20 @@ def rewrite(
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when any file would change."),
     exclude: List[str] = typer.Option([], "--exclude", metavar="GLOB", help="Skip paths matching GLOB (.gitignore syntax); repeatable."),
     no_gitignore: bool = typer.Option(False, "--no-gitignore", help="Also convert files .gitignore excludes."),
-    jobs: Optional[int] = typer.Option(None, "-j", "--jobs", min=1, help="Worker processes (default: all cores)."),
+    jobs: Optional[int] = typer.Option(None, "-j", "--jobs", min=1, help="Worker processes (default: all cores; more than the cores only with --force-jobs)."),
+    force_jobs: bool = typer.Option(False, "--force-jobs", help="Start as many workers as -j says, even more than the cores."),
+    file_timeout: Optional[float] = typer.Option(
+        None, "--file-timeout", metavar="SECONDS", min=0,
+        help=f"Give up on a file still converting after SECONDS (default {DEFAULT_FILE_TIMEOUT:g}; 0: no limit).",
+    ),
+    max_file_size: Optional[float] = typer.Option(
+        None, "--max-file-size", metavar="MB", min=0,
+        help=f"Skip files larger than MB megabytes (default {DEFAULT_MAX_FILE_BYTES / 1e6:g}; 0: no limit).",
+    ),
+    write_through_hardlinks: bool = typer.Option(
+        False, "--write-through-hardlinks",
+        help="Rewrite a file that has other hard links in place (keeps the links; not atomic). Default: refuse it.",
+    ),
     report: Optional[Path] = typer.Option(None, "--report", metavar="FILE.json", help="Write every result and finding as JSON."),
     backend: Optional[str] = typer.Option(None, "--backend", help=f"PyTorch target: {' or '.join(BACKENDS)} (default native)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=f"PyTorch reduced precision: {' or '.join(DTYPES)} (default float16)."),
@@ -75,22 +91,37 @@ def rewrite(
         _usage_error(str(error))
     if verify and (diff or check):
         _usage_error("--verify runs the rewritten script, so it cannot be combined with --diff or --check")
+    if report is not None:
+        _check_report_folder(report)
 
     mode = Mode.DIFF if diff else Mode.CHECK if check else Mode.WRITE
     respect_gitignore = not no_gitignore and config.respect_gitignore is not False
     found = discover(paths, [*config.exclude, *exclude], respect_gitignore)
-    tasks = [FileTask(candidate, options, mode) for candidate in found.candidates]
+    if report is not None:
+        _check_report_not_converted(report, found.candidates)
+    size_limit = _first_set(max_file_size, config.max_file_size, DEFAULT_MAX_FILE_BYTES / 1e6)
+    time_limit = _first_set(file_timeout, config.file_timeout, DEFAULT_FILE_TIMEOUT)
+    tasks = [
+        FileTask(candidate, options, mode, max_file_bytes=int(size_limit * 1e6) or None,
+                 write_through_hardlinks=write_through_hardlinks)
+        for candidate in found.candidates
+    ]
     results: List[FileResult] = [FileResult(path, FileStatus.SKIPPED, reason) for path, reason in found.skipped]
-
-    interrupted = False
-    try:
-        _run_with_progress(tasks, jobs or config.jobs or default_jobs(), results)
-    except KeyboardInterrupt:
-        interrupted = True
-    results.sort(key=lambda r: r.path)
 
     # In --diff mode stdout carries nothing but the patch; everything else goes to stderr.
     out = sys.stderr if diff else sys.stdout
+    workers, capped = worker_count(jobs or config.jobs, force_jobs)
+    if capped and not quiet:
+        print(f"ampify: -j {jobs or config.jobs} capped at {workers}, the CPU count "
+              "(--force-jobs starts that many workers)", file=out)
+
+    stopped_by = None
+    try:
+        _run_with_progress(tasks, workers, results, time_limit or None)
+    except Interrupted as stop:
+        stopped_by = stop
+    results.sort(key=lambda r: r.path)
+    interrupted = stopped_by is not None
     for result in results:
         if result.diff:
             sys.stdout.write(result.diff)
@@ -109,12 +140,18 @@ def rewrite(
         )
     _report_abandoned_temp_files(found.abandoned_temp_files, mode, out)
     print(render_summary(summary, wrote=mode is Mode.WRITE, interrupted=interrupted), file=out)
+    report_failed = False
     if report is not None:
-        write_json_report(report, results, summary, options, mode.value, interrupted)
+        try:
+            write_json_report(report, results, summary, options, mode.value, interrupted)
+        except OSError as error:
+            print(f"ampify: error: cannot write the report {for_terminal(str(report))}: {error.strerror or error}",
+                  file=sys.stderr)
+            report_failed = True
 
-    if interrupted:
-        raise typer.Exit(130)
-    code = _exit_code(results, mode)
+    if stopped_by is not None:
+        raise typer.Exit(stopped_by.exit_code)
+    code = max(_exit_code(results, mode), 1 if report_failed else 0)
     if verify:
         code = max(code, _verify_after_rewrite(verify))
     raise typer.Exit(code)
@@ -130,7 +167,7 @@ def _report_abandoned_temp_files(paths: List[Path], mode: Mode, out) -> None:
             print(f"ampify: removed {removed} temporary file{'s' if removed != 1 else ''} left by a killed ampify run "
                   "(every source file was already either untouched or fully replaced)", file=out)
         return
-    listed = ", ".join(str(p) for p in paths[:5]) + (", ..." if len(paths) > 5 else "")
+    listed = ", ".join(for_terminal(str(p)) for p in paths[:5]) + (", ..." if len(paths) > 5 else "")
     print(f"ampify: {len(paths)} temporary file{'s' if len(paths) != 1 else ''} left by a killed ampify run "
           f"(safe to delete; a rewrite run removes them): {listed}", file=out)
 
@@ -149,11 +186,46 @@ def _exit_code(results: List[FileResult], mode: Mode) -> int:
     return 0
 
 
-def _run_with_progress(tasks: List[FileTask], jobs: int, results: List[FileResult]) -> None:
-    """Append each result to `results` as it comes, so that after a Ctrl-C the summary still
-    counts every file that was done (a KeyboardInterrupt propagates once the workers stopped)."""
+def worker_count(asked: Optional[int], force: bool) -> Tuple[int, bool]:
+    """(workers to start, whether the number asked for was capped at the CPU count)."""
+    cores = default_jobs()
+    if asked is None:
+        return cores, False
+    if asked > cores and not force:
+        return cores, True
+    return asked, False
+
+
+def _first_set(*values):
+    return next(value for value in values if value is not None)
+
+
+def _check_report_folder(report: Path) -> None:
+    """Before anything is touched: the report can be written where it was asked for."""
+    shown = for_terminal(str(report))
+    if report.is_dir():
+        _usage_error(f"--report {shown}: is a folder; name a file")
+    folder = report.parent if str(report.parent) else Path(".")
+    if not folder.is_dir():
+        _usage_error(f"--report {shown}: the folder {for_terminal(str(folder))} does not exist")
+    if not os.access(folder, os.W_OK) or (report.exists() and not os.access(report, os.W_OK)):
+        _usage_error(f"--report {shown}: no permission to write it")
+
+
+def _check_report_not_converted(report: Path, candidates) -> None:
+    """The report must never overwrite a file this run converts."""
+    target = report.resolve()
+    for candidate in candidates:
+        if candidate.path.resolve() == target:
+            _usage_error(f"--report {for_terminal(str(report))}: is one of the files this run converts; "
+                         "choose another path")
+
+
+def _run_with_progress(tasks: List[FileTask], jobs: int, results: List[FileResult], file_timeout) -> None:
+    """Append each result to `results` as it comes, so that after a stop signal the summary still
+    counts every file that was done (`Interrupted` propagates once the workers stopped)."""
     if not sys.stderr.isatty() or len(tasks) < PROGRESS_THRESHOLD:
-        for result in run_tasks(tasks, jobs):
+        for result in run_tasks(tasks, jobs, file_timeout=file_timeout):
             results.append(result)
         return
     from rich.console import Console
@@ -164,7 +236,7 @@ def _run_with_progress(tasks: List[FileTask], jobs: int, results: List[FileResul
         console=Console(stderr=True), transient=True,
     ) as progress:
         bar = progress.add_task("ampify", total=len(tasks))
-        for result in run_tasks(tasks, jobs):
+        for result in run_tasks(tasks, jobs, file_timeout=file_timeout):
             results.append(result)
             progress.advance(bar)
 

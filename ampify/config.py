@@ -30,6 +30,10 @@ class Config:
     dtype: Optional[str] = None
     tf_ignore_performance: Optional[bool] = None
     respect_gitignore: Optional[bool] = None
+    #: seconds, 0 for no limit
+    file_timeout: Optional[float] = None
+    #: megabytes, 0 for no limit
+    max_file_size: Optional[float] = None
 
 
 _KEYS = {
@@ -39,6 +43,8 @@ _KEYS = {
     "dtype": str,
     "tf-ignore-performance": bool,
     "respect-gitignore": bool,
+    "file-timeout": (int, float),
+    "max-file-size": (int, float),
 }
 
 
@@ -76,8 +82,11 @@ def load_config(paths: Sequence[Path]) -> Config:
             raise ConfigError(
                 f"{pyproject}: unknown key {key!r} in [tool.ampify] (known: {', '.join(sorted(_KEYS))})"
             )
-        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise ConfigError(f"{pyproject}: [tool.ampify] {key} must be a {expected.__name__}")
+        if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
+            kind = "number" if isinstance(expected, tuple) else expected.__name__
+            raise ConfigError(f"{pyproject}: [tool.ampify] {key} must be a {kind}")
+        if isinstance(expected, tuple) and value < 0:
+            raise ConfigError(f"{pyproject}: [tool.ampify] {key} must be 0 (no limit) or more")
         setattr(config, key.replace("-", "_"), value)
     if not all(isinstance(item, str) for item in config.exclude):
         raise ConfigError(f"{pyproject}: [tool.ampify] exclude must be a list of strings")

@@ -6,6 +6,8 @@ call with a string.
 
 from __future__ import annotations
 
+import codecs
+import sys
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple, Union
 
@@ -39,9 +41,15 @@ def convert_source(
 ) -> Conversion:
     """Convert one module's source. Bytes keep their encoding, BOM and newlines exactly."""
     options = options or Options()
-    transforms, reason = transforms_to_run(source, options)
+    refuse_unreadable_input(source)
+    transforms, reason, python_error = _transforms_and_python_error(source, options)
     if not transforms:
         return Conversion(FileStatus.NOT_APPLICABLE, reason)
+    if python_error is not None:
+        # This interpreter cannot compile the file, so neither can it compile ampify's output;
+        # and its message is the one the user knows (LibCST's parser may even crash on input
+        # CPython rejects, such as thousands of nested parentheses).
+        raise ConversionError(describe_python_error(python_error))
 
     parsed = module = _parse(source)
     imports = ImportMap.from_module(module)
@@ -68,6 +76,7 @@ def convert_source(
         status, reason = _unchanged_status(results)
         return Conversion(status, reason, findings)
     new_source: Union[str, bytes] = module.bytes if isinstance(source, bytes) else module.code
+    new_source = _keep_final_newline(source, new_source, module.default_newline)
     if new_source != source:
         _check_compiles(new_source, filename)
         return Conversion(FileStatus.CHANGED, "", findings, new_source)
@@ -89,24 +98,84 @@ def transforms_to_run(source: Union[str, bytes], options: Options) -> Tuple[List
     `ast` parse, about a fifth of a LibCST parse). The benchmark uses it to know which files
     ampify really has to parse with LibCST.
     """
+    transforms, reason, _ = _transforms_and_python_error(source, options)
+    return transforms, reason
+
+
+def _transforms_and_python_error(source, options):
+    """`transforms_to_run`, plus the error this interpreter's parser raised when it could not
+    read the file (then nothing is ruled out by the screens)."""
     raw = source if isinstance(source, bytes) else source.encode("utf-8")
     candidates = transforms_that_may_apply(raw, options)
     if not candidates:
-        return [], NO_TRAINING_CODE
-    facts = SourceFacts.from_source(source)
+        return [], NO_TRAINING_CODE, None
+    facts, error = SourceFacts.read(source)
     if facts is None:
-        return candidates, ""  # the stdlib parser cannot read it: rule nothing out
+        return candidates, "", error
     selected = [t for t in candidates if t.screen(facts, options)]
-    return selected, "" if selected else candidates[0].screened_out_reason
+    return selected, "" if selected else candidates[0].screened_out_reason, None
+
+
+_UTF16_32_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def refuse_unreadable_input(source: Union[str, bytes]) -> None:
+    """Input Python itself cannot read as source gets its own reason, before any other test:
+    UTF-16/32 text (no byte test could see `torch` in it) and NUL bytes."""
+    raw = source if isinstance(source, bytes) else source.encode("utf-8", errors="surrogatepass")
+    if b"\0" not in raw:
+        return
+    for bom, name in _UTF16_32_BOMS:
+        if raw.startswith(bom):
+            raise ConversionError(
+                f"encoded as {name} (byte order mark): Python reads source files as UTF-8 or the encoding "
+                f"of a coding line, so this file cannot run as it is; save it as UTF-8 and run ampify again"
+            )
+    if raw.count(b"\0") * 4 >= len(raw):
+        raise ConversionError(
+            "looks UTF-16 or UTF-32 encoded (NUL bytes between the characters): Python reads source files "
+            "as UTF-8 or the encoding of a coding line, so this file cannot run as it is"
+        )
+    offset = raw.index(b"\0")
+    line = raw.count(b"\n", 0, offset) + 1
+    raise ConversionError(f"the file contains a NUL byte (line {line}), which Python refuses to compile")
+
+
+def describe_python_error(error: Exception) -> str:
+    """Python's own message for a file it cannot compile, with its line."""
+    version = "Python %d.%d" % sys.version_info[:2]
+    if isinstance(error, SyntaxError):
+        where = f"line {error.lineno}: " if error.lineno else ""
+        if isinstance(error, UnicodeError) or "codec" in str(error.msg):
+            return f"cannot decode the file ({where}{error.msg})"
+        return f"not valid {version} ({where}{error.msg})"
+    if isinstance(error, RecursionError):
+        return f"{version} cannot compile it: too deeply nested ({error}); file left untouched"
+    if isinstance(error, MemoryError):
+        return f"{version} ran out of memory compiling it; file left untouched"
+    return f"{version} cannot compile it ({type(error).__name__}: {error})"
+
+
+def _keep_final_newline(source, new_source, newline):
+    """LibCST drops the final line ending of a file whose lines end in a bare CR; put it back."""
+    ending = b"\r" if isinstance(source, bytes) else "\r"
+    if source.endswith(ending) and not new_source.endswith(ending) and newline == "\r":
+        return new_source + ending
+    return new_source
 
 
 def _parse(source: Union[str, bytes]) -> cst.Module:
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else "syntax error"
+        # Only reached for input this interpreter compiles (the screen parsed it first): LibCST's
+        # grammar lags behind CPython's in a few places, e.g. `(x): int = 1`.
         raise ConversionError(
-            f"not valid Python 3 (line {error.raw_line}: {first_line})"
+            f"valid Python, but LibCST (the parser ampify rewrites with, keeping every comment and "
+            f"space) cannot read it at line {error.raw_line}, column {error.raw_column + 1}; file left untouched"
         ) from None
     except (UnicodeDecodeError, LookupError, SyntaxError) as error:
         raise ConversionError(f"cannot decode the file: {error}") from None

@@ -172,7 +172,7 @@ def _note_abandoned_temp_file(entry: os.DirEntry, result: Discovery) -> None:
         mtime = entry.stat(follow_symlinks=False).st_mtime
     except OSError:
         return
-    if entry.is_file(follow_symlinks=False) and is_abandoned_temp_file(entry.name, mtime, time.time()):
+    if entry.is_file(follow_symlinks=False) and is_abandoned_temp_file(Path(entry.path), mtime, time.time()):
         result.abandoned_temp_files.append(Path(entry.path))
 
 

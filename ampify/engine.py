@@ -10,12 +10,14 @@ import enum
 import io
 import tokenize
 from dataclasses import dataclass
+from typing import Callable, List, Optional
 
 from ampify.convert import ConversionError, convert_source
 from ampify.discover import Candidate
+from ampify.names import for_diff_header
 from ampify.findings import FileResult, FileStatus, Finding, Severity
 from ampify.options import Options
-from ampify.source_io import SourceIOError, read_source, replace_atomically
+from ampify.source_io import FileTooLarge, SourceIOError, read_source, replace_atomically
 
 
 class Mode(str, enum.Enum):
@@ -24,18 +26,32 @@ class Mode(str, enum.Enum):
     CHECK = "check"  # write nothing
 
 
+#: files larger than this are skipped: LibCST needs about 300 bytes of memory per byte of
+#: source (a 20 MB generated file took 5.9 GB), and no training script comes near it
+DEFAULT_MAX_FILE_BYTES = 4_000_000
+
+
 @dataclass(frozen=True)
 class FileTask:
     candidate: Candidate
     options: Options
     mode: Mode
+    #: skip files larger than this (bytes); None: no limit
+    max_file_bytes: Optional[int] = DEFAULT_MAX_FILE_BYTES
+    #: a file with other hard links is rewritten in place (same inode) instead of refused
+    write_through_hardlinks: bool = False
 
 
-def process_file(task: FileTask) -> FileResult:
-    """Convert one file according to `task.mode`; every outcome is a FileResult."""
+def process_file(task: FileTask, before_write: Optional[Callable[[], None]] = None) -> FileResult:
+    """Convert one file according to `task.mode`; every outcome is a FileResult.
+
+    `before_write` is called right before a changed file is written (the runner stops timing
+    the file there: a write is never cut short)."""
     display = task.candidate.display
     try:
-        source = read_source(task.candidate.path)
+        source = read_source(task.candidate.path, task.max_file_bytes)
+    except FileTooLarge as error:
+        return FileResult(display, FileStatus.SKIPPED, str(error))
     except SourceIOError as error:
         return FileResult(display, FileStatus.FAILED, str(error))
     try:
@@ -58,8 +74,10 @@ def process_file(task: FileTask) -> FileResult:
     if task.mode is Mode.DIFF:
         result.diff = unified_diff(display, source.data, new_data)
     elif task.mode is Mode.WRITE:
+        if before_write is not None:
+            before_write()
         try:
-            replace_atomically(source, new_data)
+            replace_atomically(source, new_data, write_through_hardlinks=task.write_through_hardlinks)
         except SourceIOError as error:
             result.status = FileStatus.FAILED
             result.reason = str(error)
@@ -70,19 +88,29 @@ def process_file(task: FileTask) -> FileResult:
 
 
 def unified_diff(display: str, old: bytes, new: bytes) -> str:
-    """A `git apply`-able unified diff of two versions of one file, decoded for display."""
+    """A `git apply`-able unified diff of two versions of one file, decoded for display.
+
+    Lines are split on "\\n" only, as git and patch split them: `str.splitlines` would also
+    split on "\\r" (a CR-only file became hundreds of "no newline" lines), form feeds and other
+    separators that Python source may hold. Names are quoted as git quotes them."""
     old_text = _decode_for_diff(old)
     new_text = _decode_for_diff(new)
     lines = difflib.unified_diff(
-        old_text.splitlines(keepends=True),
-        new_text.splitlines(keepends=True),
-        fromfile=f"a/{display}",
-        tofile=f"b/{display}",
+        _lines_as_git_splits_them(old_text),
+        _lines_as_git_splits_them(new_text),
+        fromfile=for_diff_header("a/", display),
+        tofile=for_diff_header("b/", display),
     )
     out = []
     for line in lines:
         out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(out)
+
+
+def _lines_as_git_splits_them(text: str) -> List[str]:
+    lines = text.split("\n")
+    last = lines.pop()
+    return [line + "\n" for line in lines] + ([last] if last else [])
 
 
 def _decode_for_diff(data: bytes) -> str:

@@ -9,6 +9,8 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import List
 
+from ampify.names import json_fields
+
 
 class Severity(str, enum.Enum):
     """How much a finding matters to the user."""
@@ -67,7 +69,7 @@ class FileResult:
 
     def to_json(self) -> dict:
         return {
-            "path": self.path,
+            **json_fields(self.path),
             "status": self.status.value,
             "reason": self.reason,
             "written": self.written,

@@ -10,6 +10,7 @@ from typing import Dict, Iterable, List
 
 from ampify import __version__
 from ampify.findings import FileResult, FileStatus, Finding, Severity
+from ampify.names import for_terminal
 from ampify.options import Options
 
 #: statuses that get a line of their own even without --verbose
@@ -29,14 +30,15 @@ def render_finding(path: str, finding: Finding) -> str:
 
 
 def render_file(result: FileResult, verbose: bool = False) -> List[str]:
-    """The lines one file contributes to the terminal report."""
+    """The lines one file contributes to the terminal report (the name escaped: see names.py)."""
     lines = []
+    path = for_terminal(result.path)
     label = _STATUS_LINES.get(result.status)
     if label is None and verbose and result.status is FileStatus.NOT_APPLICABLE:
         label = "not applicable"
     if label is not None:
-        lines.append(f"{result.path}: {label}" + (f": {result.reason}" if result.reason else ""))
-    lines.extend(render_finding(result.path, f) for f in result.findings)
+        lines.append(f"{path}: {label}" + (f": {result.reason}" if result.reason else ""))
+    lines.extend(render_finding(path, f) for f in result.findings)
     return lines
 
 

@@ -7,11 +7,19 @@ read, or that is read-only, is never overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, Optional
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on POSIX
+    fcntl = None
 
 
 #: the new version of a file is written to `.<name>.<random><TEMP_SUFFIX>` next to it, then renamed
@@ -22,13 +30,25 @@ TEMP_SUFFIX = ".ampify-tmp"
 ABANDONED_AFTER_SECONDS = 60
 
 
-def is_abandoned_temp_file(name: str, mtime: float, now: float) -> bool:
-    """Is this directory entry a temporary file of a killed ampify run?"""
-    return name.startswith(".") and name.endswith(TEMP_SUFFIX) and now - mtime > ABANDONED_AFTER_SECONDS
+#: `.train.py.k3x_9q2z.ampify-tmp`: a dot, the file's name, tempfile's 8 random characters, the suffix
+_TEMP_NAME = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX) + r"$", re.DOTALL)
+
+
+def is_abandoned_temp_file(path: Path, mtime: float, now: float) -> bool:
+    """Is this a temporary file of a killed ampify run? Its name has exactly the form ampify
+    writes, the file it was meant to replace is beside it, and it is older than a live one can be."""
+    match = _TEMP_NAME.match(path.name)
+    if match is None or now - mtime <= ABANDONED_AFTER_SECONDS:
+        return False
+    return os.path.isfile(os.path.join(os.path.dirname(path), match.group("target")))
 
 
 class SourceIOError(Exception):
     """A file could not be read or written; the message is the reason shown to the user."""
+
+
+class FileTooLarge(SourceIOError):
+    """The file is over the size limit: it is skipped, not read."""
 
 
 @dataclass(frozen=True)
@@ -52,18 +72,27 @@ def _snapshot(st: os.stat_result) -> Snapshot:
     return Snapshot(st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode)
 
 
-def read_source(path: Path) -> SourceFile:
-    """Read a regular file as bytes, with the stat needed to replace it safely later."""
+def read_source(path: Path, max_bytes: Optional[int] = None) -> SourceFile:
+    """Read a regular file as bytes, with the stat needed to replace it safely later.
+    A file over `max_bytes` raises FileTooLarge without being read."""
     try:
         # stat before open: opening a FIFO named `x.py` would block forever.
-        mode = os.stat(path).st_mode
+        first = os.stat(path)
+        mode = first.st_mode
         if not stat.S_ISREG(mode):
             raise SourceIOError("not a regular file")
+        if max_bytes is not None and first.st_size > max_bytes:
+            raise FileTooLarge(
+                f"{_megabytes(first.st_size)}, over the {_megabytes(max_bytes)} size limit "
+                "(--max-file-size; LibCST needs about 300 times a file's size in memory)"
+            )
         if not mode & (stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH):
             # Permission bits rule, also for root (who could read it anyway), as for writes.
             raise SourceIOError("no permission to read the file")
         with open(path, "rb") as handle:
             st = os.fstat(handle.fileno())
+            if max_bytes is not None and st.st_size > max_bytes:
+                raise FileTooLarge(f"{_megabytes(st.st_size)}, over the {_megabytes(max_bytes)} size limit (--max-file-size)")
             data = handle.read()
     except FileNotFoundError:
         raise SourceIOError("file vanished before it could be read") from None
@@ -76,6 +105,11 @@ def read_source(path: Path) -> SourceFile:
     return SourceFile(path, data, _snapshot(st))
 
 
+def _megabytes(size: int) -> str:
+    """4.0 MB, 12.5 kB: as the limit is given (decimal megabytes)."""
+    return f"{size / 1_000_000:.1f} MB" if size >= 100_000 else f"{size / 1000:.1f} kB"
+
+
 def is_writable(path: Path, mode: int) -> bool:
     """False for read-only files, also when running as root (who could write them anyway)."""
     if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
@@ -83,25 +117,32 @@ def is_writable(path: Path, mode: int) -> bool:
     return os.access(path, os.W_OK)
 
 
-def replace_atomically(source: SourceFile, new_data: bytes) -> None:
+def replace_atomically(source: SourceFile, new_data: bytes, write_through_hardlinks: bool = False) -> None:
     """Replace `source.path` by `new_data`: temp file in the same folder, fsync, rename.
 
     At every instant the path holds either the old bytes or the new bytes, even if the
-    process is killed. Refuses when the file is read-only or changed since it was read.
+    process is killed. Refuses when the file or its folder is read-only, when the file changed
+    since it was read, and when it has other hard links (a rename would split them; with
+    `write_through_hardlinks` the file is rewritten in place instead, which keeps the link
+    but is not atomic).
+
+    The last check and the rename happen under an exclusive lock on the file, so two ampify
+    runs over the same tree never both replace one file: the second sees the first's new
+    inode and refuses.
     """
     path = source.path
-    try:
-        current = os.stat(path)
-    except FileNotFoundError:
-        raise SourceIOError("file vanished during the run, nothing written") from None
-    except OSError as error:
-        raise SourceIOError(f"cannot stat the file: {error.strerror or error}") from None
-    if _snapshot(current) != source.snapshot:
-        raise SourceIOError("file changed on disk during the run, not overwritten")
-    if not is_writable(path, current.st_mode):
-        raise SourceIOError("file is read-only, not overwritten")
-
+    current = _stat_for_write(path, source)
     directory = path.parent
+    if current.st_nlink > 1:
+        if not write_through_hardlinks:
+            raise SourceIOError(
+                f"has {current.st_nlink} hard links: replacing it would split them, not overwritten "
+                "(--write-through-hardlinks rewrites it in place, keeping the links)"
+            )
+        _write_through(source, new_data)
+        return
+    if not _folder_writable(directory):
+        raise SourceIOError("its folder is read-only, not overwritten")
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=directory)
     except OSError as error:
@@ -117,10 +158,10 @@ def replace_atomically(source: SourceFile, new_data: bytes) -> None:
                 os.chown(tmp_name, current.st_uid, current.st_gid)
             except PermissionError:
                 pass  # only root can give a file away; an unprivileged user keeps their own
-        # Last check right before the rename: someone may have written the file meanwhile.
-        if _snapshot(os.stat(path)) != source.snapshot:
-            raise SourceIOError("file changed on disk during the run, not overwritten")
-        os.replace(tmp_name, path)
+        with _exclusive_lock(path):
+            # Last check right before the rename: someone may have written the file meanwhile.
+            _stat_for_write(path, source)
+            os.replace(tmp_name, path)
     except SourceIOError:
         _remove_quietly(tmp_name)
         raise
@@ -130,10 +171,72 @@ def replace_atomically(source: SourceFile, new_data: bytes) -> None:
     _fsync_directory(directory)
 
 
+def _stat_for_write(path: Path, source: SourceFile) -> os.stat_result:
+    """The file's stat, if it may still be overwritten: unchanged since read, not read-only."""
+    try:
+        current = os.stat(path)
+    except FileNotFoundError:
+        raise SourceIOError("file vanished during the run, nothing written") from None
+    except OSError as error:
+        raise SourceIOError(f"cannot stat the file: {error.strerror or error}") from None
+    if _snapshot(current) != source.snapshot:
+        raise SourceIOError("file changed on disk during the run, not overwritten")
+    if not is_writable(path, current.st_mode):
+        raise SourceIOError("file is read-only, not overwritten")
+    return current
+
+
+def _folder_writable(directory: Path) -> bool:
+    """The folder's write bits rule, also for root, as the file's do: a rename changes the folder."""
+    try:
+        mode = os.stat(directory).st_mode
+    except OSError:
+        return False
+    return bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) and os.access(directory, os.W_OK)
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path) -> Iterator[None]:
+    """flock the file as it is now; another ampify run waits here for its own last check."""
+    if fcntl is None:
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise SourceIOError("file vanished during the run, nothing written") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _write_through(source: SourceFile, new_data: bytes) -> None:
+    """Rewrite a hard-linked file in place (same inode), under the lock, after the last check."""
+    try:
+        with _exclusive_lock(source.path):
+            _stat_for_write(source.path, source)
+            with open(source.path, "r+b") as handle:
+                handle.write(new_data)
+                handle.truncate()
+                handle.flush()
+                os.fsync(handle.fileno())
+    except OSError as error:
+        raise SourceIOError(f"cannot write the file: {error.strerror or error}") from None
+
+
 def remove_abandoned_temp_files(paths) -> int:
-    """Delete temporary files of killed runs (see `is_abandoned_temp_file`); how many went."""
+    """Delete temporary files of killed runs (see `is_abandoned_temp_file`) that hold what ampify
+    writes there, a Python source that compiles; how many went. Anything else stays."""
     removed = 0
     for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(64 * 1024 * 1024)
+            compile(data, str(path), "exec", dont_inherit=True)
+        except (OSError, SyntaxError, ValueError):
+            continue  # not ours, or unreadable: reported as still there by the next run
         try:
             os.unlink(path)
             removed += 1

@@ -283,23 +283,39 @@ def test_check_over_the_whole_installed_stdlib_changes_nothing_and_fails_only_on
 
 
 def test_temporary_files_of_a_killed_run_are_listed_then_removed(tmp_path):
-    make_tree(tmp_path, {"train.py": TF1_SCRIPT, "pkg/model.py": NOT_TRAINING})
-    abandoned = tmp_path / "pkg" / ".model.py.k2j4x9.ampify-tmp"
-    live = tmp_path / ".train.py.q8w1zz.ampify-tmp"  # a run in progress right now: never touched
-    not_ours = tmp_path / "notes.ampify-tmp"  # no leading dot: not a name ampify makes
-    for path in (abandoned, live, not_ours):
-        path.write_text("half of a file")
+    make_tree(tmp_path, {"train.py": TF1_SCRIPT, "pkg/model.py": NOT_TRAINING, "notes.txt": "my notes"})
+    abandoned = tmp_path / "pkg" / ".model.py.k2j4x9_q.ampify-tmp"
+    live = tmp_path / ".train.py.q8w1zz0a.ampify-tmp"  # a run in progress right now: never touched
+    not_ours = [
+        tmp_path / "notes.ampify-tmp",  # no leading dot: not a name ampify makes
+        tmp_path / ".notes.txt.x.ampify-tmp",  # not tempfile's 8 random characters
+        tmp_path / ".gone.py.abcd1234.ampify-tmp",  # the file it would replace is not there
+    ]
+    for path in (abandoned, live, *not_ours):
+        path.write_text("import os\nprint(os.getcwd())\n")  # what ampify writes: a source that compiles
     old = time.time() - 600
-    os.utime(abandoned, (old, old))
-    os.utime(not_ours, (old, old))
+    for path in (abandoned, *not_ours):
+        os.utime(path, (old, old))
 
     check = run_ampify("--check", tmp_path)
     assert f"1 temporary file left by a killed ampify run (safe to delete; a rewrite run removes them): {abandoned}" in check.stdout
-    assert abandoned.exists() and live.exists() and not_ours.exists()
+    assert abandoned.exists() and live.exists() and all(p.exists() for p in not_ours)
 
     rewrite = run_ampify(tmp_path)
     assert rewrite.returncode == 0, rewrite.stdout + rewrite.stderr
     assert "removed 1 temporary file left by a killed ampify run" in rewrite.stdout
     assert not abandoned.exists()
-    assert live.exists() and not_ours.exists()
+    assert live.exists() and all(p.exists() for p in not_ours)
     assert "temporary file" not in run_ampify("--check", tmp_path).stdout
+
+
+def test_a_temporary_file_that_is_not_a_complete_python_source_is_never_deleted(tmp_path):
+    make_tree(tmp_path, {"notes.txt": "my notes"})
+    user_file = tmp_path / ".notes.txt.abcd1234.ampify-tmp"  # ampify's name form, but not its content
+    user_file.write_text("remember: buy milk, (unbalanced")
+    old = time.time() - 600
+    os.utime(user_file, (old, old))
+    rewrite = run_ampify(tmp_path)
+    assert rewrite.returncode == 0, rewrite.stdout + rewrite.stderr
+    assert user_file.read_text() == "remember: buy milk, (unbalanced"
+    assert "removed" not in rewrite.stdout

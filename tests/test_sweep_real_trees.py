@@ -38,7 +38,11 @@ MAX_SAMPLED_BYTES = 60_000
 TRAINING_MARKERS = (b".backward(", b".minimize(", b"apply_gradients", b"GradScaler", b"autocast(", b".step(")
 ALLOWED = {"changed", "already mixed precision", "not applicable", "unconverted", "skipped", "failed"}
 #: reasons a file may legitimately fail: the input itself is not Python 3 or not readable
-INPUT_FAULTS = ("not valid Python 3", "cannot decode", "too deeply nested", "not a regular file", "cannot read")
+INPUT_FAULTS = (
+    "not valid Python 3", "cannot decode", "too deeply nested", "not a regular file", "cannot read",
+    "the file contains a NUL byte", "encoded as UTF-", "looks UTF-16", "valid Python, but LibCST",
+    "Python 3.",  # "Python 3.11 cannot compile it: ..."
+)
 
 HOSTILE_INPUTS = {
     "py2_training.py": b"import torch\nprint 'epoch'\nloss.backward()\noptimizer.step()\n",

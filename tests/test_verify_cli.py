@@ -106,3 +106,32 @@ def test_python_option_runs_an_interpreter_without_ampify(tmp_path):
     assert startup["ampify_importable"] is False
     assert startup["local_modules"] == ["repo/transforms.py", "repo/utils.py", "repo/probe.py"]
     assert startup["cwd"] == str(tmp_path)
+
+
+def test_timeout_also_ends_a_grandchild_that_left_the_process_group(tmp_path, capsys):
+    """A daemon-style grandchild: setsid() puts it outside the script's group, and its parent
+    exits, so it is orphaned; verify must still find it and end it."""
+    script = tmp_path / "daemonizes.py"
+    pid_file = tmp_path / "daemon.pid"
+    script.write_text(
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "        time.sleep(120)\n"
+        "    os._exit(0)\n"
+        "time.sleep(120)\n"
+    )
+    code = main([str(script), "--timeout", "2"])
+    assert code == 2, capsys.readouterr().out
+    daemon = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while not process_is_gone(daemon) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert process_is_gone(daemon), "a setsid() grandchild outlived ampify verify"
+
+
+def test_an_empty_python_is_a_usage_error_not_the_default_interpreter(capsys):
+    assert main([str(FIXTURES / "torch_fp32.py"), "--python", ""]) == 2
+    assert "--python is empty" in capsys.readouterr().err

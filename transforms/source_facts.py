@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import warnings
 from dataclasses import dataclass, field
-from typing import Optional, Set, Union
+from typing import Optional, Set, Tuple, Union
 
 #: nodes with identifier fields other than Name.id / Attribute.attr (definitions, parameters,
 #: keyword arguments, imports, global/nonlocal, except-as, match patterns)
@@ -64,13 +64,18 @@ class SourceFacts:
     def from_source(cls, source: Union[str, bytes]) -> Optional["SourceFacts"]:
         """The facts of a module, or None when the stdlib parser cannot read it (syntax this
         interpreter does not know, an odd encoding...): then nothing may be ruled out."""
+        return cls.read(source)[0]
+
+    @classmethod
+    def read(cls, source: Union[str, bytes]) -> Tuple[Optional["SourceFacts"], Optional[Exception]]:
+        """(facts, None), or (None, the error this interpreter's own parser raised)."""
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # invalid escapes etc.: not ours to report
                 tree = ast.parse(source)
-        except Exception:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError...
-            return None
-        return cls._collect(tree)
+        except Exception as error:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError...
+            return None, error
+        return cls._collect(tree), None
 
     @classmethod
     def _collect(cls, tree: ast.AST) -> "SourceFacts":

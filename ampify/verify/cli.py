@@ -25,6 +25,9 @@ def verify(
     Exit codes: 0 verified, 1 ran but mixed precision not active, 2 the script failed or timed out before any evidence, 3 cannot be verified on this machine.
     """
     script_args = (ctx.obj or {}).get("script_args", [])
+    if python is not None and not python.strip():
+        typer.echo("ampify verify: error: --python is empty: name the interpreter of the training environment", err=True)
+        raise typer.Exit(2)
     results = [
         verify_script(script, script_args, python=python, full=full, timeout=timeout) for script in scripts
     ]

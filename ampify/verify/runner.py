@@ -66,8 +66,83 @@ def _kill_group(process: subprocess.Popen, sig: int) -> None:
         pass
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> bool:
+    """Linux: orphans of the script (a daemon that called setsid() and whose parent exited) are
+    re-parented to this process instead of init, so `_descendants` still finds them."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _descendants(root: int) -> set:
+    """Every live process below `root`, read from /proc (empty where there is no /proc)."""
+    children = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue  # gone meanwhile
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after the last ")"
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, pending = set(), [root]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
+    return found
+
+
+def _end_stragglers(before: set) -> None:
+    """Kill what the script left running outside its process group (setsid daemons), then reap
+    the ones that came to this process as orphans."""
+    for _ in range(3):
+        stragglers = _descendants(os.getpid()) - before
+        if not stragglers:
+            return
+        for pid in stragglers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in stragglers:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass  # not our child: its own parent reaps it
+        time.sleep(0.05)
+
+
 def _run_child(command, env, timeout, output_path):
-    """Run the probed script in its own process group; return (returncode, timed_out)."""
+    """Run the probed script in its own process group; return (returncode, timed_out).
+    Everything it started is ended afterwards, also processes that left its group."""
+    _become_subreaper()
+    before = _descendants(os.getpid())
+    try:
+        return _run_and_wait(command, env, timeout, output_path)
+    finally:
+        _end_stragglers(before)
+
+
+def _run_and_wait(command, env, timeout, output_path):
     with open(output_path, "wb") as output:
         process = subprocess.Popen(
             command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -125,6 +200,8 @@ def verify_script(
     started = time.monotonic()
     as_given = os.fspath(script)  # sys.argv[0] is exactly what the user typed ("./train.py" stays so)
     script = Path(as_given)
+    if python is not None and not python.strip():
+        return _not_started(as_given, "--python is empty: name the interpreter of the training environment", started)
     python = python or sys.executable
     if not script.is_file():
         reason = ("not a script file (a directory or zip app cannot be verified): %s" % as_given
