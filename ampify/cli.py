@@ -173,13 +173,13 @@ def _report_abandoned_temp_files(paths: List[Path], mode: Mode, out) -> None:
 
 
 def _is_problem(result: FileResult, line: str) -> bool:
-    if result.status in (FileStatus.FAILED, FileStatus.SKIPPED, FileStatus.UNCONVERTED):
+    if result.status in (FileStatus.FAILED, FileStatus.SKIPPED, FileStatus.UNCONVERTED, FileStatus.CHANGED_INCOMPLETE):
         return True
     return " warning: " in line or " error: " in line
 
 
 def _exit_code(results: List[FileResult], mode: Mode) -> int:
-    if any(r.status in (FileStatus.FAILED, FileStatus.UNCONVERTED) for r in results):
+    if any(r.status in (FileStatus.FAILED, FileStatus.UNCONVERTED, FileStatus.CHANGED_INCOMPLETE) for r in results):
         return 1
     if mode is Mode.CHECK and any(r.status is FileStatus.CHANGED for r in results):
         return 1

@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple, Union
 
 import libcst as cst
 
-from ampify.findings import FileStatus, Finding
+from ampify.findings import FileStatus, Finding, Severity, incomplete_codes
 from ampify.options import Options
 from ampify.registry import transforms_for
 from ampify.transforms.base import Transform, TransformResult, Verdict
@@ -45,13 +45,16 @@ def convert_source(
     transforms, reason, python_error = _transforms_and_python_error(source, options)
     if not transforms:
         return Conversion(FileStatus.NOT_APPLICABLE, reason)
-    if python_error is not None:
-        # This interpreter cannot compile the file, so neither can it compile ampify's output;
-        # and its message is the one the user knows (LibCST's parser may even crash on input
-        # CPython rejects, such as thousands of nested parentheses).
+    if python_error is not None and _too_deep_for_libcst(python_error):
+        # LibCST's native parser may crash (a segfault) or run for minutes on input that CPython
+        # already refuses for its depth: report CPython's reason without trying.
         raise ConversionError(describe_python_error(python_error))
-
-    parsed = module = _parse(source)
+    try:
+        parsed = module = _parse(source)
+    except ConversionError:
+        if python_error is not None:
+            raise ConversionError(describe_python_error(python_error)) from None  # the message users know
+        raise
     imports = ImportMap.from_module(module)
     results: List[TransformResult] = []
     for index, transform in enumerate(transforms):
@@ -73,15 +76,39 @@ def convert_source(
     if module is parsed:
         # No transform rewrote anything, and LibCST gives back exactly the code it parsed:
         # generating the code again only to compare it would cost half a parse.
-        status, reason = _unchanged_status(results)
+        status, reason = _agreeing_with_warnings(*_unchanged_status(results), findings)
         return Conversion(status, reason, findings)
     new_source: Union[str, bytes] = module.bytes if isinstance(source, bytes) else module.code
     new_source = _keep_final_newline(source, new_source, module.default_newline)
     if new_source != source:
+        if python_error is not None:
+            # Newer syntax than this interpreter reads (LibCST read it): the output cannot be
+            # checked to compile, and nothing unchecked is ever written.
+            raise ConversionError(
+                f"{describe_python_error(python_error)}: written for a newer Python? ampify checks that its "
+                "output compiles with the Python it runs on, so the file is left untouched"
+            )
         _check_compiles(new_source, filename)
+        incomplete = incomplete_codes(findings)
+        if incomplete:
+            return Conversion(
+                FileStatus.CHANGED_INCOMPLETE,
+                f"part of the training stays float32 or unscaled ({', '.join(incomplete)}): see the warnings",
+                findings, new_source,
+            )
         return Conversion(FileStatus.CHANGED, "", findings, new_source)
-    status, reason = _unchanged_status(results)
+    status, reason = _agreeing_with_warnings(*_unchanged_status(results), findings)
     return Conversion(status, reason, findings)
+
+
+def _agreeing_with_warnings(status: FileStatus, reason: str, findings: List[Finding]):
+    """A file that got a warning is never "not applicable": the warning says training code was
+    found and left alone, so the status says so too (and the run exits 1)."""
+    if status is FileStatus.NOT_APPLICABLE:
+        warning = next((f for f in findings if f.severity is Severity.WARNING), None)
+        if warning is not None:
+            return FileStatus.UNCONVERTED, f"left unconverted: see the warning ({warning.code})"
+    return status, reason
 
 
 NO_TRAINING_CODE = "no TensorFlow or PyTorch training code"
@@ -157,6 +184,12 @@ def describe_python_error(error: Exception) -> str:
     if isinstance(error, MemoryError):
         return f"{version} ran out of memory compiling it; file left untouched"
     return f"{version} cannot compile it ({type(error).__name__}: {error})"
+
+
+def _too_deep_for_libcst(error: Exception) -> bool:
+    return isinstance(error, (RecursionError, MemoryError)) or (
+        isinstance(error, SyntaxError) and "too many nested" in str(error.msg)
+    )
 
 
 def _keep_final_newline(source, new_source, newline):

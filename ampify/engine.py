@@ -68,7 +68,7 @@ def process_file(task: FileTask, before_write: Optional[Callable[[], None]] = No
         )
 
     result = FileResult(display, conversion.status, conversion.reason, list(conversion.findings))
-    if conversion.status is not FileStatus.CHANGED:
+    if conversion.converted is None:
         return result
     new_data = conversion.converted
     if task.mode is Mode.DIFF:

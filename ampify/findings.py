@@ -44,11 +44,33 @@ class FileStatus(str, enum.Enum):
     """What happened to one file, as counted in the closing summary."""
 
     CHANGED = "changed"
+    #: changed, but a warning says part of the training stays float32 or unscaled (exit 1)
+    CHANGED_INCOMPLETE = "changed, incomplete"
     ALREADY_MIXED_PRECISION = "already mixed precision"
     NOT_APPLICABLE = "not applicable"
     UNCONVERTED = "unconverted"  # training code found, but it could not be converted safely
     SKIPPED = "skipped"
     FAILED = "failed"
+
+
+#: warnings that, on a changed file, mean the change cannot take full effect: an optimizer left
+#: unwrapped, a Session that never gets the rewrite, gradients that bypass loss scaling, a
+#: training step left in float32. Such a file is "changed, incomplete", never a clean success.
+INCOMPLETE_CONVERSION_CODES = frozenset({
+    "AMP110", "AMP112", "AMP113", "AMP115", "AMP116", "AMP117", "AMP118", "AMP119", "AMP120",
+    "AMP211", "AMP212", "AMP215",
+    "AMP311", "AMP312", "AMP315", "AMP316", "AMP317",
+})
+
+
+def incomplete_codes(findings) -> List[str]:
+    """The codes among `findings` that leave a conversion incomplete, in order, once each."""
+    codes: List[str] = []
+    for finding in findings:
+        if finding.severity is Severity.WARNING and finding.code in INCOMPLETE_CONVERSION_CODES:
+            if finding.code not in codes:
+                codes.append(finding.code)
+    return codes
 
 
 @dataclass

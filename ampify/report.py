@@ -18,6 +18,7 @@ _STATUS_LINES = {
     FileStatus.FAILED: "failed",
     FileStatus.SKIPPED: "skipped",
     FileStatus.UNCONVERTED: "not converted",
+    FileStatus.CHANGED_INCOMPLETE: "changed, incomplete",
     FileStatus.ALREADY_MIXED_PRECISION: "already mixed precision",
 }
 
@@ -51,7 +52,8 @@ class Summary:
 
     @property
     def changed(self) -> int:
-        return self.by_status.get(FileStatus.CHANGED.value, 0)
+        """Every file changed, the incomplete ones too."""
+        return self.count(FileStatus.CHANGED) + self.count(FileStatus.CHANGED_INCOMPLETE)
 
     def count(self, status: FileStatus) -> int:
         return self.by_status.get(status.value, 0)
@@ -68,8 +70,9 @@ def summarize(results: Iterable[FileResult]) -> Summary:
 def render_summary(summary: Summary, wrote: bool, interrupted: bool = False) -> str:
     """The closing line(s): what was scanned and what happened to it."""
     changed_word = "changed" if wrote else "would be changed"
+    incomplete = summary.count(FileStatus.CHANGED_INCOMPLETE)
     parts = [
-        f"{summary.changed} {changed_word}",
+        f"{summary.changed} {changed_word}" + (f" ({incomplete} incomplete)" if incomplete else ""),
         f"{summary.count(FileStatus.ALREADY_MIXED_PRECISION)} already mixed precision",
         f"{summary.count(FileStatus.NOT_APPLICABLE)} not applicable",
         f"{summary.count(FileStatus.UNCONVERTED)} not converted",
