@@ -50,3 +50,26 @@ def test_every_rule_code_ampify_can_emit_is_documented():
         emitted |= set(re.findall(r" (AMP\d{3})$", findings.read_text(), flags=re.M))
     assert emitted, "no rule codes found at all"
     assert emitted - documented == set()
+
+
+def test_the_readme_verify_example_runs_as_written(tmp_path):
+    """The README shows `ampify verify tf1_classifier.py` after `ampify tf1_classifier.py`: run
+    both exactly so, in a folder holding the bundled example, and get the lines it shows."""
+    readme = (ROOT / "README.md").read_text()
+    example = re.search(r"\$ (ampify verify (\S+))\s+# after `(ampify \S+)`\n((?:.+\n)+?)```", readme)
+    assert example, "the README's verify example is gone"
+    verify_command, script, rewrite_command, shown = example.groups()
+    (tmp_path / script).write_bytes((ROOT / "examples" / script).read_bytes())
+
+    def run(command):
+        program, *args = command.split()
+        assert program == "ampify"
+        return subprocess.run([sys.executable, "-m", "ampify", *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300)
+
+    assert run(rewrite_command).returncode == 0
+    verified = run(verify_command)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    number = re.compile(r"\d+(\.\d+)?")
+    shown_lines = [number.sub("N", line) for line in shown.strip().splitlines()]
+    assert [number.sub("N", line) for line in verified.stdout.strip().splitlines()] == shown_lines

@@ -60,6 +60,8 @@ def render_results(results: Sequence[VerifyResult], as_json: bool, show_output: 
     else:
         lines.extend(_plain_table(results))
         lines.append(_summary(results))
+    for result in results:
+        lines.extend("%s: note: %s" % (result.script, note) for note in result.notes)
     return "\n".join(lines)
 
 

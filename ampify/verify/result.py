@@ -27,6 +27,8 @@ class VerifyResult:
     stopped_early: bool = False
     timed_out: bool = False
     command: List[str] = field(default_factory=list)
+    #: what verify changed in the script's environment, and why (shown under the verdict)
+    notes: List[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:

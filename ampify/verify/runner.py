@@ -23,6 +23,11 @@ EVIDENCE_PATH_ENV = "_AMPIFY_PROBE_EVIDENCE"
 FULL_RUN_ENV = "_AMPIFY_PROBE_FULL"
 FRAMEWORK_ENV = "_AMPIFY_PROBE_FRAMEWORK"
 
+LEGACY_KERAS_NOTE = (
+    "ran with TF_USE_LEGACY_KERAS=1: TF1 code needs Keras 2 (tf-keras) on TensorFlow >= 2.16; "
+    "set TF_USE_LEGACY_KERAS yourself to override"
+)
+
 _CUDA_CHECK = "import torch, sys; sys.stdout.write('cuda=%s' % torch.cuda.is_available())"
 
 
@@ -221,6 +226,12 @@ def verify_script(
     env[FULL_RUN_ENV] = "1" if full else "0"
     env[FRAMEWORK_ENV] = backend
     env["PYTHONUNBUFFERED"] = "1"  # keep the script's prints and the framework logs in order
+    notes = []
+    if backend == detect.TF1 and "TF_USE_LEGACY_KERAS" not in env:
+        # TF1 code (tf.layers, tf.compat.v1 Keras-backed APIs) needs Keras 2: on TF >= 2.16
+        # `tf.keras` is Keras 3 unless this is set, and `tf.layers.dense` fails there.
+        env["TF_USE_LEGACY_KERAS"] = "1"
+        notes.append(LEGACY_KERAS_NOTE)
     with tempfile.TemporaryDirectory(prefix="ampify-verify-") as work:
         evidence_path = Path(work) / "evidence.json"
         output_path = Path(work) / "output.log"
@@ -240,5 +251,5 @@ def verify_script(
         script=as_given, status=judgement.status, framework=framework, backend=backend_name,
         verdict="%s, %.1f s" % (judgement.verdict, elapsed), reason=judgement.reason,
         evidence=judgement.evidence, elapsed=elapsed, output=output, returncode=returncode,
-        stopped_early=facts.stopped_early, timed_out=timed_out, command=command,
+        stopped_early=facts.stopped_early, timed_out=timed_out, command=command, notes=notes,
     )
