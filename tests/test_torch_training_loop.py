@@ -168,8 +168,13 @@ def test_already_mixed_precision_is_seen_through_aliases():
         """
     )
     assert s.mixed_precision_uses
-    s = analyze("from apex import amp\n")
+    s = analyze("from apex import amp\nmodel, opt = amp.initialize(model, opt)\n")
     assert s.mixed_precision_uses
+
+
+def test_an_import_alone_is_no_mixed_precision_use():
+    s = analyze("try:\n    from apex import amp, optimizers\nexcept ImportError:\n    pass\nimport torch.cuda.amp\n")
+    assert s.mixed_precision_uses == []
 
 
 def test_navigation_helpers():

@@ -476,9 +476,9 @@ class _Collector(cst.CSTVisitor):
             if imports.uses(framework):
                 self.structure.loop_owning_framework = framework
                 break
-        for module_name in imports.modules:
-            if any(module_name == p or module_name.startswith(p + ".") for p in names.MIXED_PRECISION_PREFIXES):
-                self.structure.mixed_precision_uses.append(cst.Name(module_name.split(".")[0]))
+        self.in_import = False
+        # An import alone is no use: `try: from apex import amp / except ImportError: pass` with
+        # `amp` never called is an fp32 trainer. Uses are the references found by the walk.
 
     # scopes ---------------------------------------------------------------------------
 
@@ -594,11 +594,25 @@ class _Collector(cst.CSTVisitor):
         self.structure.all_names.add(node.value)
         self.structure.name_nodes.setdefault(node.value, []).append(node)
 
+    # `import torch.cuda.amp` names a module, it is no use of it: inside an import statement
+    # attributes are not mixed precision uses (names are still collected, for fresh_name).
+    def visit_Import(self, node: cst.Import) -> None:
+        self.in_import = True
+
+    def leave_Import(self, node: cst.Import) -> None:
+        self.in_import = False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self.in_import = True
+
+    def leave_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self.in_import = False
+
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if node.attr.value == "grad" and self.imports.resolve(node) is None:
             self.structure.grad_reads.append(GradRead(node, self._current_statement(node), self.scope))
         qualified = self.imports.resolve(node)
-        if qualified and any(
+        if qualified and not self.in_import and any(
             qualified == p or qualified.startswith(p + ".") for p in names.MIXED_PRECISION_PREFIXES
         ):
             self.structure.mixed_precision_uses.append(node)
