@@ -80,7 +80,9 @@ CONVERTED_NODES = re.compile(r"Converted (\d+)/(\d+) nodes to float16")
 
 def _convert_and_run(tmp_path, decorator: str):
     conversion = convert_source(SCRIPT.format(decorator=decorator), filename="train.py")
-    assert conversion.status is FileStatus.CHANGED, conversion.reason
+    # Eager with nothing that builds a graph (AMP120): the change cannot take effect.
+    expected = FileStatus.CHANGED if decorator else FileStatus.CHANGED_INCOMPLETE
+    assert conversion.status is expected, conversion.reason
     script = tmp_path / "train.py"
     script.write_text(conversion.converted)
     runner = tmp_path / "runner.py"
