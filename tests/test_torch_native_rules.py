@@ -202,3 +202,26 @@ def test_scaler_in_init_waits_for_a_device_set_after_the_optimizers():
     assert isinstance(solver.scaler, torch.amp.GradScaler)
     losses = solver.train_step(torch.randn(8, 4))
     assert all(loss == loss for loss in losses)
+
+
+def test_autocast_and_the_scaler_never_disagree_on_the_device_in_any_golden():
+    """A GradScaler on the script's device with autocast hard-coded to "cuda" (or the reverse)
+    keeps scaling on a CPU run while autocast has switched itself off (issue #12, item 10)."""
+    import re
+
+    from golden import discover_cases
+
+    checked = 0
+    for case in discover_cases("torch_native"):
+        if not case.output_path.exists():
+            continue
+        text = case.output_path.read_text()
+        scalers = re.findall(r"amp\.GradScaler\(([^\n]*)\)[ \t]*$", text, flags=re.M)
+        autocasts = re.findall(r"autocast\(device_type=(.+?), dtype=", text)
+        if len(scalers) != 1 or not autocasts:
+            continue  # several scalers: several training steps, each may have its own device
+        checked += 1
+        literal = {'"cuda"'}
+        kinds = {"literal" if device.strip() in literal else "script" for device in [*scalers, *autocasts]}
+        assert len(kinds) == 1, (case.id, scalers, autocasts)
+    assert checked >= 15

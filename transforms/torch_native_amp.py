@@ -139,6 +139,8 @@ class _NativeRewrite:
         self.torch = self._torch_name()
         self.edits = StatementEdits()
         self.homes: Dict[int, _ScalerHome] = {}
+        #: the device expression each created GradScaler got, by the statement it follows
+        self.scaler_devices: Dict[int, str] = {}
         self.scaler_name = "scaler"
         self.unit_of_function: Dict[int, _UnitPlan] = {}
         #: ids of backward() calls already rewritten (a helper's backward is reached from several units)
@@ -587,7 +589,31 @@ class _NativeRewrite:
     # ---- writing ----------------------------------------------------------------------
 
     def _device_for(self, scope: Scope, before_line: int, node: cst.CSTNode) -> str:
-        """The script's own device, as a string expression valid in `scope` at `before_line`."""
+        """The script's own device, as a string expression valid in `scope` at `before_line`;
+        "cuda" (said once per file) when the script names none."""
+        device = self._device_expression(scope, before_line)
+        if device is not None:
+            return device
+        if self.structure.uses_cuda_method:
+            if not any(f.code == "AMP216" for f in self.findings):
+                self._info(
+                    "AMP216",
+                    'device "cuda" taken from the script\'s .cuda() calls (no device variable found)',
+                    node,
+                )
+            return '"cuda"'
+        if any(f.code == "AMP216" for f in self.findings):
+            return '"cuda"'  # said once per file is enough
+        self._warn(
+            "AMP216",
+            'no device expression found in the script (torch.device(...), args.device, .to(device)): '
+            '"cuda" assumed; change device_type/GradScaler("cuda") if this script trains elsewhere',
+            node,
+        )
+        return '"cuda"'
+
+    def _device_expression(self, scope: Scope, before_line: int) -> Optional[str]:
+        """The device expression the script itself makes visible in `scope` at `before_line`, or None."""
         s = self.structure
         torch = self.torch
         chain = s.enclosing_scopes(scope)
@@ -613,20 +639,35 @@ class _NativeRewrite:
             text = self._visible_device_argument(argument, scope, before_line)
             if text is not None:
                 return text
-        if s.uses_cuda_method:
-            if not any(f.code == "AMP216" for f in self.findings):
-                self._info(
-                    "AMP216",
-                    'device "cuda" taken from the script\'s .cuda() calls (no device variable found)',
-                    node,
-                )
-            return '"cuda"'
-        if any(f.code == "AMP216" for f in self.findings):
-            return '"cuda"'  # said once per file is enough
+        return None
+
+    def _one_device_for_unit(self, plan: _UnitPlan) -> Optional[str]:
+        """Autocast and the GradScaler must take the same device: a scaler on the script's device
+        with autocast hard-coded to "cuda" keeps scaling on a CPU run while autocast has switched
+        itself off. None when every place sees the same expression (each then computes it);
+        when one place sees the script's device and another sees none, "cuda" for all of them, with
+        a warning naming the expression that was not visible."""
+        s = self.structure
+        seen = []
+        for block, start, _ in plan.regions:
+            seen.append((self._device_expression(plan.unit.scope, s.line(block.body[start])), block.body[start]))
+        if self.scaling:
+            homes = [plan.home] if plan.home is not None else plan.caller_homes
+            for home in homes:
+                created = self.scaler_devices.get(id(home.after))
+                seen.append((created or self._device_expression(home.device_scope, home.line + 1), home.after))
+        expressions = {expression for expression, _ in seen}
+        if None not in expressions or len(expressions) == 1:
+            # Every place names the script's device (`device.type` here, `torch.device(device).type`
+            # where it was passed in as a parameter), or none does (all get "cuda").
+            return None
+        named = sorted(e for e in expressions if e is not None and e != '"cuda"')
+        node = next((where for expression, where in seen if expression is None), seen[0][1])
         self._warn(
             "AMP216",
-            'no device expression found in the script (torch.device(...), args.device, .to(device)): '
-            '"cuda" assumed; change device_type/GradScaler("cuda") if this script trains elsewhere',
+            f"the script's device ({named[0] if named else 'its device expression'}) is not visible everywhere this training step "
+            'needs it (autocast and the GradScaler): "cuda" used for both, so they switch on and off together; '
+            "pass the device in to train elsewhere",
             node,
         )
         return '"cuda"'
@@ -670,10 +711,11 @@ class _NativeRewrite:
         s = self.structure
         unit = plan.unit
         dtype = f"{self.torch}.{self.options.dtype}"
+        shared_device = self._one_device_for_unit(plan)
         for block, start, end in plan.regions:
             body = list(block.body)
             first = body[start]
-            device = self._device_for(unit.scope, s.line(first), first)
+            device = shared_device or self._device_for(unit.scope, s.line(first), first)
             header = f"with {self.torch}.autocast(device_type={device}, dtype={dtype}):"
             self.edits.wrap(body[start], body[end], header)
             for index in range(start, end + 1):
@@ -726,15 +768,16 @@ class _NativeRewrite:
             )
         homes = [plan.home] if plan.home is not None else plan.caller_homes
         for home in homes:
-            self._create_scaler(home)
+            self._create_scaler(home, shared_device)
         if plan.threaded_function is not None:
             self.edits.add_parameter(plan.threaded_function, self.scaler_name)
             for call, caller_reference in plan.threaded_calls:
                 self.edits.add_keyword(call, self.scaler_name, caller_reference)
             self._info(
                 "AMP204",
-                f"{plan.threaded_function.name.value}() takes the GradScaler as a new keyword parameter "
-                f"'{self.scaler_name}'; its {len(plan.threaded_calls)} call(s) in this file pass it",
+                f"{plan.threaded_function.name.value}() takes the GradScaler as a new required parameter "
+                f"'{self.scaler_name}'; its {len(plan.threaded_calls)} call(s) in this file pass it by keyword "
+                f"({self.scaler_name}={self.scaler_name}); calls from other files must pass it too",
                 plan.threaded_function,
             )
 
@@ -766,12 +809,13 @@ class _NativeRewrite:
                 node,
             )
 
-    def _create_scaler(self, home: _ScalerHome) -> None:
+    def _create_scaler(self, home: _ScalerHome, device: Optional[str] = None) -> None:
         key = id(home.after)
         if key in self.edits.created_scalers:
             return
         self.edits.created_scalers.add(key)
-        device = self._device_for(home.device_scope, home.line + 1, home.after)
+        device = device or self._device_for(home.device_scope, home.line + 1, home.after)
+        self.scaler_devices[key] = device
         self.edits.insert_after(home.after, f"{home.reference} = {self.torch}.amp.GradScaler({device})")
         self._info(
             "AMP204",
