@@ -177,16 +177,20 @@ class _GraphRewrite:
 
     def run(self) -> TransformResult:
         if self.survey.mixed_precision_marker is not None:
-            return self._already_mixed_precision()
+            return self._already_mixed_precision(self.survey.mixed_precision_marker, hand_written=False)
+        if self.survey.hand_written_marker is not None and self.survey.tf1_style:
+            return self._already_mixed_precision(self.survey.hand_written_marker, hand_written=True)
         if not self.survey.tf1_style:
             return TransformResult(self.original, Verdict.NOT_APPLICABLE, [], NOT_APPLICABLE_REASON)
         return self._convert()
 
     # -- files that already use mixed precision ----------------------------------------------
-    def _already_mixed_precision(self) -> TransformResult:
-        what, marker = self.survey.mixed_precision_marker
+    def _already_mixed_precision(self, found, hand_written: bool) -> TransformResult:
+        what, marker = found
         line = self.positions[marker].start.line
-        if not self.survey.ngc_auto_mixed_precision:
+        # NGC's TensorFlow wraps optimizers itself; hand-written mixed precision scales its own loss:
+        # in both an unwrapped optimizer is intended, and wrapping it would stack a second loss scale.
+        if not self.survey.ngc_auto_mixed_precision and not hand_written:
             for site in self._tf1_sites():
                 if site.already_wrapped or set(site.assigned_to) & self.survey.wrapped_names:
                     continue

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from ampify.transforms.fast_walk import walk
+from ampify.transforms.hand_written_precision import fp16_switch_evidence, loss_scaling_evidence
 from ampify.transforms.imports import dotted_name
 from ampify.transforms.positions import Positions
 from ampify.transforms.tf1_module_header import import_aliases
@@ -39,6 +40,20 @@ from ampify.transforms.tf1_names import (
     is_tf1_style_marker,
 )
 from ampify.transforms.tf1_optimizer_classes import MIXED, TF1, OptimizerClassifier, Resolver
+
+def _last_name(node: cst.CSTNode) -> str:
+    """`loss_scale` for `loss_scale`, `FLAGS.loss_scale` or `self.loss_scale`; "" otherwise."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    return ""
+
+
+#: `tf.float16`, `tf.dtypes.bfloat16`, `tf.half`: tensors in half precision, made by hand
+HALF_PRECISION_DTYPES = frozenset({"float16", "bfloat16", "half", "bfloat16_scope"})
+#: dtype strings that do the same (`tf.cast(x, "float16")`, `dtype == "fp16"`)
+HALF_PRECISION_DTYPE_STRINGS = frozenset({"float16", "fp16", "bfloat16", "bf16"})
 
 
 @dataclass
@@ -171,6 +186,10 @@ class ModuleSurvey:
     #: first mixed precision marker: (what, the node that says it)
     mixed_precision_marker: Optional[Tuple[str, cst.CSTNode]] = None
     ngc_auto_mixed_precision: bool = False
+    #: first sign of mixed precision written by hand (float16 tensors, manual loss scaling, an
+    #: fp16 switch that is read): counts only in TF1 training code, whose optimizers are then
+    #: meant to stay unwrapped (a library file using tf.float16 is no training in mixed precision)
+    hand_written_marker: Optional[Tuple[str, cst.CSTNode]] = None
     #: dotted names passed to a mixed precision wrapper (`opt` in `enable_...(opt)`)
     wrapped_names: Set[str] = field(default_factory=set)
     tf1_style: bool = False
@@ -375,11 +394,36 @@ class _Surveyor(cst.CSTVisitor):
             self._mark_mixed_precision(value, node)
             if value in NGC_AUTO_MIXED_PRECISION_STRINGS:
                 self.survey.ngc_auto_mixed_precision = True
+        elif value in HALF_PRECISION_DTYPE_STRINGS:
+            self._mark_hand_written(f"float16 computation by hand: {value!r}", node)
 
     def visit_Name(self, node: cst.Name) -> None:
         if node.value in MIXED_PRECISION_IDENTIFIERS:
             self._mark_mixed_precision(node.value, node)
         self._note_style(node)
+
+    # Hand-written mixed precision counts where it is used, never on a name alone: a loss scale
+    # multiplied into a loss or divided out of gradients, an fp16 switch that is read.
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        if isinstance(node.operator, (cst.Multiply, cst.Divide)):
+            for side in (node.left, node.right):
+                name = _last_name(side)
+                evidence = loss_scaling_evidence(name) if name else None
+                if evidence is not None:
+                    self._mark_hand_written(evidence, side)
+                    return
+
+    def visit_If(self, node: cst.If) -> None:
+        name = _last_name(node.test)
+        evidence = fp16_switch_evidence(name) if name else None
+        if evidence is not None:
+            self._mark_hand_written(evidence, node.test)
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        name = _last_name(node.test)
+        evidence = fp16_switch_evidence(name) if name else None
+        if evidence is not None:
+            self._mark_hand_written(evidence, node.test)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         attr = node.attr.value
@@ -390,6 +434,10 @@ class _Surveyor(cst.CSTVisitor):
             self._note_style(node)
         if attr not in WRAPPER_FORWARDED_ATTRIBUTES:
             self.survey.attribute_reads.append((node, self._scopes[-1]))
+        if attr in HALF_PRECISION_DTYPES and self.survey.hand_written_marker is None:
+            resolved = self.resolve_name(node) or ""
+            if resolved.startswith("tensorflow."):
+                self._mark_hand_written(f"float16 computation by hand: {dotted_name(node) or attr}", node)
         if node.attr.value in MIXED_PRECISION_POLICY_FUNCTIONS:
             name = dotted_name(node)
             resolved = self.resolve_name(node) or name or ""
@@ -571,6 +619,10 @@ class _Surveyor(cst.CSTVisitor):
     def _mark_mixed_precision(self, what: str, node: cst.CSTNode) -> None:
         if self.survey.mixed_precision_marker is None:
             self.survey.mixed_precision_marker = (what, node)
+
+    def _mark_hand_written(self, what: str, node: cst.CSTNode) -> None:
+        if self.survey.hand_written_marker is None:
+            self.survey.hand_written_marker = (what, node)
 
     def _position(self, node: cst.CSTNode):
         return self.positions[node]

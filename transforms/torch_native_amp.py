@@ -155,6 +155,13 @@ class _NativeRewrite:
         self.module = s.module
         if not self.imports.uses("torch"):
             return self._without_torch_import()
+        if s.hand_written_mixed_precision is not None and (s.backwards or s.steps):
+            what, node = s.hand_written_mixed_precision
+            return self._result(
+                Verdict.ALREADY_MIXED_PRECISION,
+                f"already in mixed precision by hand ({what}, line {s.line(node)}); adding AMP would stack a "
+                "second loss scale on it",
+            )
         if s.mixed_precision_uses:
             outside = units_outside_mixed_precision(s)
             for unit, use in outside:

@@ -47,6 +47,7 @@ from libcst.metadata import CodePosition
 
 from ampify.transforms import torch_names as names
 from ampify.transforms.fast_walk import walk
+from ampify.transforms.hand_written_precision import fp16_utils_evidence, loss_scaling_evidence
 from ampify.transforms.imports import ImportMap, dotted_name
 from ampify.transforms.positions import Positions
 from ampify.transforms.torch_statements import calls_within, code_of
@@ -231,6 +232,9 @@ class TrainingStructure:
     hazards: List[Hazard] = field(default_factory=list)
     #: nodes that show the file already uses torch.amp / torch.cuda.amp / apex amp
     mixed_precision_uses: List[cst.CSTNode] = field(default_factory=list)
+    #: mixed precision written by hand (fp16_utils master weights, a loss scale divided out of
+    #: the gradients): (what it is, the node that shows it), or None
+    hand_written_mixed_precision: Optional[Tuple[str, cst.CSTNode]] = None
     #: name of a framework that owns the loop (accelerate, lightning ...), if imported
     loop_owning_framework: Optional[str] = None
     #: every Name value in the module, to pick fresh names
@@ -391,7 +395,37 @@ def analyze_training(module: cst.Module, imports: ImportMap) -> TrainingStructur
     structure._positions = Positions(module)
     _identify_optimizers(structure, collector)
     _group_units(structure)
+    structure.hand_written_mixed_precision = _hand_written_mixed_precision(structure)
     return structure
+
+
+def _hand_written_mixed_precision(structure: TrainingStructure) -> Optional[Tuple[str, cst.CSTNode]]:
+    """fp16_utils-style master weights used (not just imported), or a loss scale that is divided
+    out of the gradients (`p.grad.data.div_(loss_scale)`): the file scales its loss by hand."""
+    for value, nodes in structure.name_nodes.items():
+        evidence = fp16_utils_evidence(value)
+        if evidence is None:
+            continue
+        used = [node for node in nodes if not _in_import(structure, node)]
+        if used:
+            return evidence, used[0]
+    scale_in_statement: Dict[int, Tuple[str, cst.Name]] = {}
+    for value, nodes in structure.name_nodes.items():
+        if loss_scaling_evidence(value) is not None:
+            for node in nodes:
+                scale_in_statement.setdefault(id(structure.statement_of(node)), (value, node))
+    for read in structure.grad_reads:
+        found = scale_in_statement.get(id(read.statement))
+        if found is not None:
+            return f"manual loss scaling: {found[0]} divided out of the gradients", found[1]
+    return None
+
+
+def _in_import(structure: TrainingStructure, node: cst.CSTNode) -> bool:
+    statement = structure.statement_of(node)
+    return isinstance(statement, cst.SimpleStatementLine) and any(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+    )
 
 
 # ---- collection -----------------------------------------------------------------------------
