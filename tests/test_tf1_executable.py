@@ -208,3 +208,43 @@ def test_a2c_optimizer_built_after_tf_gradients_is_moved_up_and_scales_the_loss(
     _assert_trains(_losses(converted.stdout))
     assert "AMPIFY_RUNNER loss-scale compute_gradients" in converted.stderr
     assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]
+
+
+STAR_OPS = '''\
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+tf.disable_v2_behavior()
+
+
+def linear(x, units):
+    w = tf.get_variable("w", [x.shape[-1], units])
+    return tf.matmul(x, w)
+'''
+
+STAR_TRAIN = '''\
+from ops import *
+
+x = tf.placeholder(tf.float32, [None, 8])
+loss = tf.reduce_mean(tf.square(linear(x, 8) - 1.0))
+train_op = tf.train.AdamOptimizer(0.05).minimize(loss)
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    for step in range(12):
+        _, value = sess.run([train_op, loss], {x: np.ones((4, 8), np.float32)})
+        print("step %d loss %.6f" % (step, value))
+'''
+
+
+def test_tf_from_a_star_import_is_converted_and_trains_with_the_rewrite(tmp_path):
+    """`from ops import *` brings `tf` (issue #12, item 6): it was "not applicable" before."""
+    conversion = convert_source(STAR_TRAIN, filename="train.py")
+    assert conversion.converted is not None, conversion.reason
+    assert [f.code for f in conversion.findings][:2] == ["AMP102", "AMP121"]
+    converted = conversion.converted
+    assert converted.index("import tensorflow\n") < converted.index("from ops import *")
+    (tmp_path / "ops.py").write_text(STAR_OPS)
+    result = _run(tmp_path, "train.py", converted)
+    _assert_trains(_losses(result.stdout))
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" in result.stderr
+    assert _converted_nodes(result.stderr) > 0, result.stderr[-4000:]

@@ -38,6 +38,8 @@ class ImportMap:
     modules: Set[str] = field(default_factory=set)
     #: modules imported with `from X import *`
     star_modules: Set[str] = field(default_factory=set)
+    #: some `from X import *` (relative ones too) may bind names no import here shows
+    has_star_import: bool = False
 
     @classmethod
     def from_module(cls, module: cst.Module) -> "ImportMap":
@@ -50,6 +52,12 @@ class ImportMap:
             elif isinstance(statement, cst.ImportFrom):
                 collector.visit_ImportFrom(statement)
         return collector.result
+
+    def with_alias(self, local: str, qualified: str) -> "ImportMap":
+        """A copy in which `local` is bound to `qualified` (an assumption the caller reports)."""
+        top = qualified.split(".")[0]
+        return ImportMap({**self.aliases, local: qualified}, {*self.modules, top, qualified},
+                         set(self.star_modules), self.has_star_import)
 
     def uses(self, top_level: str) -> bool:
         """Does the module import `top_level` (e.g. "torch") or anything under it?"""
@@ -123,6 +131,8 @@ class _ImportCollector(cst.CSTVisitor):
                 self.result.aliases.setdefault(head, head)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            self.result.has_star_import = True
         if node.relative or node.module is None:
             return
         module = get_full_name_for_node(node.module)

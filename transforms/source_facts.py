@@ -54,6 +54,8 @@ class SourceFacts:
     strings: Set[str] = field(default_factory=set)
     #: every module path imported absolutely (`tensorflow.compat.v1`, `torch`)
     imported_modules: Set[str] = field(default_factory=set)
+    #: some `from X import *` may bind names (`tf`) no import here shows
+    star_import: bool = False
 
     def imports(self, top_level: str) -> bool:
         """Does the module import `top_level` or anything under it?"""
@@ -108,6 +110,8 @@ class SourceFacts:
                     for item in value if isinstance(value, list) else (value,):
                         if item:
                             identifiers.update(item.split("."))
+                if kind is ast.ImportFrom and any(alias.name == "*" for alias in node.names):
+                    facts.star_import = True
                 if kind is ast.ImportFrom and not node.level and node.module:
                     facts.imported_modules.add(node.module)
                     facts.imported_modules.update(

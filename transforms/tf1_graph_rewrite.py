@@ -66,7 +66,9 @@ class TF1GraphRewrite(Transform):
         # optimizer, the `train` module, apply_gradients, a Session or a mixed precision API
         # (see MAY_APPLY_MARKERS); TF2 training files name their Keras optimizer, so they are
         # still parsed and reported as not applicable with the reason why.
-        return b"tensorflow" in source and any(marker in source for marker in MAY_APPLY_MARKERS)
+        # `from ops import *` may bring `tf` itself: then `tf.train.` is what shows TF1 code.
+        tensorflow = b"tensorflow" in source or (b"import *" in source and b"tf." in source and b".train" in source)
+        return tensorflow and any(marker in source for marker in MAY_APPLY_MARKERS)
 
     screened_out_reason = tf1_screen.SCREENED_OUT_REASON
 
@@ -74,10 +76,12 @@ class TF1GraphRewrite(Transform):
         return tf1_screen.may_concern_tf1_graph_rewrite(facts)
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
-        return imports.uses("tensorflow")
+        return imports.uses("tensorflow") or _tf_from_star_import(imports)
 
     def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
         try:
+            if not imports.uses("tensorflow") and _tf_from_star_import(imports):
+                return _with_star_import_assumption(_GraphRewrite(module, imports.with_alias("tf", "tensorflow"), options).run(), module)
             return _GraphRewrite(module, imports, options).run()
         except Exception as error:  # a bug in ampify must never cost the user a file
             return TransformResult(
@@ -93,6 +97,27 @@ class TF1GraphRewrite(Transform):
                 ],
                 "internal error in the TF1 graph rewrite",
             )
+
+
+def _tf_from_star_import(imports: ImportMap) -> bool:
+    """`tf` bound by no import of this file, while a `from X import *` may bind it."""
+    return imports.has_star_import and "tf" not in imports.aliases
+
+
+def _with_star_import_assumption(result: TransformResult, module: cst.Module) -> TransformResult:
+    """Say that `tf` was taken as TensorFlow's TF1 API, when anything was done or reported."""
+    if result.verdict is Verdict.NOT_APPLICABLE and not result.findings:
+        return result
+    line = next(
+        (index + 1 for index, line in enumerate(module.code.splitlines()) if "import *" in line), 0
+    )
+    note = Finding(
+        "AMP121",
+        "`tf` is bound by no import of this file, only by a star import: taken as TensorFlow's TF1 API "
+        "(tf.train.*Optimizer is used); the wrapper is reached through an import of tensorflow added above it",
+        line, 0,
+    )
+    return TransformResult(result.module, result.verdict, [note, *result.findings], result.reason)
 
 
 class _WrapAndReplace(cst.CSTTransformer):

@@ -54,8 +54,8 @@ SCREENED_OUT_REASON = (
 
 def may_concern_tf1_graph_rewrite(facts: SourceFacts) -> bool:
     """Could the TF1 graph rewrite change or report anything in a module with these facts?"""
-    if not facts.imports("tensorflow"):
-        return False  # the rewrite looks only at modules that import tensorflow
+    if not facts.imports("tensorflow") and not (facts.star_import and {"tf", "train"} <= facts.identifiers):
+        return False  # the rewrite looks only at modules that import tensorflow (or get `tf` from a star import)
     identifiers = facts.identifiers
     if identifiers & MIXED_PRECISION_IDENTIFIERS or facts.strings & MIXED_PRECISION_STRINGS:
         return True
