@@ -443,6 +443,16 @@ class _ApexConversion:
             if wrap.scope is not setup.scope:
                 continue
             wrapped = dotted_name(wrap.call.args[0].value) if wrap.call.args else None
+            bound_to = _assigned_name(wrap.statement, wrap.call)
+            if bound_to in setup.models and bound_to != wrapped and self.s.line(wrap.statement) < self.s.line(anchor):
+                # `if args.cuda: net = DataParallel(ssd_net)`: `net` may be the wrap when the
+                # optimizer takes its parameters, and amp.initialize raises on a wrapped model.
+                self._refuse(
+                    wrap.call,
+                    f"{bound_to} is bound to a DataParallel/DistributedDataParallel wrap of {wrapped or 'a model'} at "
+                    f"line {self.s.line(wrap.statement)} (when that code runs), and {self.amp}.initialize rejects "
+                    f"wrapped models; call {self.amp}.initialize({wrapped or 'model'}, optimizer) before the wrap by hand",
+                )
             if wrapped not in setup.models:
                 continue
             statement = wrap.statement
@@ -456,7 +466,9 @@ class _ApexConversion:
                 )
             body = list(anchor_block.body)
             between = body[_index_of(body, statement) + 1 : _index_of(body, anchor) + 1]
-            if any(_uses_other_than_parameters(node, wrapped) for node in between):
+            # A device move of the wrapped model in between moves the same parameters with or
+            # without the wrap (DataParallel/DDP have none of their own): the wrap may still move.
+            if any(_uses_other_than_parameters(node, wrapped) and not _only_moves(node, wrapped) for node in between):
                 self._refuse(
                     wrap.call,
                     f"{wrapped} is used between its DataParallel/DDP wrap and {self.amp}.initialize, so the wrap "
@@ -660,14 +672,47 @@ def _argument_for(function: cst.FunctionDef, parameter: str, call: cst.Call) -> 
 
 
 def _moves_a_model(statement: cst.CSTNode, models: Sequence[str]) -> bool:
-    """`model.cuda()`, `model.to(device)`, `model = model.cuda()` and the like."""
-    if not isinstance(statement, cst.SimpleStatementLine):
+    """`model.cuda()`, `model.to(device)`, `model = model.cuda()` and the like, also inside a
+    compound statement (`if args.cuda: model.cuda()`): amp.initialize must come after every
+    move that may run. A function or class defined here moves nothing yet."""
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
         return False
     for call in calls_within(statement):
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("cuda", "to", "half"):
             if dotted_name(call.func.value) in models:
                 return True
     return False
+
+
+def _only_moves(statement: cst.CSTNode, name: str) -> bool:
+    """`model.to(device)`, `model.cuda()`, `model = model.cuda(args.gpu)`: nothing but a device move."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    if isinstance(small, cst.Expr):
+        value = small.value
+    elif isinstance(small, cst.Assign) and len(small.targets) == 1 and dotted_name(small.targets[0].target) == name:
+        value = small.value
+    else:
+        return False
+    return (
+        isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in ("cuda", "to") and dotted_name(value.func.value) == name
+    )
+
+
+def _assigned_name(statement: cst.CSTNode, call: cst.Call) -> Optional[str]:
+    """`net` for `net = DataParallel(x)` or `net = DataParallel(x).cuda()`: the name the call's
+    result is bound to, when the statement is that one assignment."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    assign = statement.body[0]
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+        return None
+    value = assign.value
+    while isinstance(value, cst.Call) and value is not call and isinstance(value.func, cst.Attribute):
+        value = value.func.value  # `.cuda()` / `.to(device)` chained on the wrap
+    return dotted_name(assign.targets[0].target) if value is call else None
 
 
 def _is_rewrap(statement: cst.CSTNode, wrapped: str) -> bool:
