@@ -15,6 +15,7 @@ def test_converted_tf1_script_verifies_with_converted_node_count(tf1_env):
     assert conversion["converted"] > 0 and conversion["total"] > conversion["converted"]
     assert result.evidence["cpu_emulation"] is True
     assert result.evidence["training_steps_with_rewrite"] == 1
+    assert result.evidence["training_steps_loss_scaled"] == 1  # minimize() went through compute_gradients
     assert result.verdict.startswith("verified: %d/%d nodes converted to float16 (CPU emulation)" % (
         conversion["converted"], conversion["total"]))
     assert result.framework == "tensorflow" and result.backend == "tf1_graph_rewrite"
@@ -51,3 +52,21 @@ def test_session_created_before_the_rewrite_is_not_rewritten(tf1_env):
     assert result.status == "not_active" and result.exit_code == 1, result.output[-2000:]
     assert result.evidence["sessions_with_rewrite"] == 0 and result.evidence["training_steps"] == 1
     assert result.evidence["cpu_emulation"] is False and result.evidence["grappler_conversions"] == []
+
+
+def test_float16_rewrite_without_loss_scaling_is_not_active(tf1_env, tmp_path):
+    """tf.gradients fed to the wrapped optimizer's apply_gradients: float16 nodes, unscaled loss
+    (issue #12, item 13). Verify must not call that mixed precision training."""
+    source = (FIXTURES / "tf1_converted.py").read_text()
+    unscaled = source.replace(
+        "train_op = opt.minimize(loss)",
+        "tvars = tf.trainable_variables()\ntrain_op = opt.apply_gradients(zip(tf.gradients(loss, tvars), tvars))",
+    )
+    assert unscaled != source
+    script = tmp_path / "tf1_unscaled.py"
+    script.write_text(unscaled)
+    result = verify_script(script)
+    assert result.status == "not_active" and result.exit_code == 1, result.output[-2000:]
+    assert max(c["converted"] for c in result.evidence["grappler_conversions"]) > 0, "float16 nodes did run"
+    assert result.evidence["training_steps_loss_scaled"] == 0
+    assert "never went through the wrapped optimizer's compute_gradients" in result.reason

@@ -72,3 +72,42 @@ def test_default_run_stops_even_when_the_script_swallows_system_exit():
     assert result.status == "verified" and result.stopped_early
     assert result.evidence["optimizer_steps"] == 1
     assert "swallowed SystemExit" not in result.output and "trained" not in result.output
+
+
+def _float16_variant(tmp_path, name, step_code, keep_scaler=True):
+    source = (FIXTURES / "torch_converted.py").read_text()
+    variant = source.replace("torch.autocast(device_type=device.type)", "torch.autocast(device_type=device.type, dtype=torch.float16)")
+    variant = variant.replace(
+        "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n", step_code
+    )
+    if not keep_scaler:
+        variant = variant.replace("scaler = torch.amp.GradScaler(device.type)\n", "")
+    assert variant.count("float16") == 1 and step_code in variant
+    assert ("scaler = torch.amp.GradScaler" in variant) is keep_scaler
+    script = tmp_path / name
+    script.write_text(variant)
+    return verify_script(script)
+
+
+SCALED_STEP = "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n"
+UNSCALED_STEP = "    loss.backward()\n    optimizer.step()\n"
+
+
+def test_float16_with_a_scaler_that_scales_verifies(tmp_path):
+    result = _float16_variant(tmp_path, "scaled.py", SCALED_STEP)
+    assert result.status == "verified", result.output[-2000:]
+    assert result.evidence["backward"].get("float16", 0) > 0
+
+
+def test_a_scaler_that_never_scales_the_backward_is_not_mixed_precision_training(tmp_path):
+    """issue #12, item 13: float16 ops ran, the GradScaler exists, the loss was never scaled."""
+    result = _float16_variant(tmp_path, "unscaled.py", UNSCALED_STEP)
+    assert result.status == "not_active" and result.exit_code == 1, result.output[-2000:]
+    assert result.reason.startswith("a GradScaler was created but never scaled a loss")
+    assert result.evidence["reduced_precision_ops"] > 0 and result.evidence["scaler_scale_calls"] == 0
+
+
+def test_float16_without_any_scaler_is_not_mixed_precision_training(tmp_path):
+    result = _float16_variant(tmp_path, "no_scaler.py", UNSCALED_STEP, keep_scaler=False)
+    assert result.status == "not_active", result.output[-2000:]
+    assert result.reason.startswith("float16 backward passes ran without loss scaling (no torch.amp.GradScaler)")

@@ -106,7 +106,16 @@ def judge_tf1(facts: RunFacts) -> Judgement:
         "cpu_emulation": cpu_emulation,
         "training_steps": probe.get("train_steps", 0),
         "training_steps_with_rewrite": probe.get("train_steps_with_rewrite", 0),
+        "training_steps_loss_scaled": probe.get("train_steps_loss_scaled", 0),
     }
+    # float16 without loss scaling is no AMP training: tf.gradients fed to the wrapper's
+    # apply_gradients never go through its compute_gradients, so the loss is never scaled.
+    unscaled_steps = probe.get("train_steps_not_loss_scaled", 0)
+    if unscaled_steps and not evidence["training_steps_loss_scaled"] and not facts.failed:
+        reason = ("the float16 graph rewrite ran, but the training op applies gradients that never went through the "
+                  "wrapped optimizer's compute_gradients (tf.gradients fed to apply_gradients, or an optimizer left "
+                  "unwrapped): the loss is not scaled and float16 gradients can underflow silently")
+        return Judgement(NOT_ACTIVE, evidence, "not active: %s" % reason, reason)
     # A training step that ran in a Session without the rewrite is fp32 training, whatever
     # another (e.g. evaluation) Session converted.
     trained_without_rewrite = evidence["training_steps"] > 0 and not evidence["training_steps_with_rewrite"]
@@ -157,6 +166,20 @@ def _silently_fp32_reasons(facts: RunFacts, probe: Dict[str, Any]) -> List[str]:
     return reasons
 
 
+def _float16_without_loss_scaling(probe: Dict[str, Any], backward: Dict[str, int], steps: int, apex: bool) -> Optional[str]:
+    """float16 backward passes and optimizer steps, with no loss a GradScaler scaled: not AMP
+    training (small gradients underflow in float16). bfloat16 needs no scaling; apex scales its own."""
+    if apex or "scaler_scale_calls" not in probe or probe["scaler_scale_calls"] or not steps:
+        return None
+    if not backward.get("float16"):
+        return None
+    if any(r.get("enabled") for r in probe.get("grad_scaler", [])):
+        return ("a GradScaler was created but never scaled a loss (scaler.scale(loss).backward() is missing): "
+                "the float16 backward pass ran unscaled, and small gradients underflow silently")
+    return ("float16 backward passes ran without loss scaling (no torch.amp.GradScaler): small gradients underflow "
+            "silently; add a GradScaler, or use bfloat16")
+
+
 def judge_torch(facts: RunFacts, apex: bool = False) -> Judgement:
     """Native torch AMP or apex: matmul/conv ops must have run in float16/bfloat16."""
     probe = facts.probe.get("torch", {})
@@ -186,6 +209,10 @@ def judge_torch(facts: RunFacts, apex: bool = False) -> Judgement:
     if silent:
         reason = "; ".join(silent) + ": the script silently ran in float32"
         return Judgement(NOT_ACTIVE, evidence, "not active: %s" % reason, reason)
+    unscaled = _float16_without_loss_scaling(probe, backward, steps, apex)
+    if unscaled and not facts.failed:
+        evidence["scaler_scale_calls"] = probe.get("scaler_scale_calls", 0)
+        return Judgement(NOT_ACTIVE, evidence, "not active: %s" % unscaled, unscaled)
     apex_ok = not apex or evidence["apex_initialized"]
     # Training in mixed precision shows in the backward pass too: reduced-precision ops only in
     # forward passes (an evaluation under autocast) next to an fp32 backward are not AMP training.

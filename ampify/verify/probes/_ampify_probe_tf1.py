@@ -38,7 +38,7 @@ def _has_gpu():
         return False
 
 
-def _patch_session(evidence, train_ops):
+def _patch_session(evidence, train_ops, loss_scaled_ops):
     from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
     from tensorflow.python.client import session as session_lib
     from tensorflow.python.eager import context
@@ -80,10 +80,15 @@ def _patch_session(evidence, train_ops):
 
     def run(self, fetches, *args, **kwargs):
         result = original_run(self, fetches, *args, **kwargs)
-        if train_ops and _fetched_op_names(fetches, set()) & train_ops:
+        fetched = _fetched_op_names(fetches, set()) & train_ops if train_ops else set()
+        if fetched:
             evidence["train_steps"] = evidence.get("train_steps", 0) + 1
             if getattr(self, "_ampify_probe_rewrite", False):
                 evidence["train_steps_with_rewrite"] = evidence.get("train_steps_with_rewrite", 0) + 1
+                # Loss scaling: the op came from the loss-scale optimizer after its own
+                # compute_gradients scaled the loss (tf.gradients fed to its apply_gradients skip it).
+                key = "train_steps_loss_scaled" if fetched & loss_scaled_ops else "train_steps_not_loss_scaled"
+                evidence[key] = evidence.get(key, 0) + 1
             common.stop_when_allowed("training step")
         return result
 
@@ -124,16 +129,46 @@ def _patch_optimizers(evidence, train_ops):
                 setattr(cls, method_name, remember_result(method))
 
 
+def _patch_loss_scale_optimizer(evidence, loss_scaled_ops):
+    """Remember the ops of the graph rewrite's loss-scale optimizer whose loss was scaled: its
+    apply_gradients after its own compute_gradients ran (minimize does both)."""
+    from tensorflow.python.training.experimental import loss_scale_optimizer
+
+    cls = loss_scale_optimizer.MixedPrecisionLossScaleOptimizer
+    original_compute = cls.compute_gradients
+    original_apply = cls.apply_gradients
+
+    def compute_gradients(self, *args, **kwargs):
+        self._ampify_probe_scaled = True
+        return original_compute(self, *args, **kwargs)
+
+    def apply_gradients(self, *args, **kwargs):
+        op = original_apply(self, *args, **kwargs)
+        name = getattr(op, "name", None)
+        if isinstance(name, str) and getattr(self, "_ampify_probe_scaled", False):
+            loss_scaled_ops.add(name.split(":")[0])
+        return op
+
+    cls.compute_gradients = compute_gradients
+    cls.apply_gradients = apply_gradients
+
+
 def on_tensorflow_imported(tensorflow):
     """Patch Session creation/run and optimizers once the script has imported TensorFlow."""
     evidence = common.section("tf1")
     evidence["version"] = getattr(tensorflow, "__version__", "?")
     train_ops = set()
-    for install in (_patch_session, _patch_optimizers):
+    loss_scaled_ops = set()
+    installs = (
+        lambda: _patch_session(evidence, train_ops, loss_scaled_ops),
+        lambda: _patch_loss_scale_optimizer(evidence, loss_scaled_ops),
+        lambda: _patch_optimizers(evidence, train_ops),  # last: it wraps the methods patched above too
+    )
+    for name, install in zip(("_patch_session", "_patch_loss_scale_optimizer", "_patch_optimizers"), installs):
         try:
-            install(evidence, train_ops)
+            install()
         except Exception as error:
-            evidence.setdefault("probe_errors", []).append("%s: %r" % (install.__name__, error))
+            evidence.setdefault("probe_errors", []).append("%s: %r" % (name, error))
 
 
 def _show_info_log_while_importing():

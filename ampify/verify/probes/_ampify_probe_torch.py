@@ -124,6 +124,21 @@ def _record_grad_scaler(torch, evidence):
         scaler_class.__init__ = __init__
 
 
+def _count_loss_scaling(torch, evidence):
+    """How often a GradScaler scaled a loss: float16 training without it is not AMP training
+    (its small gradients underflow), even when every op ran in float16."""
+    scaler_class = torch.amp.grad_scaler.GradScaler
+    original_scale = scaler_class.scale
+    evidence["scaler_scale_calls"] = 0
+
+    def scale(self, outputs, *args, **kwargs):
+        if getattr(self, "_enabled", False):
+            evidence["scaler_scale_calls"] += 1
+        return original_scale(self, outputs, *args, **kwargs)
+
+    scaler_class.scale = scale
+
+
 def _install_step_hook(torch, evidence):
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -141,7 +156,7 @@ def on_torch_imported(torch):
     evidence = common.section("torch")
     evidence["version"] = getattr(torch, "__version__", "?")
     evidence["cuda_available"] = bool(torch.cuda.is_available())
-    for install in (_record_autocast, _record_grad_scaler, _install_step_hook, _install_op_counter):
+    for install in (_record_autocast, _record_grad_scaler, _count_loss_scaling, _install_step_hook, _install_op_counter):
         try:
             install(torch, evidence)
         except Exception as error:  # older torch without one of these APIs
