@@ -84,6 +84,9 @@ class _ScopeFlow:
     declared_lines: Dict[str, int] = field(default_factory=dict)
     #: name -> the statements that assign it with `=`
     assignment_statements: Dict[str, List[cst.CSTNode]] = field(default_factory=dict)
+    #: other calls, with the dotted names of their plain arguments: code that may apply
+    #: gradients it is handed (`variable_mgr.append_apply_gradients_ops(state, opt, grads)`)
+    handoffs: List[Tuple[cst.Call, List[Tuple[str, cst.BaseExpression]], int, int]] = field(default_factory=list)
 
 
 class _References(cst.CSTVisitor):
@@ -107,6 +110,9 @@ class _References(cst.CSTVisitor):
             self.labels.add(id(node))
         elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "compute_gradients":
             self.labels.add(FROM_COMPUTE_GRADIENTS)
+            receiver = dotted_name(node.func.value)
+            if receiver:
+                self.labels.add(_computed_by(receiver))
         elif _is_other_gradients(node.func):
             self.labels.add(_other_gradients(node))
         else:
@@ -132,6 +138,11 @@ _OTHER_GRADIENT_FUNCTIONS = frozenset({"gradients", "gradient"})
 def _other_gradients(call: cst.Call) -> Tuple[str, int]:
     """Label of the gradients one such call computes."""
     return ("other gradients", id(call))
+
+
+def _computed_by(optimizer_name: str) -> Tuple[str, str]:
+    """Label of gradients that `optimizer_name.compute_gradients(...)` computed (and loss-scaled)."""
+    return ("computed by", optimizer_name)
 
 
 def _from_helper_given(optimizer_name: str) -> Tuple[str, str]:
@@ -280,6 +291,12 @@ class _FlowCollector(cst.CSTVisitor):
             position = self.positions[node].start
             shown = cst.Module(body=[]).code_for_node(func)
             self.other_gradients[id(node)] = (shown, position.line, position.column)
+        arguments = [(dotted_name(arg.value), arg.value) for arg in node.args]
+        if len(arguments) >= 2 and any(name for name, _ in arguments):
+            position = self.positions[node].start
+            self._flow.handoffs.append(
+                (node, [(name, value) for name, value in arguments if name], position.line, position.column)
+            )
         if not isinstance(func, cst.Attribute):
             return
         method = func.attr.value
@@ -435,6 +452,7 @@ def plan_gradients_rewrites(
     why_not_rewritten: str = "",
     keras_optimizer_names: frozenset = frozenset(),
     wrapped_calls: frozenset = frozenset(),
+    optimizer_names: frozenset = frozenset(),
 ) -> GradientsPlan:
     """Find tf.gradients results that reach apply_gradients; plan rewrites or warnings.
 
@@ -449,8 +467,46 @@ def plan_gradients_rewrites(
         hoister = _Hoister(collector, flow, plan, wrapped_calls, positions)
         _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names, hoister)
         _warn_other_gradients(flow, resolve, collector.other_gradients, plan, keras_optimizer_names)
+        _warn_gradients_handed_on(flow, resolve, plan, optimizer_names)
     plan.findings.sort(key=lambda f: (f.line, f.column, f.code))
     return plan
+
+
+def _warn_gradients_handed_on(flow: _ScopeFlow, resolve: Resolver, plan: GradientsPlan, optimizer_names) -> None:
+    """tf.gradients results handed to other code together with an optimizer of this file
+    (`variable_mgr.append_apply_gradients_ops(state, opt, grads)`): if that code applies them
+    with the wrapped optimizer, only its compute_gradients would have scaled the loss."""
+    if not flow.gradients_calls or not flow.handoffs or not optimizer_names:
+        return
+    taint = _taint(flow)
+    applied_here = set()
+    for apply in flow.apply_calls:
+        applied_here |= _labels_of(apply.grads, taint, resolve)
+    for call, arguments, line, column in flow.handoffs:
+        optimizers = [name for name, _ in arguments if name in optimizer_names]
+        if not optimizers:
+            continue
+        handed = set()
+        for name, value in arguments:
+            if name not in optimizers:
+                handed |= _labels_of(value, taint, resolve)
+        gradients = [g for g in flow.gradients_calls if id(g.call) in handed and id(g.call) not in applied_here]
+        if not gradients:
+            continue
+        callee = cst.Module(body=[]).code_for_node(call.func)
+        plan.findings.append(
+            Finding(
+                CODE_NOT_REWRITABLE,
+                f"tf.gradients result (line {gradients[0].line}) is handed to {callee}() together with the "
+                f"optimizer {optimizers[0]}: if that code applies them with it, they are not loss-scaled (only "
+                f"{optimizers[0]}.compute_gradients scales the loss under the mixed precision wrapper) and float16 "
+                f"gradients can underflow silently; compute them with {optimizers[0]}.compute_gradients(loss, "
+                "var_list=...) and hand those on",
+                line,
+                column,
+                Severity.WARNING,
+            )
+        )
 
 
 def _plan_scope(
@@ -460,6 +516,23 @@ def _plan_scope(
         return
     taint = _taint(flow)
     apply_labels = [(apply, _labels_of(apply.grads, taint, resolve)) for apply in flow.apply_calls]
+    for apply, labels in apply_labels:
+        computed_by = sorted(label[1] for label in labels if isinstance(label, tuple) and label[0] == "computed by")
+        if apply.receiver_name and computed_by and apply.receiver_name not in computed_by:
+            # A3C-style: a local optimizer computes, a global one applies. Under the mixed
+            # precision wrapper each has its own loss scale: one scales, the other unscales.
+            plan.findings.append(
+                Finding(
+                    CODE_UNTRACEABLE_APPLY,
+                    f"{_shown(apply)}.apply_gradients receives gradients computed by "
+                    f"{computed_by[0]}.compute_gradients: under the mixed precision wrapper each optimizer has its own "
+                    f"loss scale, so {computed_by[0]}'s scales the loss, {_shown(apply)}'s unscales the gradients and "
+                    f"only {_shown(apply)}'s is ever updated; compute and apply the gradients with one optimizer",
+                    apply.line,
+                    apply.column,
+                    Severity.WARNING,
+                )
+            )
 
     for apply, labels in apply_labels:
         traced = {

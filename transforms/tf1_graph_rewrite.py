@@ -245,9 +245,12 @@ class _GraphRewrite:
         )
 
     def _plan_gradients(self, **kwargs) -> GradientsPlan:
-        if not self.survey.has_apply_gradients:
-            return GradientsPlan()  # nothing is applied, so nothing can bypass loss scaling
-        return plan_gradients_rewrites(self.module, self.positions, self.resolve, **kwargs)
+        if not self.survey.has_apply_gradients and not self.survey.has_tf_gradients:
+            return GradientsPlan()  # nothing is applied or handed on, so nothing can bypass loss scaling
+        optimizer_names = frozenset(name for site in self._tf1_sites() for name in site.assigned_to)
+        return plan_gradients_rewrites(
+            self.module, self.positions, self.resolve, optimizer_names=optimizer_names, **kwargs
+        )
 
     # -- TF1 graph code ------------------------------------------------------------------------
     def _tf1_sites(self) -> List[OptimizerSite]:

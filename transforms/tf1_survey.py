@@ -19,6 +19,7 @@ from ampify.transforms.imports import dotted_name
 from ampify.transforms.positions import Positions
 from ampify.transforms.tf1_module_header import import_aliases
 from ampify.transforms.tf1_names import (
+    TF_GRADIENTS,
     IGNORE_PERFORMANCE_ENV,
     MIXED_PRECISION_IDENTIFIERS,
     MIXED_PRECISION_POLICY_FUNCTIONS,
@@ -195,6 +196,8 @@ class ModuleSurvey:
     tf1_style: bool = False
     #: some `.apply_gradients(...)` is called (else the tf.gradients analysis is skipped)
     has_apply_gradients: bool = False
+    #: some `tf.gradients(...)` is called (its result may be applied by code elsewhere)
+    has_tf_gradients: bool = False
     #: TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE appears in a string already
     mentions_ignore_performance_env: bool = False
     #: every `X.attr` whose attr the wrapper does not forward (`opt._lr`), with its scope id;
@@ -484,6 +487,8 @@ class _Surveyor(cst.CSTVisitor):
             self._record_session(node, obtained=True)
         elif last == "apply_gradients":
             self.survey.has_apply_gradients = True
+        elif resolved in TF_GRADIENTS:
+            self.survey.has_tf_gradients = True
         elif last == "run" and isinstance(node.func, cst.Attribute):
             self._record_session_run(node.func.value)
         if resolved in OPTIMIZER_BUILT_INSIDE_TF:
