@@ -133,3 +133,69 @@ def test_nesting_cpython_refuses_is_reported_without_reaching_libcst(monkeypatch
 def test_newer_syntax_than_this_python_falls_back_to_libcst():
     conversion = convert_source("import torch\ntype Batch = list[int]\n" + TRAINING_TAIL)
     assert conversion.status is not FileStatus.FAILED and conversion.converted is None
+
+
+# --- item 8: refusal reasons name the real obstacle ---------------------------------------------
+
+BASE_CLASS_OPTIMIZER = '''\
+import torch
+
+
+class BaseTrainer:
+    def __init__(self, model):
+        self.model = model
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+class Trainer(BaseTrainer):
+    def train(self, loader):
+        for x, y in loader:
+            self.optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+'''
+
+
+@pytest.mark.parametrize("backend", ["native", "apex"])
+def test_an_optimizer_of_a_base_class_is_named_where_it_is_created(backend):
+    from ampify.options import Options
+
+    conversion = convert_source(BASE_CLASS_OPTIMIZER, Options(backend=backend))
+    messages = [f.message for f in conversion.findings if f.severity is Severity.WARNING]
+    assert any(
+        "self.optimizer is created in class BaseTrainer (line 7), not in the class of Trainer.train()" in m
+        for m in messages
+    ), messages
+    assert not any("cannot find where" in m for m in messages)
+
+
+MODULE_TRAIN_FUNCTION = '''\
+import torch
+import torch.nn as nn
+
+
+def train(model, loader, criterion):
+    for x, y in loader:
+        criterion(model(x), y).backward()
+
+
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.MSELoss()
+for epoch in range(2):
+    model.train()
+    optimizer.zero_grad()
+    loss = criterion(model(torch.randn(3, 4)), torch.randn(3, 2))
+    loss.backward()
+    optimizer.step()
+'''
+
+
+def test_model_train_is_not_taken_for_a_function_of_the_file_named_train():
+    """`model.train()` switches nn.Module to training mode; it never runs this file's train()."""
+    conversion = convert_source(MODULE_TRAIN_FUNCTION)
+    assert conversion.converted is not None and "scaler.step(optimizer)" in conversion.converted
+    assert not any("calls train()" in f.message for f in conversion.findings)
+    # the train() function's own backward, with no step anywhere, is still reported
+    assert any(f.code == "AMP215" and f.line == 7 for f in conversion.findings)

@@ -353,7 +353,7 @@ class _ApexConversion:
             return constructions[-1], name
         parameters = [b for b in bindings if b.kind == "parameter"]
         if not parameters or depth >= 3 or not isinstance(parameters[0].scope, cst.FunctionDef):
-            self._refuse(use, f"cannot find where {name} is created in this file")
+            self._refuse(use, self.s.not_found_reason(name, scope))
         function = parameters[0].scope
         callers = self._call_sites_of(function)
         if not callers:

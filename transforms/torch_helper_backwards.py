@@ -148,6 +148,8 @@ def call_of_unfollowed_backward(structure: TrainingStructure, unit: TrainingUnit
         func = call.func
         called = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
         backward = unfollowed.get(called) if called else None
+        if backward is not None and not _may_call(structure, func, backward.scope):
+            backward = None  # `model.train()` is nn.Module's mode switch, not this file's train()
         if backward is not None:
             return (
                 f"this training step calls {called}() (line {structure.line(call)}), which runs a backward() "
@@ -156,6 +158,19 @@ def call_of_unfollowed_backward(structure: TrainingStructure, unit: TrainingUnit
                 call,
             )
     return None
+
+
+def _may_call(structure: TrainingStructure, func: cst.BaseExpression, function: cst.FunctionDef) -> bool:
+    """Can a call of `func` run `function`? A module-level function is called by its bare name,
+    a method through `self.` (or `super()`); `other.name()` is another object's method."""
+    if structure.class_of(function) is None:
+        return isinstance(func, cst.Name)
+    if isinstance(func, cst.Attribute):
+        receiver = func.value
+        return (isinstance(receiver, cst.Name) and receiver.value == "self") or (
+            isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Name) and receiver.func.value == "super"
+        )
+    return False
 
 
 def _check_helper_body(structure: TrainingStructure, helper: cst.FunctionDef) -> None:

@@ -419,7 +419,7 @@ class _NativeRewrite:
         for receiver in receivers:
             bindings = s.bindings_visible(receiver, unit.scope)
             if not bindings:
-                raise Unconvertible(f"cannot find where {receiver} is created", unit.steps[0].call)
+                raise Unconvertible(s.not_found_reason(receiver, unit.scope), unit.steps[0].call)
             kinds[receiver] = "parameter" if any(b.kind == "parameter" for b in bindings) else "variable"
         if set(kinds.values()) == {"variable"}:
             if isinstance(unit.owner, (cst.For, cst.While)):
@@ -455,7 +455,7 @@ class _NativeRewrite:
         for receiver in receivers:
             bindings = [b for b in s.bindings_visible(receiver, scope) if b.statement is not None]
             if not bindings:
-                raise Unconvertible(f"cannot find where {receiver} is created", node)
+                raise Unconvertible(s.not_found_reason(receiver, scope), node)
             if home_scope is None:
                 home_scope = bindings[0].scope
             elif bindings[0].scope is not home_scope:
@@ -503,10 +503,7 @@ class _NativeRewrite:
         for receiver in receivers:
             bindings = [b for b in s.bindings_visible(receiver, scope) if b.statement is not None]
             if not bindings:
-                raise Unconvertible(
-                    f"{receiver} is not assigned in class {klass.name.value} (set by a base class or from outside?)",
-                    node,
-                )
+                raise Unconvertible(s.not_found_reason(receiver, scope), node)
             first = min(bindings, key=lambda b: s.line(b.statement))
             if method is None:
                 method = first.scope

@@ -112,9 +112,12 @@ class StepPlanner:
                 backward.call,
             )
         if not any(self._calls_model(body[index]) for index in range(start, end + 1)):
+            first, last = s.line(body[start]), s.line(body[end])
+            lines = f"line {first}" if first == last else f"lines {first}-{last}"
             raise Unconvertible(
-                f"the loss of backward() is computed from tensors made elsewhere (line {s.line(body[end])} "
-                "holds no model call): the forward pass runs elsewhere, put torch.autocast around it by hand",
+                f"the loss of backward() is computed from tensors made elsewhere: {lines}, which compute it, call "
+                "no model ampify recognises (a module built in this file, or one that is called like one), so the "
+                "forward pass runs elsewhere; put torch.autocast around it by hand",
                 backward.call,
             )
         start = self._stateful_forward_start(body, start, barriers)

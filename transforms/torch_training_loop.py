@@ -342,6 +342,29 @@ class TrainingStructure:
                 return found
         return []
 
+    def not_found_reason(self, name: str, scope: Scope) -> str:
+        """Why no binding of `name` is visible from `scope`, naming where the file does bind it."""
+        where = self._scope_label(scope)
+        elsewhere = [b for b in self.bindings if b.name == name and b.statement is not None]
+        if elsewhere:
+            first = elsewhere[0]
+            if name.startswith("self."):
+                owner = first.klass.name.value if first.klass is not None else "another class"
+                return (f"{name} is created in class {owner} (line {self.line(first.statement)}), not in the class "
+                        f"of {where}: ampify follows self.<attribute> within one class (base classes are not "
+                        "followed yet)")
+            return (f"{name} is created in {self._scope_label(first.scope)} (line {self.line(first.statement)}), "
+                    f"which {where} cannot see (it is neither passed in nor a module-level variable)")
+        return (f"no assignment to {name} that {where} can see: ampify follows local, enclosing and module-level "
+                "variables, parameters and self.<attribute> within one class (not class attributes, globals set "
+                "elsewhere, star imports or other modules)")
+
+    def _scope_label(self, scope: Scope) -> str:
+        if isinstance(scope, cst.FunctionDef):
+            klass = self.class_of(scope)
+            return f"{klass.name.value}.{scope.name.value}()" if klass is not None else f"{scope.name.value}()"
+        return "the module body"
+
     def insertion_point(
         self, after: Sequence[cst.CSTNode], before: Sequence[cst.CSTNode] = ()
     ) -> Optional[cst.CSTNode]:
