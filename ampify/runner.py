@@ -239,15 +239,21 @@ class _Pool:
         """Give each idle worker a batch; start workers (again) up to the pool size."""
         if stopping:
             return
-        for worker in self.workers:
+        for worker in list(self.workers):
             if not worker.busy and self.pending:
                 self._send(worker, self.pending.popleft())
         while self.pending and len(self.workers) < self.size:
             self._send(self.start_worker(), self.pending.popleft())
 
     def _send(self, worker: _Worker, batch: List[int]) -> None:
+        try:
+            worker.conn.send([(index, self.tasks[index]) for index in batch])
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            # It died while idle (nothing of it is lost): the batch goes back, a fresh worker takes it.
+            self.pending.appendleft(batch)
+            self.bury(worker, "")
+            return
         worker.batch.extend(batch)
-        worker.conn.send([(index, self.tasks[index]) for index in batch])
 
     def receive(self, worker: _Worker) -> Iterator[FileResult]:
         """Read what `worker` has said so far; yield the results it finished."""

@@ -451,3 +451,27 @@ def run_stand_in(*args):
 def run_ampify(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "ampify", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, timeout=120, env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+
+
+def test_a_worker_killed_while_idle_is_replaced_and_nothing_is_lost(tmp_path, misbehaving, monkeypatch):
+    """Between two batches a worker waits for the next; killed there (OOM killer, a stray kill),
+    it must not take the run down when it is handed more files."""
+    import ampify.runner as runner
+
+    make_files(tmp_path, {}, good=40)
+    original_hand_out = runner._Pool.hand_out
+    killed = []
+
+    def hand_out_after_killing_an_idle_worker(self, stopping):
+        idle = [w for w in self.workers if not w.busy and w.process.is_alive()]
+        if idle and not killed and self.pending:
+            idle[0].process.kill()
+            idle[0].process.join()
+            killed.append(idle[0].process.pid)
+        return original_hand_out(self, stopping)
+
+    monkeypatch.setattr(runner._Pool, "hand_out", hand_out_after_killing_an_idle_worker)
+    monkeypatch.setattr(runner, "BATCH_MAX_FILES", 2)
+    results = {Path(r.path).name: r for r in run_tasks(tasks_for(tmp_path), 2)}
+    assert killed, "the test never found an idle worker to kill"
+    assert len(results) == 40 and {r.status for r in results.values()} == {FileStatus.CHANGED}

@@ -338,8 +338,10 @@ class _ApexConversion:
                 return  # the model comes from elsewhere (a parameter): it may be on the GPU already
         self._refuse(
             setup.construction_statements[0],
-            f"{self.amp}.initialize needs the models on a CUDA device, and this file never moves "
-            f"{', '.join(setup.models)} there (no .cuda() / .to(device)); move the model to the GPU, then rerun ampify",
+            f"{self.amp}.initialize needs the models on a CUDA device, and nothing in this file moves "
+            f"{', '.join(setup.models)} there (no .cuda() / .to(device) here; a helper of another module that "
+            "moves it is not followed yet: ampify reads one file at a time); move the model to the GPU in this file, "
+            "then rerun ampify",
         )
 
     def _construction(self, name: str, scope: Scope, use: cst.CSTNode, depth: int) -> Tuple[Binding, str]:
