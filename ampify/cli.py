@@ -1,7 +1,8 @@
 """The `ampify` command: a thin layer over discover -> run -> report.
 
 `ampify PATH...` rewrites in place, `--diff` prints a diff, `--check` exits 1 when a file would
-change. `ampify verify SCRIPT` is handed to `ampify.verify`.
+change. `ampify verify SCRIPT` is handed to `ampify.verify`; `ampify rules` / `ampify rule CODE` show
+the rule catalogue (ampify/rules.py).
 Exit codes (as ruff and black): 0 nothing to do or all done; 1 changes needed (with --check),
 a file failed, or training code could not be converted; 2 usage error; 128 + the signal when
 stopped by SIGINT (130), SIGTERM (143) or SIGHUP (129), after the summary and report.
@@ -23,7 +24,8 @@ from ampify.engine import DEFAULT_MAX_FILE_BYTES, FileTask, Mode
 from ampify.findings import FileResult, FileStatus
 from ampify.names import for_terminal
 from ampify.options import BACKENDS, DTYPES, Options
-from ampify.report import render_file, render_summary, summarize, write_json_report
+from ampify.report import apply_selection, render_file, render_summary, summarize, write_json_report
+from ampify.rules import Selection, UnknownRule, render_list, render_rule, rule
 from ampify.runner import DEFAULT_FILE_TIMEOUT, Interrupted, default_jobs, run_tasks
 from ampify.source_io import remove_abandoned_temp_files
 
@@ -70,6 +72,8 @@ def rewrite(
         False, "--no-tf-ignore-performance",
         help="TF1: do not set TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE=1 (pre-Volta GPUs then skip the rewrite).",
     ),
+    select: List[str] = typer.Option([], "--select", metavar="CODES", help="Report only these rule codes or prefixes (AMP1, AMP213); comma-separated or repeated."),
+    ignore: List[str] = typer.Option([], "--ignore", metavar="CODES", help="Do not report these rule codes or prefixes; an ignored warning no longer makes a conversion incomplete."),
     verify: List[Path] = typer.Option([], "--verify", metavar="SCRIPT", help="After rewriting, run `ampify verify` on SCRIPT; repeatable."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Also list files that were not applicable."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print only problems and the summary."),
@@ -89,6 +93,12 @@ def rewrite(
         )
     except ValueError as error:
         _usage_error(str(error))
+    try:
+        selection = Selection.from_lists(
+            _split_codes([*config.select, *select]), _split_codes([*config.ignore, *ignore])
+        )
+    except UnknownRule as error:
+        _usage_error(f"--select/--ignore: {error}")
     if verify and (diff or check):
         _usage_error("--verify runs the rewritten script, so it cannot be combined with --diff or --check")
     if report is not None:
@@ -122,6 +132,8 @@ def rewrite(
         stopped_by = stop
     results.sort(key=lambda r: r.path)
     interrupted = stopped_by is not None
+    if not selection.everything:
+        results = [apply_selection(result, selection) for result in results]
     for result in results:
         if result.diff:
             sys.stdout.write(result.diff)
@@ -184,6 +196,10 @@ def _exit_code(results: List[FileResult], mode: Mode) -> int:
     if mode is Mode.CHECK and any(r.status is FileStatus.CHANGED for r in results):
         return 1
     return 0
+
+
+def _split_codes(entries: List[str]) -> List[str]:
+    return [part for entry in entries for part in entry.split(",") if part.strip()]
 
 
 def worker_count(asked: Optional[int], force: bool) -> Tuple[int, bool]:
@@ -250,6 +266,33 @@ def _verify_after_rewrite(scripts: List[Path]) -> int:
     return combined_exit_code(results)
 
 
+def _rules_command(command: str, args: List[str]) -> int:
+    """`ampify rules` lists the catalogue; `ampify rule CODE` explains one rule."""
+    try:
+        return _print_rules(command, args)
+    except BrokenPipeError:  # `ampify rules | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _print_rules(command: str, args: List[str]) -> int:
+    if command == "rules":
+        if args:
+            print("ampify rules: error: takes no arguments (`ampify rule CODE` explains one rule)", file=sys.stderr)
+            return 2
+        print(render_list())
+        return 0
+    if len(args) != 1:
+        print("ampify rule: error: name one rule code, e.g. `ampify rule AMP213`", file=sys.stderr)
+        return 2
+    found = rule(args[0])
+    if found is None:
+        print(f"ampify rule: error: no rule {args[0]!r} (`ampify rules` lists them)", file=sys.stderr)
+        return 2
+    print(render_rule(found))
+    return 0
+
+
 def _usage_error(message: str) -> None:
     print(f"ampify: error: {message}", file=sys.stderr)
     raise typer.Exit(2)
@@ -262,5 +305,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         from ampify.verify.cli import main as verify_main
 
         sys.exit(verify_main(args[1:]))
+    if args and args[0] in ("rules", "rule") and not Path(args[0]).exists():
+        sys.exit(_rules_command(args[0], args[1:]))
     command = typer.main.get_command(app)
     command.main(args=args, prog_name="ampify")

@@ -34,6 +34,9 @@ class Config:
     file_timeout: Optional[float] = None
     #: megabytes, 0 for no limit
     max_file_size: Optional[float] = None
+    #: rule codes or prefixes to report only / not to report
+    select: List[str] = field(default_factory=list)
+    ignore: List[str] = field(default_factory=list)
 
 
 _KEYS = {
@@ -45,6 +48,8 @@ _KEYS = {
     "respect-gitignore": bool,
     "file-timeout": (int, float),
     "max-file-size": (int, float),
+    "select": list,
+    "ignore": list,
 }
 
 
@@ -88,8 +93,9 @@ def load_config(paths: Sequence[Path]) -> Config:
         if isinstance(expected, tuple) and value < 0:
             raise ConfigError(f"{pyproject}: [tool.ampify] {key} must be 0 (no limit) or more")
         setattr(config, key.replace("-", "_"), value)
-    if not all(isinstance(item, str) for item in config.exclude):
-        raise ConfigError(f"{pyproject}: [tool.ampify] exclude must be a list of strings")
+    for key in ("exclude", "select", "ignore"):
+        if not all(isinstance(item, str) for item in getattr(config, key)):
+            raise ConfigError(f"{pyproject}: [tool.ampify] {key} must be a list of strings")
     if config.jobs is not None and config.jobs < 1:
         raise ConfigError(f"{pyproject}: [tool.ampify] jobs must be at least 1")
     if config.backend is not None and config.backend not in BACKENDS:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import List
 
 from ampify.names import json_fields
+from ampify.rules import INCOMPLETE_CONVERSION_CODES
 
 
 class Severity(str, enum.Enum):
@@ -51,16 +52,6 @@ class FileStatus(str, enum.Enum):
     UNCONVERTED = "unconverted"  # training code found, but it could not be converted safely
     SKIPPED = "skipped"
     FAILED = "failed"
-
-
-#: warnings that, on a changed file, mean the change cannot take full effect: an optimizer left
-#: unwrapped, a Session that never gets the rewrite, gradients that bypass loss scaling, a
-#: training step left in float32. Such a file is "changed, incomplete", never a clean success.
-INCOMPLETE_CONVERSION_CODES = frozenset({
-    "AMP110", "AMP112", "AMP113", "AMP115", "AMP116", "AMP117", "AMP118", "AMP119", "AMP120",
-    "AMP211", "AMP212", "AMP215",
-    "AMP311", "AMP312", "AMP315", "AMP316", "AMP317",
-})
 
 
 def incomplete_codes(findings) -> List[str]:

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Dict, Iterable, List
 
 from ampify import __version__
-from ampify.findings import FileResult, FileStatus, Finding, Severity
+from ampify.findings import FileResult, FileStatus, Finding, Severity, incomplete_codes
 from ampify.names import for_terminal
 from ampify.options import Options
+from ampify.rules import Selection
 
 #: statuses that get a line of their own even without --verbose
 _STATUS_LINES = {
@@ -21,6 +22,16 @@ _STATUS_LINES = {
     FileStatus.CHANGED_INCOMPLETE: "changed, incomplete",
     FileStatus.ALREADY_MIXED_PRECISION: "already mixed precision",
 }
+
+
+def apply_selection(result: FileResult, selection: Selection) -> FileResult:
+    """`result` with only the findings `selection` reports. A file that was "changed, incomplete"
+    only because of ignored warnings is plainly "changed": the user accepted them."""
+    kept = [f for f in result.findings if selection.allows(f.code)]
+    status, reason = result.status, result.reason
+    if status is FileStatus.CHANGED_INCOMPLETE and not incomplete_codes(kept):
+        status, reason = FileStatus.CHANGED, ""
+    return FileResult(result.path, status, reason, kept, result.written, result.diff)
 
 
 def render_finding(path: str, finding: Finding) -> str:

@@ -298,6 +298,7 @@ def test_a_read_only_folder_is_honoured_also_as_root(tmp_path):
         run = run_ampify(folder)
         assert run.returncode == 1
         assert "train.py: failed: its folder is read-only, not overwritten" in run.stderr
+        assert "AMP001 error: not written: its folder is read-only" in run.stdout + run.stderr
         assert (folder / "train.py").read_text() == TORCH_STEP
         assert sorted(os.listdir(folder)) == ["train.py"]
     finally:

@@ -587,9 +587,12 @@ class _ApexConversion:
                 continue
             indent = self.parse_config.default_indent
             code = f'if "amp" in {source_name}:\n{indent}{self.amp}.load_state_dict({source_name}["amp"])'
-            self.plan.insert_after(load.statement, code)
-            self._note("AMP304", load.call, f"the checkpoint load also restores {self.amp}.load_state_dict (when saved)")
-            if load.scope is setup.scope and _pos(self.s, load.statement) < _pos(self.s, anchor):
+            before_initialize = load.scope is setup.scope and _pos(self.s, load.statement) < _pos(self.s, anchor)
+            # amp.load_state_dict needs the loss scalers amp.initialize creates: never restore before it.
+            self.plan.insert_after(anchor if before_initialize else load.statement, code)
+            self._note("AMP304", load.call, f"the checkpoint load also restores {self.amp}.load_state_dict (when saved)"
+                       + (f", after {self.amp}.initialize" if before_initialize else ""))
+            if before_initialize:
                 self._warn(
                     "AMP319", load.call,
                     f"the optimizer state is loaded before {self.amp}.initialize; apex wants checkpoints loaded "

@@ -1,0 +1,274 @@
+"""The rule catalogue: every code ampify can emit, in one place.
+
+Each rule says what it means, for which target, how serious it is, why it matters, what the code
+looks like before and after, and whether ampify's fix is safe to apply unreviewed. From it come
+`ampify rules`, `ampify rule CODE`, the README's rule table (a test keeps the two identical),
+`--select` / `--ignore`, and which warnings leave a conversion "changed, incomplete".
+
+Code policy (as TorchFix's README states its own): `AMP0xx` the engine (files, I/O), `AMP1xx` the
+TF1 graph rewrite, `AMP2xx` PyTorch native AMP, `AMP3xx` apex. Within a target `x0x` are changes
+made (info), `x1x` and up are patterns left alone or unsafe (warnings), `x00` an internal error.
+A code keeps its meaning once released; a code split in two keeps the old number for the first
+meaning and the change is listed in CHANGELOG.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence
+
+#: how far ampify's own fix for a rule can be trusted without review
+SAFE = "safe"  # ampify rewrote it; the rewrite is exact
+REVIEW = "review"  # ampify rewrote it; read the diff (placement, device, a moved statement)
+MANUAL = "manual"  # ampify did not change it: the finding says what to do by hand
+
+TARGETS = {
+    "AMP0": "engine",
+    "AMP1": "tf1",
+    "AMP2": "torch-native",
+    "AMP3": "torch-apex",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    severity: str  # "info", "warning", "error", or "info or warning"
+    summary: str  # one line, as in the README table (Markdown)
+    why: str
+    example: str
+    fix: str
+    #: on a changed file, a warning of this code means part of the training stays float32 or unscaled
+    incomplete: bool = False
+
+    @property
+    def target(self) -> str:
+        return TARGETS[self.code[:4]]
+
+
+RULES: List[Rule] = [
+    Rule("AMP001", "error", "error: the converted file could not be written (read-only, changed or vanished during the run)",
+         "A file is either untouched or replaced whole: when the write cannot happen safely, nothing is written.",
+         "train.py: failed: file changed on disk during the run, not overwritten", MANUAL),
+    Rule("AMP100", "error", "error: internal error in the TF1 transform; the file is left unchanged",
+         "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
+         "AMP100 internal error in the TF1 graph rewrite, file left unchanged: KeyError: ...", MANUAL),
+    Rule("AMP101", "info", "TF1 optimizer wrapped with `enable_mixed_precision_graph_rewrite`",
+         "The graph rewrite casts allowlisted ops to float16 and adds dynamic loss scaling, but only for graphs "
+         "built with a wrapped optimizer.",
+         "opt = tf.train.AdamOptimizer(1e-3)\n  -> opt = tf.compat.v1.train.experimental.enable_mixed_precision_graph_rewrite("
+         "tf.train.AdamOptimizer(1e-3))", SAFE),
+    Rule("AMP102", "info", "`TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE=1` set before TensorFlow is imported",
+         "Without it GPUs older than Volta silently skip the rewrite: the field report's 'no memory saved' case.",
+         'import tensorflow as tf\n  -> import os\n     os.environ.setdefault("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE", "1")\n'
+         "     import tensorflow as tf", SAFE),
+    Rule("AMP103", "info", "`tf.gradients` feeding `apply_gradients` rewritten to the optimizer's `compute_gradients` (loss-scaled)",
+         "Only the wrapped optimizer's compute_gradients scales the loss; tf.gradients results underflow in float16.",
+         "grads = tf.gradients(loss, tvars)\n  -> grads = [g for g, _ in opt.compute_gradients(loss, var_list=tvars)]", REVIEW),
+    Rule("AMP110", "warning", "`tf.gradients` reaches `apply_gradients` in a form that cannot be rewritten safely, or is handed to other code with the optimizer",
+         "Gradients that bypass the wrapper's compute_gradients are never loss-scaled: float16 gradients underflow silently.",
+         "variable_mgr.append_apply_gradients_ops(state, opt, tf.gradients(loss, params), ops)", MANUAL, incomplete=True),
+    Rule("AMP111", "warning", "optimizer built in a loop or comprehension (one loss scale each)",
+         "Each wrapped optimizer keeps its own dynamic loss scale; that still trains, but the scales drift apart.",
+         "opts = [tf.train.AdamOptimizer(lr) for lr in rates]", MANUAL),
+    Rule("AMP112", "warning", "Keras optimizer in TF1 code: the graph rewrite refuses it, not wrapped",
+         "enable_mixed_precision_graph_rewrite raises on Keras optimizers; use a Keras mixed precision policy instead.",
+         "opt = tf.keras.optimizers.Adam(1e-3)", MANUAL, incomplete=True),
+    Rule("AMP113", "warning", "a Session is created before the rewrite is enabled: that Session never gets it",
+         "TensorFlow turns the rewrite on only for Sessions created after enable_mixed_precision_graph_rewrite: "
+         "nothing runs in float16.",
+         "sess = tf.Session()\nopt = tf.train.AdamOptimizer(1e-3)  # wrapped too late for sess", MANUAL, incomplete=True),
+    Rule("AMP114", "warning", "unwrapped TF1 optimizer in a file that already uses mixed precision",
+         "Its loss is not scaled while the rest of the file trains in float16.",
+         "opt_d = enable_mixed_precision_graph_rewrite(tf.train.AdamOptimizer())\nopt_g = tf.train.AdamOptimizer()", MANUAL),
+    Rule("AMP115", "warning", "`apply_gradients` gets gradients that cannot be traced to `compute_gradients` / `tf.gradients`, or that another optimizer computed",
+         "Gradients from elsewhere (a tape, another optimizer with its own loss scale) are not scaled by this wrapper.",
+         "grads = local_opt.compute_gradients(loss)\nglobal_opt.apply_gradients(grads)", MANUAL, incomplete=True),
+    Rule("AMP116", "warning", "optimizer class from another module: wrap it where that module builds it, or by hand",
+         "ampify reads one file at a time: an optimizer built elsewhere cannot be wrapped here.",
+         "opt = optimization.create_optimizer(loss, lr, steps)", MANUAL, incomplete=True),
+    Rule("AMP117", "warning", "optimizer built inside TensorFlow (`optimize_loss`, canned Estimators given a name)",
+         "TensorFlow builds the optimizer itself, so there is nothing in the script to wrap.",
+         'tf.contrib.layers.optimize_loss(loss, step, lr, optimizer="Adam")', MANUAL, incomplete=True),
+    Rule("AMP118", "warning", "optimizer class handed to code outside this file, or named by a string",
+         "The class is instantiated elsewhere (or looked up by name), where ampify cannot wrap it.",
+         'build(optimizer_class=tf.train.AdamOptimizer)  /  tf_optimizer="tf.train.AdamOptimizer"', MANUAL, incomplete=True),
+    Rule("AMP119", "warning", "TF1 optimizer not wrapped: the code reads an attribute the wrapper does not forward (e.g. `opt._lr`)",
+         "The wrapper does not forward private attributes: wrapping would make the script fail.",
+         "opt = tf.train.MomentumOptimizer(lr, 0.9)\nprint(opt._learning_rate)", MANUAL, incomplete=True),
+    Rule("AMP120", "warning", "eager execution turned on (`tf.enable_eager_execution()`) and nothing builds a graph (no `tf.function`, Session, `tf.Graph`, Estimator): the rewrite changes graphs only, so the ops stay float32",
+         "The graph rewrite never sees eager ops: a measured run converted 0 nodes eagerly, 30 inside tf.function.",
+         "tf.enable_eager_execution()\nopt = tf.train.AdamOptimizer()", MANUAL, incomplete=True),
+    Rule("AMP121", "info", "`tf` bound only by a star import (`from ops import *`) and used as TF1 (`tf.train.*Optimizer`): taken as TensorFlow, `import tensorflow` added above the star import",
+         "Without an import of its own the file looked like no TensorFlow code at all, and stayed float32 silently.",
+         "from ops import *\n  -> import tensorflow\n     from ops import *", REVIEW),
+    Rule("AMP201", "info", "`torch.autocast` added around the forward pass and loss",
+         "autocast runs matmuls and convolutions in float16/bfloat16 and keeps precision-sensitive ops in float32.",
+         "loss = criterion(model(x), y)\n  -> with torch.autocast(device_type=device.type, dtype=torch.float16):\n"
+         "         loss = criterion(model(x), y)", SAFE),
+    Rule("AMP202", "info", "`backward()` scaled through the GradScaler",
+         "Scaling the loss keeps small float16 gradients from underflowing to zero.",
+         "loss.backward()\n  -> scaler.scale(loss).backward()", SAFE),
+    Rule("AMP203", "info", "`optimizer.step()` through the GradScaler, one `scaler.update()` per iteration",
+         "scaler.step unscales the gradients and skips steps with inf/NaN; update adapts the scale.",
+         "optimizer.step()\n  -> scaler.step(optimizer)\n     scaler.update()", SAFE),
+    Rule("AMP204", "info", "GradScaler created (or passed in as a new parameter)",
+         "One scaler per training run, created once the optimizers exist, reachable where they step.",
+         'optimizer = torch.optim.SGD(...)\n  -> scaler = torch.amp.GradScaler(device.type)', REVIEW),
+    Rule("AMP205", "info", "`scaler.unscale_(optimizer)` before gradient clipping",
+         "Clipping or reading .grad needs true gradients, not scaled ones.",
+         "clip_grad_norm_(model.parameters(), 1.0)\n  -> scaler.unscale_(optimizer)\n     clip_grad_norm_(model.parameters(), 1.0)", SAFE),
+    Rule("AMP206", "info or warning", "GradScaler state saved/loaded with the optimizer's checkpoint state (warning: a form not handled)",
+         "Without its state a resumed run restarts the loss scale at 65536 and skips steps until it settles.",
+         '"optimizer": optimizer.state_dict()\n  -> ..., "scaler": scaler.state_dict()', REVIEW),
+    Rule("AMP210", "warning", "`BCELoss` / `binary_cross_entropy` under autocast",
+         "CUDA autocast raises on BCELoss: use BCEWithLogitsLoss on logits.",
+         "criterion = nn.BCELoss()", MANUAL),
+    Rule("AMP211", "warning", "`optimizer.step(closure)`: GradScaler does not support closures",
+         "GradScaler.step cannot re-run a closure with a scaled loss (LBFGS and the like).",
+         "optimizer.step(closure)", MANUAL, incomplete=True),
+    Rule("AMP212", "warning", "`torch.autograd.grad(..., create_graph=True)` needs manual loss scaling",
+         "A gradient penalty computed from unscaled outputs underflows; PyTorch's AMP examples scale it by hand.",
+         "grads = torch.autograd.grad(out, inputs, create_graph=True)", MANUAL, incomplete=True),
+    Rule("AMP213", "warning", "`masked_fill` with a constant that overflows float16",
+         "-1e9 is -inf in float16: attention masks then produce NaN.",
+         "scores.masked_fill(mask, -1e9)", MANUAL),
+    Rule("AMP214", "warning", "optimizer wrapper class with its own `step()`",
+         "The real optimizer hides inside the wrapper (ScheduledOptim): the scaler must step that one.",
+         "class ScheduledOptim:\n    def step(self): self._optimizer.step()", MANUAL),
+    Rule("AMP215", "warning", "training structure that cannot be followed in this file; left unconverted",
+         "When ampify cannot be sure, it refuses with the true reason instead of writing a wrong conversion.",
+         "engine.train_one_epoch(model, criterion, loader, optimizer)  # the step is in another module", MANUAL, incomplete=True),
+    Rule("AMP216", "info or warning", 'device: `"cuda"` assumed (warning), or taken from the script\'s `.cuda()` calls (info)',
+         "autocast and GradScaler switch themselves off on a device they do not name; both must name the same one.",
+         'with torch.autocast(device_type="cuda", ...)', REVIEW),
+    Rule("AMP217", "warning", "hand-made half precision (`.half()`, `.to(torch.float16)`)",
+         "A model already in float16 gets float16 gradients, which GradScaler refuses.",
+         "model = model.half()", MANUAL),
+    Rule("AMP301", "info", "`amp.initialize(...)` added after the optimizer(s)",
+         "apex patches the model and optimizer once both exist and the model is on the GPU.",
+         'optimizer = optim.SGD(...)\n  -> model, optimizer = amp.initialize(model, optimizer, opt_level="O1")', REVIEW),
+    Rule("AMP302", "info", "`backward()` wrapped in `amp.scale_loss`",
+         "apex scales the loss inside the context manager.",
+         "loss.backward()\n  -> with amp.scale_loss(loss, optimizer) as scaled_loss:\n         scaled_loss.backward()", SAFE),
+    Rule("AMP303", "info", "clipping reads `amp.master_params(optimizer)`",
+         "Under apex the parameters the optimizer steps are the master parameters.",
+         "clip_grad_norm_(model.parameters(), 1.0)\n  -> clip_grad_norm_(amp.master_params(optimizer), 1.0)", SAFE),
+    Rule("AMP304", "info", "`amp.state_dict()` saved and restored with the checkpoint",
+         "apex's loss scale is state of its own.",
+         '"optimizer": optimizer.state_dict()\n  -> ..., "amp": amp.state_dict()', REVIEW),
+    Rule("AMP305", "info", "`from apex import amp` added",
+         "The apex backend needs its import.", "+from apex import amp", SAFE),
+    Rule("AMP306", "info", "DataParallel/DDP wrap moved after `amp.initialize`",
+         "amp.initialize rejects wrapped models; the wrap has no parameters of its own, so moving it is exact.",
+         "model = nn.DataParallel(model)\noptimizer = ...\n  -> optimizer = ...\n     model, optimizer = amp.initialize(...)\n"
+         "     model = nn.DataParallel(model)", REVIEW),
+    Rule("AMP310", "warning", "`BCELoss` / `binary_cross_entropy`: apex raises on it; file not converted",
+         "apex O1 raises on BCELoss: use BCEWithLogitsLoss.", "criterion = nn.BCELoss()", MANUAL),
+    Rule("AMP311", "warning", "`optimizer.step(closure)`: apex does not support closures; file not converted",
+         "apex cannot scale a loss computed inside a closure.", "optimizer.step(closure)", MANUAL, incomplete=True),
+    Rule("AMP312", "warning", "gradient penalty (`create_graph=True`) not scaled by `amp.scale_loss`",
+         "The penalty's gradients are computed unscaled in float16.",
+         "torch.autograd.grad(d_out, x, create_graph=True)", MANUAL, incomplete=True),
+    Rule("AMP313", "warning", "`masked_fill` with a constant that overflows float16 under O1",
+         "-1e9 is -inf in float16.", "scores.masked_fill(mask, -1e9)", MANUAL),
+    Rule("AMP314", "warning", "optimizer wrapper class with its own `step()`",
+         "amp.initialize needs the real optimizer, hidden inside the wrapper.",
+         "class ScheduledOptim:\n    def step(self): self._optimizer.step()", MANUAL),
+    Rule("AMP315", "warning", "`torch.autograd.backward(...)` not rewritten",
+         "Only `loss.backward()` is wrapped in amp.scale_loss.", "torch.autograd.backward(losses)", MANUAL, incomplete=True),
+    Rule("AMP316", "warning", "`backward()` with no optimizer step that can be identified",
+         "amp.scale_loss needs the optimizer the gradients go to.", "loss.backward()  # stepped elsewhere", MANUAL, incomplete=True),
+    Rule("AMP317", "warning", "training loop left unconverted for apex (the reason follows)",
+         "When ampify cannot be sure, it refuses with the true reason instead of writing a wrong conversion.",
+         "net = nn.DataParallel(ssd_net)  # amp.initialize(net) would raise", MANUAL, incomplete=True),
+    Rule("AMP318", "warning", "checkpoint form not followed: save/restore `amp` state by hand",
+         "A resumed run would restart apex's loss scale.", "torch.save(state, path)  # a form ampify does not follow", MANUAL),
+    Rule("AMP319", "warning", "optimizer state loaded before `amp.initialize`",
+         "apex wants amp.initialize before optimizer.load_state_dict (its master weights).",
+         "optimizer.load_state_dict(ckpt['optimizer'])\nmodel, optimizer = amp.initialize(...)", MANUAL),
+]
+
+BY_CODE: Dict[str, Rule] = {rule.code: rule for rule in RULES}
+
+#: warnings that, on a changed file, mean the change cannot take full effect
+INCOMPLETE_CONVERSION_CODES = frozenset(rule.code for rule in RULES if rule.incomplete)
+
+
+def rule(code: str) -> Optional[Rule]:
+    return BY_CODE.get(code.upper())
+
+
+def readme_table() -> str:
+    """The README's rule table, generated from the catalogue."""
+    rows = ["| code | meaning |", "| --- | --- |"]
+    rows += [f"| {r.code} | {r.summary} |" for r in RULES]
+    return "\n".join(rows)
+
+
+def render_list() -> str:
+    """`ampify rules`: one line per rule."""
+    return "\n".join(f"{r.code}  {r.target:<12}  {r.severity:<15}  {_plain(r.summary)}" for r in RULES)
+
+
+def render_rule(found: Rule) -> str:
+    """`ampify rule CODE`: what, why, an example and how far the fix can be trusted (as `ruff rule`)."""
+    fix = {
+        SAFE: "ampify rewrites it; the rewrite is exact",
+        REVIEW: "ampify rewrites it; read the diff (placement, device, a moved statement)",
+        MANUAL: "ampify leaves the code as it is: the finding says what to do by hand",
+    }[found.fix]
+    lines = [
+        f"{found.code} ({found.target}, {found.severity})",
+        "",
+        _plain(found.summary),
+        "",
+        "Why: " + found.why,
+        "",
+        "Example:",
+        *("    " + line for line in found.example.splitlines()),
+        "",
+        "Fix: " + fix,
+    ]
+    if found.incomplete:
+        lines.append("On a changed file this warning makes the file 'changed, incomplete' (exit 1).")
+    return "\n".join(lines)
+
+
+def _plain(markdown: str) -> str:
+    return markdown.replace("`", "")
+
+
+class UnknownRule(ValueError):
+    """A --select/--ignore entry that is no code and no prefix of one."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which findings are reported: `select` prefixes (empty: all), minus `ignore` prefixes."""
+
+    select: Sequence[str] = ()
+    ignore: Sequence[str] = ()
+
+    @classmethod
+    def from_lists(cls, select: Iterable[str], ignore: Iterable[str]) -> "Selection":
+        """Validated, upper-cased; raises UnknownRule naming the entry that matches no code."""
+        cleaned = []
+        for group in (select, ignore):
+            entries = []
+            for entry in group:
+                prefix = entry.strip().upper()
+                if not prefix or not any(code.startswith(prefix) for code in BY_CODE):
+                    raise UnknownRule(f"{entry!r} is no rule code or prefix of one (see `ampify rules`)")
+                entries.append(prefix)
+            cleaned.append(tuple(entries))
+        return cls(*cleaned)
+
+    def allows(self, code: str) -> bool:
+        if self.select and not any(code.startswith(prefix) for prefix in self.select):
+            return False
+        return not any(code.startswith(prefix) for prefix in self.ignore)
+
+    @property
+    def everything(self) -> bool:
+        return not self.select and not self.ignore

@@ -1,0 +1,119 @@
+"""The rule catalogue (ampify/rules.py) is complete and is what the README, `ampify rules`,
+`ampify rule CODE` and --select/--ignore use (issue #13)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ampify.findings import INCOMPLETE_CONVERSION_CODES
+from ampify.rules import BY_CODE, RULES, Selection, UnknownRule, readme_table
+
+ROOT = Path(__file__).resolve().parent.parent
+#: codes no golden can show, each with the test that makes it appear
+SHOWN_BY_OTHER_TESTS = {
+    "AMP001": "tests/test_hostile_input.py",  # a write refused after the conversion (read-only folder)
+    "AMP100": "tests/test_tf1_graph_rewrite.py",  # an internal error of the TF1 transform
+}
+
+
+def emitted_codes():
+    in_fixtures = set()
+    for findings in (ROOT / "fixtures").glob("*/*.findings.txt"):
+        in_fixtures |= set(re.findall(r" (AMP\d{3})$", findings.read_text(), flags=re.M))
+    in_source = set()
+    for source in [*(ROOT / "transforms").glob("*.py"), *(ROOT / "ampify").rglob("*.py")]:
+        if source.name != "rules.py":
+            in_source |= set(re.findall(r"\"(AMP\d{3})\"", source.read_text()))
+    return in_fixtures, in_source
+
+
+def test_every_code_emitted_is_catalogued_and_every_catalogued_code_is_emitted_by_a_fixture():
+    in_fixtures, in_source = emitted_codes()
+    assert (in_fixtures | in_source) - set(BY_CODE) == set(), "codes emitted but not in the catalogue"
+    assert set(BY_CODE) - in_fixtures == set(SHOWN_BY_OTHER_TESTS), "catalogued codes no golden shows"
+    for code, test in SHOWN_BY_OTHER_TESTS.items():
+        assert code in (ROOT / test).read_text(), f"{test} must show {code}"
+
+
+def test_each_rule_is_documented_whole():
+    assert len({r.code for r in RULES}) == len(RULES), "a code appears twice"
+    for rule in RULES:
+        assert re.fullmatch(r"AMP[0-3]\d\d", rule.code)
+        assert rule.summary and rule.why and rule.example and rule.fix in ("safe", "review", "manual")
+        assert rule.severity in ("info", "warning", "error", "info or warning")
+        if rule.incomplete:
+            assert rule.severity == "warning" and rule.fix == "manual"
+    assert INCOMPLETE_CONVERSION_CODES == {r.code for r in RULES if r.incomplete}
+
+
+def test_the_readme_table_is_generated_from_the_catalogue():
+    readme = (ROOT / "README.md").read_text()
+    assert readme_table() in readme, "regenerate the README table from ampify/rules.py (readme_table())"
+
+
+def run_ampify(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "ampify", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=120, env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+
+
+def test_ampify_rules_lists_every_rule_and_ampify_rule_explains_one(tmp_path):
+    listing = run_ampify("rules", cwd=tmp_path)
+    assert listing.returncode == 0
+    assert [line.split()[0] for line in listing.stdout.splitlines()] == [r.code for r in RULES]
+    explained = run_ampify("rule", "amp113", cwd=tmp_path)
+    assert explained.returncode == 0
+    text = explained.stdout
+    assert text.startswith("AMP113 (tf1, warning)") and "Why: " in text and "Example:" in text
+    assert "changed, incomplete" in text
+    unknown = run_ampify("rule", "AMP999", cwd=tmp_path)
+    assert unknown.returncode == 2 and "no rule 'AMP999'" in unknown.stderr
+
+
+def test_a_folder_named_rules_is_still_a_path(tmp_path):
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "x.py").write_text("x = 1\n")
+    run = run_ampify("rules", "--check", cwd=tmp_path)
+    assert run.returncode == 0 and "scanned 1 file" in run.stdout
+
+
+def test_selection_prefixes_and_validation():
+    selection = Selection.from_lists(["amp2"], ["AMP216"])
+    assert selection.allows("AMP201") and not selection.allows("AMP216") and not selection.allows("AMP101")
+    for bad in (["AMP9"], ["E501"], [""]):
+        try:
+            Selection.from_lists(bad, [])
+        except UnknownRule as error:
+            assert "no rule code or prefix" in str(error)
+        else:
+            raise AssertionError(f"{bad} accepted")
+
+
+def test_ignore_hides_findings_and_an_accepted_warning_no_longer_makes_a_change_incomplete(tmp_path):
+    target = tmp_path / "train.py"
+    shutil.copy(ROOT / "fixtures" / "tf1" / "session_before_optimizer.in.py", target)
+    plain = run_ampify("--check", target)
+    assert "AMP113" in plain.stdout and "changed, incomplete" in plain.stdout
+    ignored = run_ampify("--check", "--ignore", "AMP113", target, "--report", tmp_path / "r.json")
+    assert "AMP113" not in ignored.stdout and "incomplete" not in ignored.stdout
+    entry = json.loads((tmp_path / "r.json").read_text())["files"][0]
+    assert entry["status"] == "changed" and all(f["code"] != "AMP113" for f in entry["findings"])
+    assert ignored.returncode == 1  # --check: the file would still change
+    selected = run_ampify("--check", "--select", "AMP102,AMP113", target)
+    codes = set(re.findall(r" (AMP\d{3}) ", selected.stdout))
+    assert codes == {"AMP102", "AMP113"}
+
+
+def test_select_and_ignore_from_pyproject_and_unknown_codes_are_usage_errors(tmp_path):
+    target = tmp_path / "train.py"
+    shutil.copy(ROOT / "fixtures" / "tf1" / "session_before_optimizer.in.py", target)
+    (tmp_path / "pyproject.toml").write_text('[tool.ampify]\nignore = ["AMP113", "AMP102"]\n')
+    run = run_ampify("--check", target)
+    assert "AMP113" not in run.stdout and "AMP102" not in run.stdout and "AMP101" in run.stdout
+    bad = run_ampify("--check", "--select", "AMP9", target)
+    assert bad.returncode == 2 and "'AMP9' is no rule code or prefix of one" in bad.stderr
