@@ -60,7 +60,12 @@ def convert_source(
     for index, transform in enumerate(transforms):
         if not transform.concerns(imports, options):
             continue
-        result = transform.apply(module, imports, options)
+        try:
+            result = transform.apply(module, imports, options)
+        except Exception as error:
+            # One policy for every target: a bug in a transform never costs a file or the run;
+            # the whole file stays as it was (no half of a conversion) and the finding says why.
+            return internal_error(transform, error)
         results.append(result)
         if result.module is not module:
             module = result.module
@@ -99,6 +104,18 @@ def convert_source(
         return Conversion(FileStatus.CHANGED, "", findings, new_source)
     status, reason = _agreeing_with_warnings(*_unchanged_status(results), findings)
     return Conversion(status, reason, findings)
+
+
+def internal_error(transform: Transform, error: Exception) -> Conversion:
+    """The file left unchanged, "not converted", with the transform's `x00` error finding."""
+    what = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    finding = Finding(
+        transform.internal_error_code,
+        f"internal error in the {transform.name} transform ({what}); this file is left unchanged: "
+        "convert it by hand, and please report it",
+        0, 0, Severity.ERROR,
+    )
+    return Conversion(FileStatus.UNCONVERTED, f"internal error in the {transform.name} transform", [finding])
 
 
 def _agreeing_with_warnings(status: FileStatus, reason: str, findings: List[Finding]):

@@ -52,7 +52,7 @@ RULES: List[Rule] = [
          "train.py: failed: file changed on disk during the run, not overwritten", MANUAL),
     Rule("AMP100", "error", "error: internal error in the TF1 transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
-         "AMP100 internal error in the TF1 graph rewrite, file left unchanged: KeyError: ...", MANUAL),
+         "AMP100 internal error in the tf1-graph-rewrite transform (KeyError: ...); this file is left unchanged", MANUAL),
     Rule("AMP101", "info", "TF1 optimizer wrapped with `enable_mixed_precision_graph_rewrite`",
          "The graph rewrite casts allowlisted ops to float16 and adds dynamic loss scaling, but only for graphs "
          "built with a wrapped optimizer.",
@@ -102,6 +102,9 @@ RULES: List[Rule] = [
     Rule("AMP121", "info", "`tf` bound only by a star import (`from ops import *`) and used as TF1 (`tf.train.*Optimizer`): taken as TensorFlow, `import tensorflow` added above the star import",
          "Without an import of its own the file looked like no TensorFlow code at all, and stayed float32 silently.",
          "from ops import *\n  -> import tensorflow\n     from ops import *", REVIEW),
+    Rule("AMP200", "error", "error: internal error in the PyTorch native transform; the file is left unchanged",
+         "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
+         "AMP200 internal error in the torch-native-amp transform (RecursionError: ...); this file is left unchanged", MANUAL),
     Rule("AMP201", "info", "`torch.autocast` added around the forward pass and loss",
          "autocast runs matmuls and convolutions in float16/bfloat16 and keeps precision-sensitive ops in float32.",
          "loss = criterion(model(x), y)\n  -> with torch.autocast(device_type=device.type, dtype=torch.float16):\n"
@@ -145,6 +148,9 @@ RULES: List[Rule] = [
     Rule("AMP217", "warning", "hand-made half precision (`.half()`, `.to(torch.float16)`)",
          "A model already in float16 gets float16 gradients, which GradScaler refuses.",
          "model = model.half()", MANUAL),
+    Rule("AMP300", "error", "error: internal error in the apex transform; the file is left unchanged",
+         "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
+         "AMP300 internal error in the torch-apex-amp transform (KeyError: ...); this file is left unchanged", MANUAL),
     Rule("AMP301", "info", "`amp.initialize(...)` added after the optimizer(s)",
          "apex patches the model and optimizer once both exist and the model is on the GPU.",
          'optimizer = optim.SGD(...)\n  -> model, optimizer = amp.initialize(model, optimizer, opt_level="O1")', REVIEW),

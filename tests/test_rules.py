@@ -18,7 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: codes no golden can show, each with the test that makes it appear
 SHOWN_BY_OTHER_TESTS = {
     "AMP001": "tests/test_hostile_input.py",  # a write refused after the conversion (read-only folder)
-    "AMP100": "tests/test_tf1_graph_rewrite.py",  # an internal error of the TF1 transform
+    # internal errors of each target's transform (one policy, tests/test_rules.py forces each)
+    "AMP100": "tests/test_rules.py",
+    "AMP200": "tests/test_rules.py",
+    "AMP300": "tests/test_rules.py",
 }
 
 
@@ -117,3 +120,34 @@ def test_select_and_ignore_from_pyproject_and_unknown_codes_are_usage_errors(tmp
     assert "AMP113" not in run.stdout and "AMP102" not in run.stdout and "AMP101" in run.stdout
     bad = run_ampify("--check", "--select", "AMP9", target)
     assert bad.returncode == 2 and "'AMP9' is no rule code or prefix of one" in bad.stderr
+
+
+SOURCES_FOR_TARGET = {
+    "tf1-graph-rewrite": ("import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\n", "native"),
+    "torch-native-amp": ("import torch\nfor x in data:\n    loss = model(x)\n    loss.backward()\n    opt.step()\n", "native"),
+    "torch-apex-amp": ("import torch\nfor x in data:\n    loss = model(x)\n    loss.backward()\n    opt.step()\n", "apex"),
+}
+
+
+def test_one_internal_error_policy_for_every_target(monkeypatch):
+    """Whatever a transform raises: the file is left unchanged, "not converted" (exit 1), with the
+    target's x00 error code from the catalogue; the run goes on."""
+    from ampify.convert import convert_source
+    from ampify.findings import FileStatus
+    from ampify.options import Options
+    from ampify.registry import ALL_TRANSFORMS
+
+    assert {t.name for t in ALL_TRANSFORMS} == set(SOURCES_FOR_TARGET), "a new target needs a case here"
+    for transform in ALL_TRANSFORMS:
+        assert transform.internal_error_code in BY_CODE and transform.internal_error_code.endswith("00")
+        source, backend = SOURCES_FOR_TARGET[transform.name]
+
+        def broken(self, module, imports, options):
+            raise RuntimeError("boom")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(type(transform), "apply", broken)
+            conversion = convert_source(source, Options(backend=backend))
+        assert conversion.status is FileStatus.UNCONVERTED and conversion.converted is None, transform.name
+        assert [(f.code, f.severity.value) for f in conversion.findings] == [(transform.internal_error_code, "error")]
+        assert "internal error in the %s transform (RuntimeError: boom)" % transform.name in conversion.findings[0].message

@@ -112,7 +112,7 @@ def test_generated_modules_never_break(body, dtype, preamble):
     assume(compiles(source))
     options = Options(dtype=dtype)
     conversion = convert_source(source, options)  # raises ConversionError if output did not compile
-    assert not any("could not analyse" in f.message for f in conversion.findings), (source, conversion.findings)
+    assert not any(f.code == "AMP200" for f in conversion.findings), (source, conversion.findings)
     if conversion.converted is not None:
         again = convert_source(conversion.converted, options)
         assert again.converted is None
@@ -129,4 +129,4 @@ def test_odd_but_valid_code_is_reported_not_crashed():
     )
     conversion = convert_source(source)
     assert conversion.status in (FileStatus.CHANGED, FileStatus.UNCONVERTED)
-    assert not any("could not analyse" in f.message for f in conversion.findings)
+    assert not any(f.code == "AMP200" for f in conversion.findings)

@@ -26,16 +26,16 @@ def test_bytes_keep_crlf_and_tab_indentation():
     )
 
 
-def test_apply_never_raises(monkeypatch):
+def test_an_analysis_that_raises_leaves_the_file_unchanged_with_the_internal_error_code(monkeypatch):
+    """One policy for every target (tests/test_rules.py): AMP200 for this one, also for RecursionError."""
     def broken(*args, **kwargs):
         raise RecursionError("deep")
 
     monkeypatch.setattr(torch_native_amp, "analyze_training", broken)
-    module = cst.parse_module("import torch\nloss.backward()\n")
-    result = TorchNativeAmp().apply(module, ImportMap.from_module(module), Options())
-    assert result.module is module
-    assert result.verdict.value == "unconverted"
-    assert result.findings[0].code == "AMP215" and result.findings[0].severity is Severity.WARNING
+    conversion = convert_source("import torch\nfor x in data:\n    loss = model(x)\n    loss.backward()\n    opt.step()\n")
+    assert conversion.converted is None and conversion.status.value == "unconverted"
+    assert [(f.code, f.severity) for f in conversion.findings] == [("AMP200", Severity.ERROR)]
+    assert "RecursionError: deep" in conversion.findings[0].message
 
 
 def test_every_emitted_code_is_documented():

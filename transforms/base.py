@@ -42,6 +42,9 @@ class Transform(abc.ABC):
     name: str = ""
     #: one line on what it does
     description: str = ""
+    #: the target's `x00` rule code (see ampify/rules.py): the engine reports an exception raised
+    #: by `apply` with it, leaves the file unchanged and goes on (one policy for every target)
+    internal_error_code: str = ""
 
     @abc.abstractmethod
     def may_apply(self, source: bytes, options: Options) -> bool:

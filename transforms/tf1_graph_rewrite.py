@@ -60,6 +60,7 @@ NOT_APPLICABLE_REASON = (
 class TF1GraphRewrite(Transform):
     name = "tf1-graph-rewrite"
     description = "Wrap TF1 optimizers with enable_mixed_precision_graph_rewrite."
+    internal_error_code = "AMP100"
 
     def may_apply(self, source: bytes, options: Options) -> bool:
         # Every file this transform changes or reports on imports tensorflow and names an
@@ -79,24 +80,10 @@ class TF1GraphRewrite(Transform):
         return imports.uses("tensorflow") or _tf_from_star_import(imports)
 
     def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
-        try:
-            if not imports.uses("tensorflow") and _tf_from_star_import(imports):
-                return _with_star_import_assumption(_GraphRewrite(module, imports.with_alias("tf", "tensorflow"), options).run(), module)
-            return _GraphRewrite(module, imports, options).run()
-        except Exception as error:  # a bug in ampify must never cost the user a file
-            return TransformResult(
-                module,
-                Verdict.UNCONVERTED,
-                [
-                    Finding(
-                        "AMP100",
-                        f"internal error in the TF1 graph rewrite, file left unchanged: "
-                        f"{type(error).__name__}: {error}",
-                        severity=Severity.ERROR,
-                    )
-                ],
-                "internal error in the TF1 graph rewrite",
-            )
+        if not imports.uses("tensorflow") and _tf_from_star_import(imports):
+            rewrite = _GraphRewrite(module, imports.with_alias("tf", "tensorflow"), options)
+            return _with_star_import_assumption(rewrite.run(), module)
+        return _GraphRewrite(module, imports, options).run()
 
 
 def _tf_from_star_import(imports: ImportMap) -> bool:

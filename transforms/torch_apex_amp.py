@@ -97,6 +97,7 @@ _WARNING_HAZARDS = {
 
 class TorchApexAmp(Transform):
     name = "torch-apex-amp"
+    internal_error_code = "AMP300"
     description = "Add NVIDIA apex amp.initialize and amp.scale_loss to PyTorch training steps."
 
     def may_apply(self, source: bytes, options: Options) -> bool:

@@ -100,6 +100,7 @@ class _UnitPlan:
 
 class TorchNativeAmp(Transform):
     name = "torch-native-amp"
+    internal_error_code = "AMP200"
     description = "Add torch.autocast and torch.amp.GradScaler to PyTorch training steps."
 
     def may_apply(self, source: bytes, options: Options) -> bool:
@@ -114,16 +115,7 @@ class TorchNativeAmp(Transform):
         return options.backend == "native" and concerns_torch(imports)
 
     def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
-        try:
-            return _NativeRewrite(module, imports, options).run()
-        except Exception as error:  # odd code must never crash the run: report it instead
-            finding = Finding(
-                "AMP215",
-                f"ampify could not analyse this file ({type(error).__name__}: {error}); "
-                "nothing was converted, add torch.autocast/GradScaler by hand",
-                0, 0, Severity.WARNING,
-            )
-            return TransformResult(module, Verdict.UNCONVERTED, [finding], "internal error while analysing")
+        return _NativeRewrite(module, imports, options).run()
 
 
 class _NativeRewrite:
@@ -277,6 +269,10 @@ class _NativeRewrite:
         s = self.structure
         sigmoids = [h for h in s.hazards if h.kind == "sigmoid"]
         for hazard in s.hazards:
+            if not has_training and hazard.kind in ("bce", "closure", "create_graph", "wrapper_class"):
+                # Library code (torch's own loss.py, gradcheck): no training step here to leave
+                # unconverted, and a warning would make the file "not converted" (it is not applicable).
+                continue
             if hazard.kind == "bce":
                 hint = ""
                 if sigmoids:
