@@ -10,6 +10,7 @@ stopped by SIGINT (130), SIGTERM (143) or SIGHUP (129), after the summary and re
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 from pathlib import Path
@@ -23,8 +24,8 @@ from ampify.discover import discover
 from ampify.engine import DEFAULT_MAX_FILE_BYTES, FileTask, Mode
 from ampify.findings import FileResult, FileStatus
 from ampify.names import for_terminal
-from ampify.options import BACKENDS, DTYPES, Options
-from ampify.report import apply_selection, render_file, render_summary, summarize, write_json_report
+from ampify.options import APEX_OPT_LEVELS, BACKENDS, DTYPES, Options
+from ampify.report import apply_selection, exit_code, render_file, render_summary, summarize, write_json_report
 from ampify.rules import Selection, UnknownRule, render_list, render_rule, rule
 from ampify.runner import DEFAULT_FILE_TIMEOUT, Interrupted, default_jobs, run_tasks
 from ampify.source_io import remove_abandoned_temp_files
@@ -33,6 +34,15 @@ from ampify.source_io import remove_abandoned_temp_files
 PROGRESS_THRESHOLD = 50
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None)
+
+# Choices as enums, so that --help shows them and typer rejects anything else.
+_Backend = enum.Enum("_Backend", {name: name for name in BACKENDS}, type=str)
+_Dtype = enum.Enum("_Dtype", {name: name for name in DTYPES}, type=str)
+_OptLevel = enum.Enum("_OptLevel", {name: name for name in APEX_OPT_LEVELS}, type=str)
+
+
+def _value(choice) -> Optional[str]:
+    return None if choice is None else choice.value
 
 
 def _version(value: bool) -> None:
@@ -43,7 +53,11 @@ def _version(value: bool) -> None:
 
 @app.command(
     help="Rewrite TensorFlow 1.x and PyTorch training scripts under PATH to train in automatic mixed "
-    "precision. `ampify verify SCRIPT` runs a rewritten script and proves that mixed precision engaged."
+    "precision.\n\n"
+    "Other commands: `ampify verify SCRIPT [-- ARGS]` runs a rewritten script and proves that mixed precision "
+    "engaged (`ampify verify --help`); `ampify rules` lists the rule codes, `ampify rule CODE` explains one.\n\n"
+    "Exit codes: 0 nothing to do or all done; 1 changes needed (--check), a file failed, was not converted or "
+    "was converted incompletely; 2 usage error; 130/143/129 stopped by SIGINT/SIGTERM/SIGHUP."
 )
 def rewrite(
     paths: List[Path] = typer.Argument(..., exists=True, metavar="PATH...", help="Files or folders to convert."),
@@ -66,8 +80,9 @@ def rewrite(
         help="Rewrite a file that has other hard links in place (keeps the links; not atomic). Default: refuse it.",
     ),
     report: Optional[Path] = typer.Option(None, "--report", metavar="FILE.json", help="Write every result and finding as JSON."),
-    backend: Optional[str] = typer.Option(None, "--backend", help=f"PyTorch target: {' or '.join(BACKENDS)} (default native)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=f"PyTorch reduced precision: {' or '.join(DTYPES)} (default float16)."),
+    backend: Optional[_Backend] = typer.Option(None, "--backend", help="PyTorch target (default native: torch.autocast + torch.amp.GradScaler)."),
+    dtype: Optional[_Dtype] = typer.Option(None, "--dtype", help="PyTorch reduced precision (default float16; bfloat16 needs no GradScaler)."),
+    opt_level: Optional[_OptLevel] = typer.Option(None, "--opt-level", help="apex opt_level passed to amp.initialize (default O1)."),
     no_tf_ignore_performance: bool = typer.Option(
         False, "--no-tf-ignore-performance",
         help="TF1: do not set TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE=1 (pre-Volta GPUs then skip the rewrite).",
@@ -85,8 +100,9 @@ def rewrite(
         _usage_error(str(error))
     try:
         options = Options(
-            backend=backend or config.backend or "native",
-            dtype=dtype or config.dtype or "float16",
+            backend=_value(backend) or config.backend or "native",
+            dtype=_value(dtype) or config.dtype or "float16",
+            apex_opt_level=_value(opt_level) or config.opt_level or "O1",
             tf_ignore_performance=False if no_tf_ignore_performance else (
                 config.tf_ignore_performance if config.tf_ignore_performance is not None else True
             ),
@@ -137,9 +153,7 @@ def rewrite(
     for result in results:
         if result.diff:
             sys.stdout.write(result.diff)
-        lines = render_file(result, verbose)
-        if quiet:
-            lines = [line for line in lines if _is_problem(result, line)]
+        lines = render_file(result, verbose, problems_only=quiet)
         for line in lines:
             print(line, file=sys.stderr if result.status is FileStatus.FAILED else out)
     summary = summarize(results)
@@ -163,7 +177,7 @@ def rewrite(
 
     if stopped_by is not None:
         raise typer.Exit(stopped_by.exit_code)
-    code = max(_exit_code(results, mode), 1 if report_failed else 0)
+    code = max(exit_code(results, would_change_fails=mode is Mode.CHECK), 1 if report_failed else 0)
     if verify:
         code = max(code, _verify_after_rewrite(verify))
     raise typer.Exit(code)
@@ -182,20 +196,6 @@ def _report_abandoned_temp_files(paths: List[Path], mode: Mode, out) -> None:
     listed = ", ".join(for_terminal(str(p)) for p in paths[:5]) + (", ..." if len(paths) > 5 else "")
     print(f"ampify: {len(paths)} temporary file{'s' if len(paths) != 1 else ''} left by a killed ampify run "
           f"(safe to delete; a rewrite run removes them): {listed}", file=out)
-
-
-def _is_problem(result: FileResult, line: str) -> bool:
-    if result.status in (FileStatus.FAILED, FileStatus.SKIPPED, FileStatus.UNCONVERTED, FileStatus.CHANGED_INCOMPLETE):
-        return True
-    return " warning: " in line or " error: " in line
-
-
-def _exit_code(results: List[FileResult], mode: Mode) -> int:
-    if any(r.status in (FileStatus.FAILED, FileStatus.UNCONVERTED, FileStatus.CHANGED_INCOMPLETE) for r in results):
-        return 1
-    if mode is Mode.CHECK and any(r.status is FileStatus.CHANGED for r in results):
-        return 1
-    return 0
 
 
 def _split_codes(entries: List[str]) -> List[str]:

@@ -12,7 +12,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
-from ampify.options import BACKENDS, DTYPES
+from ampify.options import APEX_OPT_LEVELS, BACKENDS, DTYPES
 
 
 class ConfigError(Exception):
@@ -28,6 +28,7 @@ class Config:
     jobs: Optional[int] = None
     backend: Optional[str] = None
     dtype: Optional[str] = None
+    opt_level: Optional[str] = None
     tf_ignore_performance: Optional[bool] = None
     respect_gitignore: Optional[bool] = None
     #: seconds, 0 for no limit
@@ -44,6 +45,7 @@ _KEYS = {
     "jobs": int,
     "backend": str,
     "dtype": str,
+    "opt-level": str,
     "tf-ignore-performance": bool,
     "respect-gitignore": bool,
     "file-timeout": (int, float),
@@ -102,4 +104,6 @@ def load_config(paths: Sequence[Path]) -> Config:
         raise ConfigError(f"{pyproject}: [tool.ampify] backend must be one of {', '.join(BACKENDS)}")
     if config.dtype is not None and config.dtype not in DTYPES:
         raise ConfigError(f"{pyproject}: [tool.ampify] dtype must be one of {', '.join(DTYPES)}")
+    if config.opt_level is not None and config.opt_level not in APEX_OPT_LEVELS:
+        raise ConfigError(f"{pyproject}: [tool.ampify] opt-level must be one of {', '.join(APEX_OPT_LEVELS)}")
     return config

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 BACKENDS = ("native", "apex")
 DTYPES = ("float16", "bfloat16")
+#: apex opt_levels that are mixed precision training: O0 is float32, O3 pure float16 (no master weights)
+APEX_OPT_LEVELS = ("O1", "O2")
 
 
 @dataclass(frozen=True)
@@ -27,3 +29,8 @@ class Options:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.apex_opt_level not in APEX_OPT_LEVELS:
+            raise ValueError(
+                f"apex opt_level must be one of {', '.join(APEX_OPT_LEVELS)} (O0 is float32, O3 pure float16), "
+                f"not {self.apex_opt_level!r}"
+            )

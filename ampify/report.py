@@ -41,17 +41,36 @@ def render_finding(path: str, finding: Finding) -> str:
     return f"{path}:{finding.line}:{finding.column}: {finding.code} {finding.severity.value}: {finding.message}"
 
 
-def render_file(result: FileResult, verbose: bool = False) -> List[str]:
-    """The lines one file contributes to the terminal report (the name escaped: see names.py)."""
+#: statuses that are problems: shown with --quiet, and they make the run exit 1
+PROBLEM_STATUSES = (FileStatus.FAILED, FileStatus.SKIPPED, FileStatus.UNCONVERTED, FileStatus.CHANGED_INCOMPLETE)
+
+
+def render_file(result: FileResult, verbose: bool = False, problems_only: bool = False) -> List[str]:
+    """The lines one file contributes to the terminal report (the name escaped: see names.py).
+    `problems_only` (--quiet): problem statuses and findings that are not plain information."""
     lines = []
     path = for_terminal(result.path)
     label = _STATUS_LINES.get(result.status)
     if label is None and verbose and result.status is FileStatus.NOT_APPLICABLE:
         label = "not applicable"
+    if problems_only and result.status not in PROBLEM_STATUSES:
+        label = None
     if label is not None:
         lines.append(f"{path}: {label}" + (f": {result.reason}" if result.reason else ""))
-    lines.extend(render_finding(path, f) for f in result.findings)
+    findings = [f for f in result.findings if not problems_only or f.severity is not Severity.INFO]
+    lines.extend(render_finding(path, f) for f in findings)
     return lines
+
+
+def exit_code(results: Iterable[FileResult], would_change_fails: bool) -> int:
+    """0 all done or nothing to do; 1 a file failed, was not converted or was converted
+    incompletely, or (with --check) would change. Skipped files are reported, not failed."""
+    results = list(results)
+    if any(r.status in (FileStatus.FAILED, FileStatus.UNCONVERTED, FileStatus.CHANGED_INCOMPLETE) for r in results):
+        return 1
+    if would_change_fails and any(r.status is FileStatus.CHANGED for r in results):
+        return 1
+    return 0
 
 
 @dataclass

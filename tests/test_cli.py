@@ -106,7 +106,12 @@ def test_usage_errors_exit_2(tmp_path):
     assert run_ampify(tmp_path / "missing.py").returncode == 2
     (tmp_path / "a.py").write_text(TF1_SCRIPT)
     bad_backend = run_ampify("--backend", "mxnet", tmp_path)
-    assert bad_backend.returncode == 2 and "backend must be one of" in bad_backend.stderr
+    assert bad_backend.returncode == 2 and "'mxnet' is not one of 'native', 'apex'" in bad_backend.stderr
+    bad_level = run_ampify("--opt-level", "O3", tmp_path)
+    assert bad_level.returncode == 2 and "'O3' is not one of 'O1', 'O2'" in bad_level.stderr
+    (tmp_path / "pyproject.toml").write_text('[tool.ampify]\nopt-level = "O0"\n')
+    bad_config = run_ampify(tmp_path)
+    assert bad_config.returncode == 2 and "opt-level must be one of O1, O2" in bad_config.stderr
     assert (tmp_path / "a.py").read_text() == TF1_SCRIPT
 
 
@@ -319,3 +324,34 @@ def test_a_temporary_file_that_is_not_a_complete_python_source_is_never_deleted(
     assert rewrite.returncode == 0, rewrite.stdout + rewrite.stderr
     assert user_file.read_text() == "remember: buy milk, (unbalanced"
     assert "removed" not in rewrite.stdout
+
+
+def test_opt_level_reaches_amp_initialize_from_the_cli_and_the_config(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nmodel = torch.nn.Linear(4, 2).cuda()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in data:\n    loss = model(x).sum()\n    loss.backward()\n    opt.step()\n"
+    )
+    assert 'opt_level="O2"' in run_ampify("--diff", "--backend", "apex", "--opt-level", "O2", script).stdout
+    (tmp_path / "pyproject.toml").write_text('[tool.ampify]\nbackend = "apex"\nopt-level = "O2"\n')
+    assert 'opt_level="O2"' in run_ampify("--diff", script).stdout
+
+
+def test_help_lists_the_other_commands_the_exit_codes_and_the_choices():
+    text = run_ampify("--help").stdout
+    assert "ampify verify SCRIPT" in text and "ampify rules" in text and "Exit codes:" in text
+    assert "<native|apex>" in text and "<float16|bfloat16>" in text and "<O1|O2>" in text
+
+
+def test_quiet_shows_problems_by_severity_not_by_text(tmp_path):
+    """A change whose message happens to contain " warning: " is still information."""
+    script = tmp_path / "train.py"
+    script.write_text(TF1_SCRIPT)
+    quiet = run_ampify("-q", "--check", script)
+    assert "AMP101" not in quiet.stdout and "would be changed" in quiet.stdout
+    session_first = tmp_path / "session_first.py"
+    session_first.write_text(
+        (Path(__file__).resolve().parent.parent / "fixtures" / "tf1" / "session_before_optimizer.in.py").read_text()
+    )
+    quiet = run_ampify("-q", "--check", session_first)
+    assert "AMP113 warning" in quiet.stdout and "changed, incomplete" in quiet.stdout and "AMP101 " not in quiet.stdout
