@@ -11,7 +11,8 @@ from ampify.findings import FileStatus, Severity
 from ampify.options import Options
 from ampify.transforms import torch_native_amp
 from ampify.transforms.imports import ImportMap
-from ampify.transforms.torch_native_amp import RULES, TorchNativeAmp
+from ampify.rules import BY_CODE as RULES
+from ampify.transforms.torch_native_amp import TorchNativeAmp
 from ampify.transforms.torch_training_loop import analyze_training
 
 

@@ -7,22 +7,7 @@ returns, if-chains and dict values. Around it: the env var that keeps pre-Volta 
 skipping the rewrite, tf.gradients rewritten to compute_gradients so the loss is scaled, and
 warnings for every pattern that cannot be converted safely.
 
-Rule codes:
-  AMP101 info     wrapped an optimizer with the mixed precision graph rewrite
-  AMP102 info     set TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE=1
-  AMP103 info     rewrote tf.gradients to the optimizer's compute_gradients
-  AMP110 warning  tf.gradients result reaches apply_gradients, form too unusual to rewrite
-  AMP111 warning  optimizer built in a loop (one loss scale per instance)
-  AMP112 warning  Keras optimizer: the wrapper refuses it, not wrapped
-  AMP113 warning  Session created before the optimizer is wrapped: no rewrite for it
-  AMP114 warning  unwrapped TF1 optimizer in a file that already uses mixed precision
-  AMP115 warning  apply_gradients with gradients not traceable to compute_gradients
-  AMP116 warning  an `*Optimizer` class from another module: not wrapped
-  AMP117 warning  optimizer built inside TensorFlow (optimize_loss, canned Estimators)
-  AMP118 warning  an optimizer class handed to code outside this file: not wrapped
-  AMP119 warning  the code reads an attribute the wrapper does not forward: not wrapped
-  AMP120 warning  eager execution is on and nothing builds a graph: the rewrite has nothing to change
-  AMP100 error    internal error: the file was left unchanged
+Its rule codes (AMP1xx) and what each means: ampify/rules.py (`ampify rules`).
 """
 
 from __future__ import annotations

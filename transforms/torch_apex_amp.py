@@ -53,12 +53,12 @@ _BLOCKING_HAZARDS = {
         "then run ampify again",
     ),
     "fsdp": (
-        "AMP317",
+        "AMP320",
         "{detail}: apex amp does not support FullyShardedDataParallel; this file is left unconverted "
         "(use the native backend, e.g. --dtype bfloat16, or FSDP's MixedPrecision policy)",
     ),
     "manual_half": (
-        "AMP317",
+        "AMP321",
         "{detail}: this script casts to half precision by hand; amp.initialize raises on float16 model "
         "parameters (it expects float32 models and does the casting itself): remove the manual casts and run "
         "ampify again; this file is left unconverted",
@@ -167,7 +167,7 @@ class _ApexConversion:
             if backward is None:
                 return self._result(Verdict.NOT_APPLICABLE, "does not import torch")
             self._warn(
-                "AMP317", backward,
+                "AMP323", backward,
                 "this file trains (backward() and an optimizer step) but never imports torch by name (the "
                 "model and optimizer come from elsewhere, or torch through `from ... import *`); nothing "
                 "converted: add `import torch` to this file and rerun ampify, or convert by hand",
@@ -184,7 +184,7 @@ class _ApexConversion:
             outside = units_outside_mixed_precision(s)
             for unit, use in outside:
                 self._warn(
-                    "AMP317", unit.backwards[0].call,
+                    "AMP322", unit.backwards[0].call,
                     f"this file uses mixed precision (line {s.line(use)}) but not around this training step: "
                     "it may still train in float32; nothing converted because the file already uses torch.amp / "
                     "apex amp: convert this step by hand",

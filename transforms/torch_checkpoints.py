@@ -54,7 +54,7 @@ class CheckpointWriter:
             parent = s.parent(site.call)
             if reference is None:
                 self.warn(
-                    "AMP206",
+                    "AMP224",
                     f"this checkpoint saves {site.receiver}.state_dict() where the GradScaler is not reachable: "
                     "save scaler.state_dict() next to it by hand",
                     site.call,
@@ -83,7 +83,7 @@ class CheckpointWriter:
             if self._save_to_sibling_file(site, parent, reference):
                 continue
             self.warn(
-                "AMP206",
+                "AMP224",
                 f"{site.receiver}.state_dict() is saved in a form ampify does not extend: "
                 "save scaler.state_dict() next to it by hand",
                 site.call,
@@ -106,7 +106,7 @@ class CheckpointWriter:
                 continue
             if reference is None or key_node is None or not simple or dotted_name(argument.value) is None:
                 self.warn(
-                    "AMP206",
+                    "AMP224",
                     f"{site.receiver}.load_state_dict(...) here: load the GradScaler's state too by hand "
                     "(scaler.load_state_dict(checkpoint['scaler']) when present)",
                     site.call,

@@ -48,24 +48,7 @@ from ampify.transforms.torch_training_loop import (
     units_outside_mixed_precision,
 )
 
-#: finding codes of this transform, and what each means
-RULES = {
-    "AMP201": "added torch.autocast around the forward pass and loss",
-    "AMP202": "backward() now scales the loss through the GradScaler",
-    "AMP203": "optimizer.step() now goes through the GradScaler; scaler.update() added",
-    "AMP204": "created the GradScaler",
-    "AMP205": "scaler.unscale_(optimizer) added before gradient clipping (or the script's own .grad reads)",
-    "AMP206": "GradScaler state saved/loaded with the optimizer's checkpoint state",
-    "AMP210": "BCELoss / binary_cross_entropy cannot run under CUDA autocast",
-    "AMP211": "optimizer.step(closure) is not supported by GradScaler",
-    "AMP212": "torch.autograd.grad(create_graph=True) needs manual loss scaling",
-    "AMP213": "masked_fill with a constant that overflows float16",
-    "AMP214": "optimizer wrapper class with its own step()",
-    "AMP215": "training structure could not be followed; left unconverted",
-    "AMP216": "no device variable found: 'cuda' used (warning when assumed, info when the script calls .cuda())",
-    "AMP217": "the script casts to half precision by hand (.half(), .to(torch.float16)); left unconverted",
-}
-
+# The codes this transform emits and what each means: ampify/rules.py (AMP2xx).
 
 
 @dataclass
@@ -158,7 +141,7 @@ class _NativeRewrite:
             outside = units_outside_mixed_precision(s)
             for unit, use in outside:
                 self._warn(
-                    "AMP215",
+                    "AMP218",
                     f"this file uses mixed precision (line {s.line(use)}) but not around this training step: "
                     "its forward pass may still run in float32; nothing converted because the file already "
                     "uses torch.amp: put the training step under torch.autocast (and GradScaler) by hand",
@@ -174,7 +157,7 @@ class _NativeRewrite:
         if not has_training and s.steps:
             step = s.steps[0]
             self._warn(
-                "AMP215",
+                "AMP219",
                 f"{step.receiver}.step() but no backward() in this file: the backward pass runs elsewhere "
                 "(a helper in another module?); nothing converted here, convert that training step by hand",
                 step.call,
@@ -190,7 +173,7 @@ class _NativeRewrite:
         for backward in s.unpaired_backwards:
             followed = helper_refusal_note(s, backward)
             self._warn(
-                "AMP215",
+                "AMP220",
                 "backward() here has no optimizer step in the same loop or function that ampify can "
                 f"identify (wrapped or hidden optimizer?){followed}; this backward is not converted: add "
                 "autocast, scaler.scale(loss).backward() and scaler.step()/update() by hand",
@@ -231,7 +214,7 @@ class _NativeRewrite:
         if backward is None:
             return self._result(Verdict.NOT_APPLICABLE, "does not import torch")
         self._warn(
-            "AMP215",
+            "AMP221",
             "this file trains (backward() and an optimizer step) but never imports torch by name (the "
             "model and optimizer come from elsewhere, or torch through `from ... import *`); nothing "
             "converted: add `import torch` to this file and rerun ampify, or convert by hand",
@@ -324,7 +307,7 @@ class _NativeRewrite:
                 )
             elif hazard.kind == "fsdp" and self.scaling and has_training:
                 self._warn(
-                    "AMP215",
+                    "AMP222",
                     "the model is wrapped in FullyShardedDataParallel: float16 loss scaling needs "
                     "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler (a plain GradScaler lets ranks "
                     "disagree on skipped steps); this file was left unconverted: use --dtype bfloat16, or FSDP's "
@@ -333,7 +316,7 @@ class _NativeRewrite:
                 )
             elif hazard.kind == "autograd_backward":
                 self._warn(
-                    "AMP215",
+                    "AMP223",
                     "torch.autograd.backward(...) is not converted: scale the tensors with scaler.scale(...) by hand",
                     hazard.node,
                 )
@@ -595,14 +578,14 @@ class _NativeRewrite:
         if device is not None:
             return device
         if self.structure.uses_cuda_method:
-            if not any(f.code == "AMP216" for f in self.findings):
+            if not any(f.code in ("AMP207", "AMP216") for f in self.findings):
                 self._info(
-                    "AMP216",
+                    "AMP207",
                     'device "cuda" taken from the script\'s .cuda() calls (no device variable found)',
                     node,
                 )
             return '"cuda"'
-        if any(f.code == "AMP216" for f in self.findings):
+        if any(f.code in ("AMP207", "AMP216") for f in self.findings):
             return '"cuda"'  # said once per file is enough
         self._warn(
             "AMP216",
