@@ -6,6 +6,10 @@ Layout (as TorchFix does it): `fixtures/<group>/<case>.in.py` is the input,
 after a first `status: <status>` row. `fixtures/<group>/options.json` (optional) holds the
 Options for every case of the group.
 
+One input, several option sets: `<case>.<variant>.options.json` beside the input adds a case
+run with those options on top of the group's, expected in `<case>.<variant>.out.py` and
+`<case>.<variant>.findings.txt` (the same input is never copied into another group).
+
 Set AMPIFY_UPDATE_GOLDEN=1 to (re)write the expected files from the current output; then
 read every changed file before committing it.
 """
@@ -30,25 +34,34 @@ class GoldenCase:
     group: str
     name: str
     input_path: Path
+    #: "" for the group's options, else the name in `<case>.<variant>.options.json`
+    variant: str = ""
 
     @property
     def id(self) -> str:
-        return f"{self.group}/{self.name}"
+        return f"{self.group}/{self.name}" + (f"[{self.variant}]" if self.variant else "")
+
+    @property
+    def _stem(self) -> str:
+        return f"{self.name}.{self.variant}" if self.variant else self.name
 
     @property
     def output_path(self) -> Path:
-        return self.input_path.with_name(f"{self.name}.out.py")
+        return self.input_path.with_name(f"{self._stem}.out.py")
 
     @property
     def findings_path(self) -> Path:
-        return self.input_path.with_name(f"{self.name}.findings.txt")
+        return self.input_path.with_name(f"{self._stem}.findings.txt")
 
     @property
     def options(self) -> Options:
+        settings = {}
         options_file = self.input_path.parent / "options.json"
         if options_file.exists():
-            return Options(**json.loads(options_file.read_text()))
-        return Options()
+            settings.update(json.loads(options_file.read_text()))
+        if self.variant:
+            settings.update(json.loads(self.input_path.with_name(f"{self._stem}.options.json").read_text()))
+        return Options(**settings)
 
     def expected_output(self) -> bytes:
         if self.output_path.exists():
@@ -67,7 +80,11 @@ def discover_cases(group_prefix: str = "") -> List[GoldenCase]:
         group = path.parent.name
         if group_prefix and not group.startswith(group_prefix):
             continue
-        cases.append(GoldenCase(group, path.name[: -len(".in.py")], path))
+        name = path.name[: -len(".in.py")]
+        cases.append(GoldenCase(group, name, path))
+        for variant_file in sorted(path.parent.glob(f"{name}.*.options.json")):
+            variant = variant_file.name[len(name) + 1 : -len(".options.json")]
+            cases.append(GoldenCase(group, name, path, variant))
     return cases
 
 

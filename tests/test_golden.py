@@ -35,3 +35,17 @@ def test_golden_case(case):
 def test_every_fixture_group_has_cases():
     groups = {case.group for case in CASES}
     assert {"tf1", "torch_native", "torch_apex"} <= groups, groups
+
+
+def test_no_input_is_copied_into_another_group():
+    """One input, several option sets: `<case>.<variant>.options.json` (tests/golden.py)."""
+    import hashlib
+
+    seen = {}
+    for case in CASES:
+        if case.variant:
+            continue
+        digest = hashlib.sha256(case.input_path.read_bytes()).hexdigest()
+        assert digest not in seen, f"{case.id} repeats {seen[digest]}: make it a variant instead"
+        seen[digest] = case.id
+    assert any(case.variant == "apex" for case in CASES) and any(case.variant == "bf16" for case in CASES)
