@@ -17,8 +17,8 @@ from ampify.findings import FileStatus, Finding, Severity, incomplete_codes
 from ampify.options import Options
 from ampify.registry import transforms_for
 from ampify.transforms.base import Transform, TransformResult, Verdict
-from ampify.transforms.imports import ImportMap
-from ampify.transforms.source_facts import SourceFacts
+from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.source_facts import SourceFacts
 
 
 @dataclass

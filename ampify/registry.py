@@ -6,9 +6,9 @@ from typing import List
 
 from ampify.options import Options
 from ampify.transforms.base import Transform
-from ampify.transforms.tf1_graph_rewrite import TF1GraphRewrite
-from ampify.transforms.torch_apex_amp import TorchApexAmp
-from ampify.transforms.torch_native_amp import TorchNativeAmp
+from ampify.transforms.tf1.graph_rewrite import TF1GraphRewrite
+from ampify.transforms.torch.apex_amp import TorchApexAmp
+from ampify.transforms.torch.native_amp import TorchNativeAmp
 
 #: every transform ampify has, whatever the options
 ALL_TRANSFORMS: List[Transform] = [TF1GraphRewrite(), TorchNativeAmp(), TorchApexAmp()]

@@ -42,7 +42,7 @@ from ampify.convert import _check_compiles, transforms_that_may_apply, transform
 from ampify.discover import discover
 from ampify.options import Options
 from ampify.runner import GC_THRESHOLD, fewer_gc_passes
-from ampify.transforms.imports import ImportMap
+from ampify.transforms.kit.imports import ImportMap
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent

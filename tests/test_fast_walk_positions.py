@@ -15,8 +15,8 @@ import libcst as cst
 import pytest
 from libcst.metadata import PositionProvider
 
-from ampify.transforms.fast_walk import iter_tree, walk
-from ampify.transforms.positions import Positions
+from ampify.transforms.kit.fast_walk import iter_tree, walk
+from ampify.transforms.kit.positions import Positions
 from installed_trees import installed_files
 
 REPO = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ import pytest
 from ampify.convert import convert_source
 from ampify.findings import FileStatus
 from ampify.options import Options
-from ampify.transforms.hand_written_precision import (
+from ampify.transforms.kit.hand_written_precision import (
     fp16_switch_evidence,
     fp16_utils_evidence,
     loss_scaling_evidence,

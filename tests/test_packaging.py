@@ -21,8 +21,10 @@ def test_wheel_maps_transforms_under_ampify(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top_level = {name.split("/")[0] for name in names}
     assert top_level == {"ampify", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
-    for module in ("tf1_graph_rewrite", "torch_native_amp", "torch_apex_amp", "base", "imports"):
-        assert f"ampify/transforms/{module}.py" in names
+    # every module of the transforms tree, the target folders included (a folder missing from
+    # pyproject's package list would install nothing but work in an editable checkout)
+    for module in (ROOT / "transforms").rglob("*.py"):
+        assert f"ampify/transforms/{module.relative_to(ROOT / 'transforms').as_posix()}" in names, module
     assert "ampify/verify/probes/_ampify_probe_main.py" in names
     entry_points = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith("entry_points.txt"))

@@ -13,7 +13,7 @@ import hypothesmith
 import libcst as cst
 from hypothesis import HealthCheck, assume, given, settings
 
-from ampify.transforms.imports import ImportMap, _ImportCollector
+from ampify.transforms.kit.imports import ImportMap, _ImportCollector
 
 
 def reference(module: cst.Module) -> ImportMap:

@@ -235,7 +235,7 @@ def test_import_map_never_raises_on_parsable_programs(program):
     parses must give one, and every name it maps must be a dotted path of identifiers."""
     import libcst as cst
 
-    from ampify.transforms.imports import ImportMap
+    from ampify.transforms.kit.imports import ImportMap
 
     try:
         module = cst.parse_module(program)

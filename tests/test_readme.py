@@ -44,7 +44,7 @@ def test_every_rule_code_ampify_can_emit_is_documented():
     readme = (ROOT / "README.md").read_text()
     documented = set(re.findall(r"^\| (AMP\d{3}) \|", readme, flags=re.M))
     emitted = set()
-    for source in list((ROOT / "transforms").glob("*.py")) + list((ROOT / "ampify").glob("*.py")):
+    for source in list((ROOT / "transforms").rglob("*.py")) + list((ROOT / "ampify").glob("*.py")):
         emitted |= set(re.findall(r"\"(AMP\d{3})\"", source.read_text()))
     for findings in (ROOT / "fixtures").glob("*/*.findings.txt"):
         emitted |= set(re.findall(r" (AMP\d{3})$", findings.read_text(), flags=re.M))

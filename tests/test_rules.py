@@ -30,7 +30,7 @@ def emitted_codes():
     for findings in (ROOT / "fixtures").glob("*/*.findings.txt"):
         in_fixtures |= set(re.findall(r" (AMP\d{3})$", findings.read_text(), flags=re.M))
     in_source = set()
-    for source in [*(ROOT / "transforms").glob("*.py"), *(ROOT / "ampify").rglob("*.py")]:
+    for source in [*(ROOT / "transforms").rglob("*.py"), *(ROOT / "ampify").rglob("*.py")]:
         if source.name != "rules.py":
             in_source |= set(re.findall(r"\"(AMP\d{3})\"", source.read_text()))
     return in_fixtures, in_source

@@ -21,8 +21,8 @@ import pytest
 from ampify.options import Options
 from ampify.registry import ALL_TRANSFORMS
 from ampify.transforms.base import Verdict
-from ampify.transforms.imports import ImportMap
-from ampify.transforms.source_facts import SourceFacts
+from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.source_facts import SourceFacts
 from installed_trees import installed_files
 
 REPO = Path(__file__).resolve().parent.parent

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import warnings
 
-from ampify.transforms.source_facts import SourceFacts
-from ampify.transforms.tf1_screen import may_concern_tf1_graph_rewrite
-from ampify.transforms.torch_screen import may_concern_torch_training_code
+from ampify.transforms.kit.source_facts import SourceFacts
+from ampify.transforms.tf1.screen import may_concern_tf1_graph_rewrite
+from ampify.transforms.torch.screen import may_concern_torch_training_code
 
 
 def test_identifiers_come_from_every_place_a_name_can_be():

@@ -9,8 +9,8 @@ import libcst as cst
 from ampify.convert import convert_source
 from ampify.findings import FileStatus, Severity
 from ampify.options import Options
-from ampify.transforms.imports import ImportMap
-from ampify.transforms.tf1_graph_rewrite import TF1GraphRewrite
+from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.tf1.graph_rewrite import TF1GraphRewrite
 from ampify.transforms.base import Verdict
 from golden import discover_cases
 

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ampify.options import Options
-from ampify.transforms.imports import ImportMap
-from ampify.transforms.tf1_graph_rewrite import TF1GraphRewrite
+from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.tf1.graph_rewrite import TF1GraphRewrite
 
 try:
     import hypothesmith

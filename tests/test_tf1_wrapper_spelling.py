@@ -12,7 +12,7 @@ import libcst as cst
 import pytest
 
 from ampify.convert import convert_source
-from ampify.transforms.tf1_module_header import import_aliases
+from ampify.transforms.tf1.module_header import import_aliases
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed"

@@ -9,11 +9,11 @@ import libcst as cst
 from ampify.convert import convert_source
 from ampify.findings import FileStatus, Severity
 from ampify.options import Options
-from ampify.transforms import torch_native_amp
-from ampify.transforms.imports import ImportMap
+from ampify.transforms.torch import native_amp as torch_native_amp
+from ampify.transforms.kit.imports import ImportMap
 from ampify.rules import BY_CODE as RULES
-from ampify.transforms.torch_native_amp import TorchNativeAmp
-from ampify.transforms.torch_training_loop import analyze_training
+from ampify.transforms.torch.native_amp import TorchNativeAmp
+from ampify.transforms.torch.training_loop import analyze_training
 
 
 def test_bytes_keep_crlf_and_tab_indentation():

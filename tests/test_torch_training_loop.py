@@ -6,13 +6,13 @@ import textwrap
 
 import libcst as cst
 
-from ampify.transforms.imports import ImportMap
-from ampify.transforms.torch_names import (
+from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.torch.names import (
     is_optimizer_qualname,
     looks_like_device_name,
     looks_like_optimizer_name,
 )
-from ampify.transforms.torch_training_loop import analyze_training
+from ampify.transforms.torch.training_loop import analyze_training
 
 
 def analyze(source: str):

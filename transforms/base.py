@@ -11,8 +11,8 @@ import libcst as cst
 
 from ampify.findings import Finding
 from ampify.options import Options
-from ampify.transforms.imports import ImportMap
-from ampify.transforms.source_facts import SourceFacts
+from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.source_facts import SourceFacts
 
 
 class Verdict(str, enum.Enum):

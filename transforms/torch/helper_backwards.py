@@ -32,8 +32,8 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from ampify.transforms.torch_statements import calls_within
-from ampify.transforms.torch_training_loop import (
+from ampify.transforms.torch.statements import calls_within
+from ampify.transforms.torch.training_loop import (
     BackwardCall,
     Delegation,
     TrainingStructure,

@@ -9,9 +9,9 @@ from typing import Dict, List, Optional, Set
 
 import libcst as cst
 
-from ampify.transforms import torch_names as names
-from ampify.transforms.fast_walk import walk
-from ampify.transforms.imports import dotted_name
+from ampify.transforms.torch import names as names
+from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.imports import dotted_name
 
 
 class _OptimizerPathRenamer(cst.CSTTransformer):

@@ -16,8 +16,8 @@ from typing import Dict, Optional, Sequence, Set
 
 import libcst as cst
 
-from ampify.transforms.fast_walk import walk
-from ampify.transforms.imports import dotted_name
+from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.imports import dotted_name
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from ampify.transforms.fast_walk import walk
-from ampify.transforms.hand_written_precision import fp16_switch_evidence, loss_scaling_evidence
-from ampify.transforms.imports import dotted_name
-from ampify.transforms.positions import Positions
-from ampify.transforms.tf1_module_header import import_aliases
-from ampify.transforms.tf1_names import (
+from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.hand_written_precision import fp16_switch_evidence, loss_scaling_evidence
+from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.kit.positions import Positions
+from ampify.transforms.tf1.module_header import import_aliases
+from ampify.transforms.tf1.names import (
     TF_GRADIENTS,
     IGNORE_PERFORMANCE_ENV,
     MIXED_PRECISION_IDENTIFIERS,
@@ -40,7 +40,7 @@ from ampify.transforms.tf1_names import (
     is_tf1_optimizer_class,
     is_tf1_style_marker,
 )
-from ampify.transforms.tf1_optimizer_classes import MIXED, TF1, OptimizerClassifier, Resolver
+from ampify.transforms.tf1.optimizer_classes import MIXED, TF1, OptimizerClassifier, Resolver
 
 def _last_name(node: cst.CSTNode) -> str:
     """`loss_scale` for `loss_scale`, `FLAGS.loss_scale` or `self.loss_scale`; "" otherwise."""

@@ -12,9 +12,9 @@ function) that holds a backward call and at least one optimizer step.
 Both PyTorch backends (native torch.amp and NVIDIA apex) build on this module; it never
 rewrites anything and never imports PyTorch. The nodes it returns are the nodes of the module
 passed in (`TrainingStructure.module` is that module), so plan edits against them by identity
-(see `torch_edits.StatementEdits`).
+(see `StatementEdits` in torch/edits.py).
 
-How a backend uses it (the native backend, `torch_native_amp`, is the worked example):
+How a backend uses it (the native backend, `torch/native_amp.py`, is the worked example):
 
     s = analyze_training(module, imports)
     s.mixed_precision_uses        # non-empty: the file already uses torch.amp / apex amp
@@ -45,12 +45,12 @@ from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 import libcst as cst
 from libcst.metadata import CodePosition
 
-from ampify.transforms import torch_names as names
-from ampify.transforms.fast_walk import walk
-from ampify.transforms.hand_written_precision import fp16_utils_evidence, loss_scaling_evidence
-from ampify.transforms.imports import ImportMap, dotted_name
-from ampify.transforms.positions import Positions
-from ampify.transforms.torch_statements import calls_within, code_of
+from ampify.transforms.torch import names as names
+from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.hand_written_precision import fp16_utils_evidence, loss_scaling_evidence
+from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.kit.positions import Positions
+from ampify.transforms.torch.statements import calls_within, code_of
 
 #: where a name can be bound: a function (parameters and locals) or the module
 Scope = Union[cst.FunctionDef, cst.Module]
@@ -108,7 +108,7 @@ class BackwardCall(CallSite):
     """`<loss>.backward(...)`; `loss` is the receiver expression.
 
     A unit's backward can also be a call of a helper method that runs the backward
-    (`self.backward_D()`, see `torch_helper_backwards`): then `call` is that helper call in the
+    (`self.backward_D()`, see `torch/helper_backwards.py`): then `call` is that helper call in the
     iteration, `loss` is None, and `delegation` leads to the real `<loss>.backward()`."""
 
     loss: Optional[cst.BaseExpression] = None
@@ -215,7 +215,7 @@ class TrainingStructure:
     #: backward calls that no unit holds (no optimizer step in any enclosing loop or function)
     unpaired_backwards: List[BackwardCall] = field(default_factory=list)
     #: id of an unpaired backward call -> why its helper method could not be followed to a step
-    #: (filled by torch_helper_backwards.pair_helper_backwards)
+    #: (filled by helper_backwards.pair_helper_backwards)
     helper_refusals: Dict[int, str] = field(default_factory=dict)
     #: helper calls through which a unit reaches a backward() (`self.backward_D()`)
     delegated_sites: List[cst.Call] = field(default_factory=list)

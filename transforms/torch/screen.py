@@ -1,7 +1,7 @@
 """The PyTorch transforms' screen (both backends): names a module must use for them to change
 or report anything (see `Transform.screen`).
 
-The analysis (`torch_training_loop`) finds work only through: a `.backward()` call (or
+The analysis (`torch/training_loop.py`) finds work only through: a `.backward()` call (or
 `torch.autograd.backward`), a `.step()` call (optimizer steps, closures, wrapper classes), a
 hazard it reports on its own (BCELoss / binary_cross_entropy, `create_graph=`, `masked_fill`),
 or a mixed precision API (the "already mixed precision" verdict). Unlike the byte test, the
@@ -11,8 +11,8 @@ screen looks at code only: `def backward` in an autograd Function, "step" in a d
 
 from __future__ import annotations
 
-from ampify.transforms.source_facts import SourceFacts
-from ampify.transforms.torch_names import BCE_FUNCTIONS, BCE_LOSS_CLASSES, MIXED_PRECISION_PREFIXES
+from ampify.transforms.kit.source_facts import SourceFacts
+from ampify.transforms.torch.names import BCE_FUNCTIONS, BCE_LOSS_CLASSES, MIXED_PRECISION_PREFIXES
 
 #: calls that train, or that the analysis reports as hazards
 _CALLS = frozenset({"backward", "step", "masked_fill", "masked_fill_"})

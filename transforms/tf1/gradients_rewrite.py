@@ -19,16 +19,16 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 
 from ampify.findings import Finding, Severity
-from ampify.transforms.fast_walk import walk
-from ampify.transforms.imports import dotted_name
-from ampify.transforms.positions import Positions
-from ampify.transforms.tf1_names import (
+from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.kit.positions import Positions
+from ampify.transforms.tf1.names import (
     GRADIENTS_TO_COMPUTE_GRADIENTS_KWARGS,
     TF_GRADIENTS,
     TF_GRADIENTS_POSITIONAL,
 )
-from ampify.transforms.tf1_optimizer_classes import Resolver
-from ampify.transforms.tf1_optimizer_hoist import StatementMove, plan_hoist
+from ampify.transforms.tf1.optimizer_classes import Resolver
+from ampify.transforms.tf1.optimizer_hoist import StatementMove, plan_hoist
 
 #: label for gradients that come from some optimizer's compute_gradients (already scaled)
 FROM_COMPUTE_GRADIENTS = "compute_gradients"
@@ -645,7 +645,7 @@ def _warn_other_gradients(flow, resolve, other_gradients, plan, keras_optimizer_
 
 
 class _Hoister:
-    """Plans moving an optimizer's construction above a tf.gradients call (see tf1_optimizer_hoist)."""
+    """Plans moving an optimizer's construction above a tf.gradients call (see tf1/optimizer_hoist.py)."""
 
     def __init__(self, collector: _FlowCollector, flow: _ScopeFlow, plan: GradientsPlan, wrapped_calls, positions):
         self.positions = positions

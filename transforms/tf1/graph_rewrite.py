@@ -18,21 +18,21 @@ import libcst as cst
 
 from ampify.findings import Finding, Severity
 from ampify.options import Options
-from ampify.transforms import tf1_screen
+from ampify.transforms.tf1 import screen as tf1_screen
 from ampify.transforms.base import Transform, TransformResult, Verdict
-from ampify.transforms.imports import ImportMap
-from ampify.transforms.positions import Positions
-from ampify.transforms.source_facts import SourceFacts
-from ampify.transforms.tf1_gradients_rewrite import GradientsPlan, plan_gradients_rewrites
-from ampify.transforms.tf1_module_header import (
+from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.positions import Positions
+from ampify.transforms.kit.source_facts import SourceFacts
+from ampify.transforms.tf1.gradients_rewrite import GradientsPlan, plan_gradients_rewrites
+from ampify.transforms.tf1.module_header import (
     add_header_statements,
     choose_wrapper_spelling,
     wrapper_callee_for,
 )
-from ampify.transforms.tf1_names import IGNORE_PERFORMANCE_ENV, MAY_APPLY_MARKERS, normalise_tf_name
-from ampify.transforms.tf1_optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
-from ampify.transforms.tf1_optimizer_hoist import StatementMove, move_statements
-from ampify.transforms.tf1_survey import ModuleSurvey, OptimizerSite, SessionSite, survey_module
+from ampify.transforms.tf1.names import IGNORE_PERFORMANCE_ENV, MAY_APPLY_MARKERS, normalise_tf_name
+from ampify.transforms.tf1.optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
+from ampify.transforms.tf1.optimizer_hoist import StatementMove, move_statements
+from ampify.transforms.tf1.survey import ModuleSurvey, OptimizerSite, SessionSite, survey_module
 
 NOT_APPLICABLE_REASON = (
     "no TF1 graph training code (no Session, graph, Estimator or tf.train / tf.compat.v1 "
@@ -104,7 +104,7 @@ class _WrapAndReplace(cst.CSTTransformer):
         #: id of an optimizer construction -> the wrapper's spelling there
         self.callees = callees
         self.replacements = replacements
-        #: optimizer constructions moved above their tf.gradients (see tf1_optimizer_hoist)
+        #: optimizer constructions moved above their tf.gradients (see tf1/optimizer_hoist.py)
         self.moves = moves
 
     def leave_IndentedBlock(

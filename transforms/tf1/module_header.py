@@ -15,8 +15,8 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from ampify.transforms.fast_walk import walk
-from ampify.transforms.tf1_names import IGNORE_PERFORMANCE_ENV, WRAPPER_PATH_FROM_MODULE
+from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.tf1.names import IGNORE_PERFORMANCE_ENV, WRAPPER_PATH_FROM_MODULE
 
 _ADDED_ALIAS_CANDIDATES = ("tf", "tensorflow", "_tf", "_ampify_tf")
 

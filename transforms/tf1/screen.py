@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import re
 
-from ampify.transforms.source_facts import SourceFacts
-from ampify.transforms.tf1_names import (
+from ampify.transforms.kit.source_facts import SourceFacts
+from ampify.transforms.tf1.names import (
     KERAS_OPTIMIZER_PREFIXES,
     MIXED_PRECISION_IDENTIFIERS,
     MIXED_PRECISION_STRINGS,

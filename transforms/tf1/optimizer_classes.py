@@ -13,9 +13,9 @@ from typing import Callable, Dict, Iterable, Optional
 
 import libcst as cst
 
-from ampify.transforms.fast_walk import walk
-from ampify.transforms.imports import dotted_name
-from ampify.transforms.tf1_names import (
+from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.tf1.names import (
     TF1_OPTIMIZER_CLASS_FACTORIES,
     TF1_OPTIMIZER_CLASS_TABLES,
     TF1_OPTIMIZER_MODULES,

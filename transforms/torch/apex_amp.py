@@ -19,17 +19,17 @@ import libcst as cst
 
 from ampify.findings import Finding, Severity
 from ampify.options import Options
-from ampify.transforms import torch_names as names
-from ampify.transforms import torch_screen
+from ampify.transforms.torch import names as names
+from ampify.transforms.torch import screen as torch_screen
 from ampify.transforms.base import Transform, TransformResult, Verdict
-from ampify.transforms.fast_walk import walk
-from ampify.transforms.imports import ImportMap, dotted_name
-from ampify.transforms.source_facts import SourceFacts
-from ampify.transforms.torch_edits import StatementEdits, apply_edits
-from ampify.transforms.torch_helper_backwards import call_of_unfollowed_backward, helper_refusal_note, distinct_losses, pair_helper_backwards
-from ampify.transforms.torch_statements import calls_within, code_of
-from ampify.transforms.torch_step_plan import StepPlanner
-from ampify.transforms.torch_training_loop import (
+from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.kit.source_facts import SourceFacts
+from ampify.transforms.torch.edits import StatementEdits, apply_edits
+from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, helper_refusal_note, distinct_losses, pair_helper_backwards
+from ampify.transforms.torch.statements import calls_within, code_of
+from ampify.transforms.torch.step_plan import StepPlanner
+from ampify.transforms.torch.training_loop import (
     BackwardCall,
     Binding,
     CallSite,

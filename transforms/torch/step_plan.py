@@ -13,10 +13,10 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from ampify.transforms import torch_names as names
-from ampify.transforms import torch_statements as statements
-from ampify.transforms.imports import ImportMap
-from ampify.transforms.torch_training_loop import Block, BackwardCall, TrainingStructure, TrainingUnit, Unconvertible
+from ampify.transforms.torch import names as names
+from ampify.transforms.torch import statements as statements
+from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.torch.training_loop import Block, BackwardCall, TrainingStructure, TrainingUnit, Unconvertible
 
 #: reductions allowed on the loss inside `<loss>.backward()` (`loss.mean().backward()`)
 _LOSS_REDUCTIONS = {"mean", "sum", "float", "squeeze", "view", "reshape", "double"}

@@ -12,10 +12,10 @@ from typing import Callable, Optional, Set
 
 import libcst as cst
 
-from ampify.transforms import torch_statements as statements
-from ampify.transforms.imports import ImportMap, dotted_name
-from ampify.transforms.torch_edits import StatementEdits
-from ampify.transforms.torch_training_loop import Scope, TrainingStructure
+from ampify.transforms.torch import statements as statements
+from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.torch.edits import StatementEdits
+from ampify.transforms.torch.training_loop import Scope, TrainingStructure
 
 #: report(code, message, node)
 Report = Callable[[str, str, Optional[cst.CSTNode]], None]

@@ -1,7 +1,7 @@
 """Add torch.autocast and torch.amp.GradScaler to PyTorch training steps.
 
 The analysis (what is an optimizer, which loop is a training iteration, where the loss is
-computed) lives in `torch_training_loop`; this module decides, per training unit, whether it
+computed) lives in `torch/training_loop.py`; this module decides, per training unit, whether it
 can be converted safely, and then writes:
 
 - `scaler = torch.amp.GradScaler(<device>)` once per training setup, after the optimizer(s);
@@ -23,18 +23,18 @@ import libcst as cst
 
 from ampify.findings import Finding, Severity
 from ampify.options import Options
-from ampify.transforms import torch_names as names
-from ampify.transforms import torch_statements as statements
-from ampify.transforms import torch_screen
+from ampify.transforms.torch import names as names
+from ampify.transforms.torch import statements as statements
+from ampify.transforms.torch import screen as torch_screen
 from ampify.transforms.base import Transform, TransformResult, Verdict
-from ampify.transforms.fast_walk import walk
-from ampify.transforms.imports import ImportMap, dotted_name
-from ampify.transforms.source_facts import SourceFacts
-from ampify.transforms.torch_checkpoints import CheckpointWriter
-from ampify.transforms.torch_edits import StatementEdits, apply_edits
-from ampify.transforms.torch_helper_backwards import call_of_unfollowed_backward, helper_refusal_note, pair_helper_backwards
-from ampify.transforms.torch_step_plan import StepPlanner
-from ampify.transforms.torch_training_loop import (
+from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.kit.source_facts import SourceFacts
+from ampify.transforms.torch.checkpoints import CheckpointWriter
+from ampify.transforms.torch.edits import StatementEdits, apply_edits
+from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, helper_refusal_note, pair_helper_backwards
+from ampify.transforms.torch.step_plan import StepPlanner
+from ampify.transforms.torch.training_loop import (
     Unconvertible,
     Block,
     Scope,

@@ -1,0 +1,1 @@
+"""Walks, positions, imports, source facts: no framework knowledge."""

@@ -1,0 +1,1 @@
+"""The TensorFlow 1.x target: the mixed precision graph rewrite."""

@@ -1,0 +1,1 @@
+"""The PyTorch targets: native AMP (autocast + GradScaler) and apex, on one shared analysis."""
