@@ -135,3 +135,24 @@ def test_timeout_also_ends_a_grandchild_that_left_the_process_group(tmp_path, ca
 def test_an_empty_python_is_a_usage_error_not_the_default_interpreter(capsys):
     assert main([str(FIXTURES / "torch_fp32.py"), "--python", ""]) == 2
     assert "--python is empty" in capsys.readouterr().err
+
+
+def test_keras_scripts_are_not_run_with_legacy_keras(tmp_path):
+    """TF_USE_LEGACY_KERAS=1 is for TF1 graph code only: it would swap a Keras 3 script's Keras."""
+    from ampify.verify.runner import verify_script
+
+    body = (
+        "import os\n"
+        "if False:\n"
+        "    import tensorflow as tf\n"
+        "    {code}\n"
+        "print('LEGACY=%s' % os.environ.get('TF_USE_LEGACY_KERAS'))\n"
+    )
+    keras_script = tmp_path / "keras_fit.py"
+    keras_script.write_text(body.format(code="model = tf.keras.Sequential([]); model.fit(x, y)"))
+    tf1_script = tmp_path / "tf1_graph.py"
+    tf1_script.write_text(body.format(code="x = tf.placeholder(tf.float32); sess = tf.Session()"))
+    keras_run = verify_script(keras_script)
+    assert "LEGACY=None" in keras_run.output and keras_run.notes == []
+    tf1_run = verify_script(tf1_script)
+    assert "LEGACY=1" in tf1_run.output and tf1_run.notes

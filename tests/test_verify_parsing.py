@@ -72,6 +72,12 @@ def test_last_traceback_line_takes_the_last_of_chained_tracebacks():
         ("import torch\nimport tensorflow as tf\ntf.train.experimental.enable_mixed_precision_graph_rewrite(o)\n",
          detect.TF1),
         ("import numpy\n# import torch\n", detect.UNKNOWN),
+        # TF2 / Keras code is not TF1: verify must not run it with TF_USE_LEGACY_KERAS=1
+        ("import tensorflow as tf\nmodel = tf.keras.Sequential([])\nmodel.fit(x, y)\n", detect.UNKNOWN),
+        ("import tensorflow as tf\nimport keras\nmodel = keras.Sequential([])\n", detect.UNKNOWN),
+        ("import tensorflow as tf\nwith tf.GradientTape() as tape:\n    pass\n", detect.UNKNOWN),
+        # Keras-backed TF1 code stays TF1
+        ("import tensorflow as tf\nx = tf.placeholder(tf.float32)\ny = tf.keras.layers.Dense(3)(x)\n", detect.TF1),
     ],
 )
 def test_detect_backend(source, backend):
