@@ -24,7 +24,7 @@ from ampify.discover import discover
 from ampify.engine import DEFAULT_MAX_FILE_BYTES, FileTask, Mode
 from ampify.findings import FileResult, FileStatus
 from ampify.names import for_terminal
-from ampify.options import APEX_OPT_LEVELS, BACKENDS, DTYPES, Options
+from ampify.registry import declared_options, options_from
 from ampify.report import apply_selection, exit_code, render_file, render_summary, summarize, write_json_report
 from ampify.rules import Selection, UnknownRule, render_list, render_rule, rule
 from ampify.runner import DEFAULT_FILE_TIMEOUT, Interrupted, default_jobs, run_tasks
@@ -36,9 +36,18 @@ PROGRESS_THRESHOLD = 50
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None)
 
 # Choices as enums, so that --help shows them and typer rejects anything else.
-_Backend = enum.Enum("_Backend", {name: name for name in BACKENDS}, type=str)
-_Dtype = enum.Enum("_Dtype", {name: name for name in DTYPES}, type=str)
-_OptLevel = enum.Enum("_OptLevel", {name: name for name in APEX_OPT_LEVELS}, type=str)
+#: the targets' own options (transforms/<target>/target.py): their choices and help texts are the
+#: declarations', the flags below must name every one (tests/test_rules.py checks it)
+_DECLARED = {option.field: option for option in declared_options()}
+
+
+def _choices(field: str) -> type:
+    return enum.Enum(f"_{field}", {name: name for name in _DECLARED[field].choices}, type=str)
+
+
+_Backend = _choices("backend")
+_Dtype = _choices("dtype")
+_OptLevel = _choices("apex_opt_level")
 
 
 def _value(choice) -> Optional[str]:
@@ -80,12 +89,11 @@ def rewrite(
         help="Rewrite a file that has other hard links in place (keeps the links; not atomic). Default: refuse it.",
     ),
     report: Optional[Path] = typer.Option(None, "--report", metavar="FILE.json", help="Write every result and finding as JSON."),
-    backend: Optional[_Backend] = typer.Option(None, "--backend", help="PyTorch target (default native: torch.autocast + torch.amp.GradScaler)."),
-    dtype: Optional[_Dtype] = typer.Option(None, "--dtype", help="PyTorch reduced precision (default float16; bfloat16 needs no GradScaler)."),
-    opt_level: Optional[_OptLevel] = typer.Option(None, "--opt-level", help="apex opt_level passed to amp.initialize (default O1)."),
+    backend: Optional[_Backend] = typer.Option(None, _DECLARED["backend"].flag, help=_DECLARED["backend"].help),
+    dtype: Optional[_Dtype] = typer.Option(None, _DECLARED["dtype"].flag, help=_DECLARED["dtype"].help),
+    opt_level: Optional[_OptLevel] = typer.Option(None, _DECLARED["apex_opt_level"].flag, help=_DECLARED["apex_opt_level"].help),
     no_tf_ignore_performance: bool = typer.Option(
-        False, "--no-tf-ignore-performance",
-        help="TF1: do not set TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE=1 (pre-Volta GPUs then skip the rewrite).",
+        False, _DECLARED["tf_ignore_performance"].flag, help=_DECLARED["tf_ignore_performance"].help
     ),
     select: List[str] = typer.Option([], "--select", metavar="CODES", help="Report only these rule codes or prefixes (AMP1, AMP213); comma-separated or repeated."),
     ignore: List[str] = typer.Option([], "--ignore", metavar="CODES", help="Do not report these rule codes or prefixes; an ignored warning no longer makes a conversion incomplete."),
@@ -99,13 +107,14 @@ def rewrite(
     except ConfigError as error:
         _usage_error(str(error))
     try:
-        options = Options(
-            backend=_value(backend) or config.backend or "native",
-            dtype=_value(dtype) or config.dtype or "float16",
-            apex_opt_level=_value(opt_level) or config.opt_level or "O1",
-            tf_ignore_performance=False if no_tf_ignore_performance else (
-                config.tf_ignore_performance if config.tf_ignore_performance is not None else True
-            ),
+        options = options_from(
+            {
+                "backend": _value(backend),
+                "dtype": _value(dtype),
+                "apex_opt_level": _value(opt_level),
+                "tf_ignore_performance": no_tf_ignore_performance,
+            },
+            config.target_options,
         )
     except ValueError as error:
         _usage_error(str(error))

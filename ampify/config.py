@@ -5,14 +5,14 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
-from ampify.options import APEX_OPT_LEVELS, BACKENDS, DTYPES
+from ampify.registry import declared_options
 
 
 class ConfigError(Exception):
@@ -26,10 +26,8 @@ class Config:
     source: Optional[Path] = None
     exclude: List[str] = field(default_factory=list)
     jobs: Optional[int] = None
-    backend: Optional[str] = None
-    dtype: Optional[str] = None
-    opt_level: Optional[str] = None
-    tf_ignore_performance: Optional[bool] = None
+    #: the targets' own options (see TargetOption), by Options field; absent means not set
+    target_options: Dict[str, Any] = field(default_factory=dict)
     respect_gitignore: Optional[bool] = None
     #: seconds, 0 for no limit
     file_timeout: Optional[float] = None
@@ -40,19 +38,20 @@ class Config:
     ignore: List[str] = field(default_factory=list)
 
 
-_KEYS = {
+#: the keys of ampify itself; each target adds its own (TargetOption.config_key)
+_RUN_KEYS = {
     "exclude": list,
     "jobs": int,
-    "backend": str,
-    "dtype": str,
-    "opt-level": str,
-    "tf-ignore-performance": bool,
     "respect-gitignore": bool,
     "file-timeout": (int, float),
     "max-file-size": (int, float),
     "select": list,
     "ignore": list,
 }
+
+
+_TARGET_KEYS = {option.config_key: option for option in declared_options()}
+_KEYS = {**_RUN_KEYS, **{key: (str if option.choices else bool) for key, option in _TARGET_KEYS.items()}}
 
 
 def find_pyproject(paths: Sequence[Path]) -> Optional[Path]:
@@ -94,16 +93,16 @@ def load_config(paths: Sequence[Path]) -> Config:
             raise ConfigError(f"{pyproject}: [tool.ampify] {key} must be a {kind}")
         if isinstance(expected, tuple) and value < 0:
             raise ConfigError(f"{pyproject}: [tool.ampify] {key} must be 0 (no limit) or more")
-        setattr(config, key.replace("-", "_"), value)
+        if key in _TARGET_KEYS:
+            option = _TARGET_KEYS[key]
+            if option.choices and value not in option.choices:
+                raise ConfigError(f"{pyproject}: [tool.ampify] {key} must be one of {', '.join(option.choices)}")
+            config.target_options[option.field] = value
+        else:
+            setattr(config, key.replace("-", "_"), value)
     for key in ("exclude", "select", "ignore"):
         if not all(isinstance(item, str) for item in getattr(config, key)):
             raise ConfigError(f"{pyproject}: [tool.ampify] {key} must be a list of strings")
     if config.jobs is not None and config.jobs < 1:
         raise ConfigError(f"{pyproject}: [tool.ampify] jobs must be at least 1")
-    if config.backend is not None and config.backend not in BACKENDS:
-        raise ConfigError(f"{pyproject}: [tool.ampify] backend must be one of {', '.join(BACKENDS)}")
-    if config.dtype is not None and config.dtype not in DTYPES:
-        raise ConfigError(f"{pyproject}: [tool.ampify] dtype must be one of {', '.join(DTYPES)}")
-    if config.opt_level is not None and config.opt_level not in APEX_OPT_LEVELS:
-        raise ConfigError(f"{pyproject}: [tool.ampify] opt-level must be one of {', '.join(APEX_OPT_LEVELS)}")
     return config

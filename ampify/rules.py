@@ -227,6 +227,9 @@ RULES: List[Rule] = [
     Rule("AMP323", "warning", "the file trains but never imports torch by name; not converted",
          "Without `import torch` the apex conversion cannot be spelled here.",
          "from model import *\nloss.backward()\noptimizer.step()", MANUAL, incomplete=True),
+    Rule("AMP324", "warning", "an optimizer step with no `backward()` in this file: the backward pass runs elsewhere",
+         "amp.scale_loss must wrap the backward that feeds this step, which this file cannot see.",
+         "engine.backward_pass(loss)\noptimizer.step()", MANUAL, incomplete=True),
 ]
 
 BY_CODE: Dict[str, Rule] = {rule.code: rule for rule in RULES}

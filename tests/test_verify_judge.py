@@ -1,6 +1,7 @@
 """The verdict rules, on recorded probe evidence and output (no subprocess)."""
 from ampify.verify import detect
-from ampify.verify.judge import RunFacts, judge
+from ampify.verify.judge import RunFacts
+from ampify.verify.targets import judge
 
 TF_LINE = ("I0000 00:00:1796214958.248757    2103 auto_mixed_precision.cc:2259] Converted 22/192 nodes to float16 "
            "precision using 4 cast(s) to float16 (excluding Const and Variable casts)\n")

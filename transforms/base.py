@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
-from typing import List
+from typing import Callable, List, Tuple
 
 import libcst as cst
 
@@ -73,3 +73,43 @@ class Transform(abc.ABC):
     @abc.abstractmethod
     def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
         """Rewrite `module`; never raise for unusual code, report it as a finding instead."""
+
+
+@dataclass(frozen=True)
+class TargetOption:
+    """An option a target declares (as LibCST codemod commands declare theirs with `add_args`):
+    the Options field it sets, its command-line flag and its `[tool.ampify]` key.
+
+    With `choices` the option takes one of them (`--dtype bfloat16`, `dtype = "bfloat16"`);
+    without, it is a switch whose flag turns the field off (`--no-tf-ignore-performance`) and
+    whose key is a boolean.
+    """
+
+    field: str
+    flag: str
+    config_key: str
+    help: str
+    choices: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Target:
+    """One conversion target: a folder under transforms/, one entry in ampify/registry.py.
+
+    Everything ampify needs to know about a target is here: the transform, when it runs, the
+    options it declares, the rule codes it owns, how `ampify verify` probes and judges the
+    scripts it writes, and where its golden fixtures live.
+    """
+
+    name: str
+    description: str
+    transform: Transform
+    #: does the target run for these options (the PyTorch backends exclude each other)?
+    runs_when: Callable[[Options], bool]
+    options: Tuple[TargetOption, ...]
+    #: rule codes it emits start with this (see ampify/rules.py); its `x00` is the internal error
+    rule_prefix: str
+    #: the verify target (ampify/verify/targets.py) that probes and judges scripts it converted
+    verify: str
+    #: its golden fixtures: fixtures/<folder>/
+    fixtures: str

@@ -8,7 +8,6 @@ script ended before there was anything to judge.
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from ampify.verify import detect
 from ampify.verify.output_parsing import (
     APEX_OPT_LEVEL,
     AUTOCAST_DISABLED,
@@ -20,14 +19,6 @@ from ampify.verify.output_parsing import (
 from ampify.verify.result import CANNOT_VERIFY, NOT_ACTIVE, SCRIPT_FAILED, VERIFIED
 
 REDUCED_DTYPES = ("float16", "bfloat16")
-
-FRAMEWORK_OF_BACKEND = {
-    detect.TF1: ("tensorflow", "tf1_graph_rewrite"),
-    detect.TORCH: ("torch", "torch_native"),
-    detect.APEX: ("torch", "apex"),
-    detect.UNKNOWN: ("unknown", "unknown"),
-}
-
 
 @dataclass
 class RunFacts:
@@ -74,7 +65,7 @@ def _plural(count: int, word: str) -> str:
     return "%d %s%s" % (count, word, "" if count == 1 else "s")
 
 
-def _failed_or_not_active(facts: RunFacts, evidence: Dict[str, Any], reason: str) -> Judgement:
+def failed_or_not_active(facts: RunFacts, evidence: Dict[str, Any], reason: str) -> Judgement:
     """No positive evidence: a failure explains it if there was one, else mixed precision is off."""
     if facts.failed:
         failure = facts.failure_reason()
@@ -145,7 +136,7 @@ def judge_tf1(facts: RunFacts) -> Judgement:
         reason = "grappler's mixed precision pass converted 0 nodes (no allowlisted ops in the graph)"
     else:
         reason = "the graph rewrite was enabled but grappler logged no conversion for any graph that ran"
-    return _failed_or_not_active(facts, evidence, reason)
+    return failed_or_not_active(facts, evidence, reason)
 
 
 def _torch_op_counts(probe: Dict[str, Any]) -> Tuple[Dict[str, int], Dict[str, int]]:
@@ -239,24 +230,4 @@ def judge_torch(facts: RunFacts, apex: bool = False) -> Judgement:
         reason = "no matmul/conv/attention op ran%s" % (" before the optimizer step" if steps else "")
     else:
         reason = "0/%d matmul/conv ops ran in float16/bfloat16 (no autocast region around the forward pass)" % total
-    return _failed_or_not_active(facts, evidence, reason)
-
-
-def judge(backend: str, facts: RunFacts) -> Tuple[str, Judgement]:
-    """The verdict for a finished run; an unknown backend is decided by what the script imported."""
-    if backend == detect.UNKNOWN:
-        if facts.probe.get("tf1", {}).get("sessions"):
-            backend = detect.TF1
-        elif "torch" in facts.probe:
-            backend = detect.TORCH
-        elif "tf1" in facts.probe:
-            backend = detect.TF1
-    if backend == detect.TF1:
-        judgement = judge_tf1(facts)
-    elif backend in (detect.TORCH, detect.APEX):
-        judgement = judge_torch(facts, apex=backend == detect.APEX)
-    else:
-        judgement = _failed_or_not_active(facts, {}, "the script imported neither TensorFlow nor PyTorch")
-    if facts.timed_out and judgement.status == VERIFIED:
-        judgement.verdict += ", stopped by the %g s timeout" % facts.timeout
-    return backend, judgement
+    return failed_or_not_active(facts, evidence, reason)

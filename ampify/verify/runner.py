@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ampify.verify import detect
-from ampify.verify.judge import FRAMEWORK_OF_BACKEND, RunFacts, judge
+from ampify.verify.judge import RunFacts
+from ampify.verify.targets import VERIFY_TARGETS, judge
 from ampify.verify.result import CANNOT_VERIFY, SCRIPT_FAILED, VerifyResult
 
 PROBE_DIRECTORY = Path(__file__).resolve().parent / "probes"
@@ -22,11 +23,6 @@ CUDA_CHECK_TIMEOUT_SECONDS = 120.0
 EVIDENCE_PATH_ENV = "_AMPIFY_PROBE_EVIDENCE"
 FULL_RUN_ENV = "_AMPIFY_PROBE_FULL"
 FRAMEWORK_ENV = "_AMPIFY_PROBE_FRAMEWORK"
-
-LEGACY_KERAS_NOTE = (
-    "ran with TF_USE_LEGACY_KERAS=1: TF1 code needs Keras 2 (tf-keras) on TensorFlow >= 2.16; "
-    "set TF_USE_LEGACY_KERAS yourself to override"
-)
 
 _CUDA_CHECK = "import torch, sys; sys.stdout.write('cuda=%s' % torch.cuda.is_available())"
 
@@ -177,9 +173,9 @@ def _read_probe_evidence(path: Path) -> dict:
 
 
 def _cannot_verify(script: str, backend: str, reason: str, started: float) -> VerifyResult:
-    framework, backend_name = FRAMEWORK_OF_BACKEND[backend]
+    target = VERIFY_TARGETS[backend]
     return VerifyResult(
-        script=script, status=CANNOT_VERIFY, framework=framework, backend=backend_name,
+        script=script, status=CANNOT_VERIFY, framework=target.framework, backend=target.backend,
         verdict="cannot verify here: %s" % reason, reason=reason, elapsed=time.monotonic() - started,
     )
 
@@ -213,7 +209,7 @@ def verify_script(
                   if script.exists() else "no such script: %s" % as_given)
         return _not_started(as_given, reason, started)
     backend = detect.detect_backend(detect.read_script_text(script))
-    if backend == detect.APEX:
+    if VERIFY_TARGETS[backend].needs_cuda:
         cuda = cuda_available(python)
         if not cuda:
             reason = "apex amp needs a CUDA GPU"
@@ -227,11 +223,10 @@ def verify_script(
     env[FRAMEWORK_ENV] = backend
     env["PYTHONUNBUFFERED"] = "1"  # keep the script's prints and the framework logs in order
     notes = []
-    if backend == detect.TF1 and "TF_USE_LEGACY_KERAS" not in env:
-        # TF1 code (tf.layers, tf.compat.v1 Keras-backed APIs) needs Keras 2: on TF >= 2.16
-        # `tf.keras` is Keras 3 unless this is set, and `tf.layers.dense` fails there.
-        env["TF_USE_LEGACY_KERAS"] = "1"
-        notes.append(LEGACY_KERAS_NOTE)
+    for name, value, note in VERIFY_TARGETS[backend].environment:
+        if name not in env:
+            env[name] = value
+            notes.append(note)
     with tempfile.TemporaryDirectory(prefix="ampify-verify-") as work:
         evidence_path = Path(work) / "evidence.json"
         output_path = Path(work) / "output.log"
@@ -245,10 +240,10 @@ def verify_script(
 
     facts = RunFacts(output=output, probe=probe, returncode=returncode, timed_out=timed_out, timeout=timeout)
     backend, judgement = judge(backend, facts)
-    framework, backend_name = FRAMEWORK_OF_BACKEND[backend]
+    target = VERIFY_TARGETS[backend]
     elapsed = time.monotonic() - started
     return VerifyResult(
-        script=as_given, status=judgement.status, framework=framework, backend=backend_name,
+        script=as_given, status=judgement.status, framework=target.framework, backend=target.backend,
         verdict="%s, %.1f s" % (judgement.verdict, elapsed), reason=judgement.reason,
         evidence=judgement.evidence, elapsed=elapsed, output=output, returncode=returncode,
         stopped_early=facts.stopped_early, timed_out=timed_out, command=command, notes=notes,

@@ -245,6 +245,15 @@ def _code(node: cst.CSTNode) -> str:
 
 
 class _Surveyor(cst.CSTVisitor):
+    """Fills a ModuleSurvey in one walk of the module.
+
+    Why one class of ~390 lines: every fact depends on the walk's position (the scope stack,
+    loop depth, enclosing classes, the `with` item being entered, names bound by function-level
+    imports), and the walk is the transform's main cost (see kit/fast_walk.py). Split into
+    several visitors, each would rebuild that state and walk the tree again; the visit methods
+    here are short and each records one kind of fact.
+    """
+
     def __init__(self, positions: Positions, resolve: Resolver, classifier: OptimizerClassifier) -> None:
         self.positions = positions
         self.resolve_name = resolve

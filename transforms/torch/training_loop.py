@@ -30,7 +30,7 @@ How a backend uses it (the native backend, `torch/native_amp.py`, is the worked 
     s.optimizer_state_saves / s.optimizer_state_loads    # checkpoint call sites
     s.parallel_wraps              # DataParallel / DDP calls (apex: amp.initialize goes before)
     s.device_bindings, s.to_device_arguments             # the script's own device expressions
-    s.hazards                     # Hazard(kind, node, detail), kinds in HAZARD_KINDS
+    s.hazards                     # Hazard(kind, node, detail), kind a HazardKind
 
 Navigation helpers (`statement_of`, `block_of`, `block_path`, `scope_of`, `class_of`,
 `position`/`line`, `bindings_visible`, `insertion_point`, `fresh_name`) answer the questions a
@@ -38,6 +38,8 @@ rewrite asks about those nodes.
 """
 
 from __future__ import annotations
+
+import enum
 
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
@@ -172,27 +174,27 @@ class TrainingUnit:
         return seen
 
 
+class HazardKind(str, enum.Enum):
+    """A pattern that makes mixed precision unsafe (each backend maps it to its own rule code)."""
+
+    BCE = "bce"  # nn.BCELoss / F.binary_cross_entropy, which CUDA autocast refuses
+    SIGMOID = "sigmoid"  # an nn.Sigmoid layer (a model ending in Sigmoid usually feeds BCELoss)
+    CLOSURE = "closure"  # optimizer.step(closure), which GradScaler does not support
+    CREATE_GRAPH = "create_graph"  # torch.autograd.grad(..., create_graph=True): manual loss scaling
+    MASKED_FILL = "masked_fill"  # masked_fill with a constant beyond the float16 range
+    WRAPPER_CLASS = "wrapper_class"  # a class with its own step() that steps an inner optimizer
+    AUTOGRAD_BACKWARD = "autograd_backward"  # torch.autograd.backward(...), not followed
+    FSDP = "fsdp"  # FullyShardedDataParallel (float16 needs ShardedGradScaler; apex refuses it)
+    MANUAL_HALF = "manual_half"  # .half(), .to(torch.float16): hand-made half precision
+
+
 @dataclass
 class Hazard:
-    """A pattern that makes mixed precision unsafe; `kind` is one of the keys of HAZARD_KINDS."""
+    """A pattern that makes mixed precision unsafe, where it is, and what it names."""
 
-    kind: str
+    kind: HazardKind
     node: cst.CSTNode
     detail: str = ""
-
-
-#: hazard kinds and what they mean
-HAZARD_KINDS = {
-    "bce": "nn.BCELoss / F.binary_cross_entropy, which CUDA autocast refuses",
-    "sigmoid": "an nn.Sigmoid layer (a model ending in Sigmoid usually feeds BCELoss)",
-    "closure": "optimizer.step(closure), which GradScaler does not support",
-    "create_graph": "torch.autograd.grad(..., create_graph=True), which needs manual loss scaling",
-    "masked_fill": "masked_fill with a constant beyond the float16 range",
-    "wrapper_class": "a class with its own step() that steps an inner optimizer",
-    "autograd_backward": "torch.autograd.backward(...), which the rewrite does not follow",
-    "fsdp": "a FullyShardedDataParallel wrap (float16 needs ShardedGradScaler; apex does not support FSDP)",
-    "manual_half": "a manual cast to float16/bfloat16 (.half(), .to(torch.float16)), i.e. hand-made half precision",
-}
 
 
 @dataclass
@@ -693,7 +695,7 @@ class _Collector(cst.CSTVisitor):
                 ]
                 if inner_steps:
                     self.wrapper_classes[node.name.value] = node
-                    self.structure.hazards.append(Hazard("wrapper_class", node, node.name.value))
+                    self.structure.hazards.append(Hazard(HazardKind.WRAPPER_CLASS, node, node.name.value))
                 return
 
     # calls ----------------------------------------------------------------------------
@@ -709,7 +711,7 @@ class _Collector(cst.CSTVisitor):
         if qualified and any(qualified == p or qualified.startswith(p + ".") for p in names.MIXED_PRECISION_PREFIXES):
             structure.mixed_precision_uses.append(node)
         if qualified == "torch.autograd.backward":
-            structure.hazards.append(Hazard("autograd_backward", node))
+            structure.hazards.append(Hazard(HazardKind.AUTOGRAD_BACKWARD, node))
             return
         if method == "backward" and isinstance(node.func, cst.Attribute) and qualified is None:
             structure.backwards.append(
@@ -735,11 +737,11 @@ class _Collector(cst.CSTVisitor):
             self.load_state_dict_calls.append(site)
             return
         if method in ("half", "bfloat16") and isinstance(node.func, cst.Attribute) and not node.args:
-            structure.hazards.append(Hazard("manual_half", node, f".{method}()"))
+            structure.hazards.append(Hazard(HazardKind.MANUAL_HALF, node, f".{method}()"))
         if method == "to" and isinstance(node.func, cst.Attribute) and any(
             (self.imports.resolve(a.value) or "") in names.HALF_DTYPES for a in node.args
         ):
-            structure.hazards.append(Hazard("manual_half", node, ".to(half dtype)"))
+            structure.hazards.append(Hazard(HazardKind.MANUAL_HALF, node, ".to(half dtype)"))
         if method == "to" and isinstance(node.func, cst.Attribute) and node.args:
             first = node.args[0]
             if first.keyword is None or first.keyword.value == "device":
@@ -755,17 +757,17 @@ class _Collector(cst.CSTVisitor):
             structure.parallel_wraps.append(site)
             return
         if qualified in names.FSDP_WRAPPERS:
-            structure.hazards.append(Hazard("fsdp", node, qualified))
+            structure.hazards.append(Hazard(HazardKind.FSDP, node, qualified))
             return
         if qualified in names.BCE_LOSS_CLASSES or qualified in names.BCE_FUNCTIONS:
-            structure.hazards.append(Hazard("bce", node, qualified))
+            structure.hazards.append(Hazard(HazardKind.BCE, node, qualified))
             return
         if qualified in names.SIGMOID_MODULES:
-            structure.hazards.append(Hazard("sigmoid", node, qualified))
+            structure.hazards.append(Hazard(HazardKind.SIGMOID, node, qualified))
             return
         if qualified == "torch.autograd.grad":
             if any(a.keyword is not None and a.keyword.value == "create_graph" and _is_true(a.value) for a in node.args):
-                structure.hazards.append(Hazard("create_graph", node))
+                structure.hazards.append(Hazard(HazardKind.CREATE_GRAPH, node))
             return
         if method in ("masked_fill", "masked_fill_"):
             value_arg = None
@@ -776,9 +778,9 @@ class _Collector(cst.CSTVisitor):
                     value_arg = arg.value
             number = _numeric_value(value_arg) if value_arg is not None else None
             if number is not None and abs(number) > names.FLOAT16_MAX and abs(number) != float("inf"):
-                structure.hazards.append(Hazard("masked_fill", node, str(number)))
+                structure.hazards.append(Hazard(HazardKind.MASKED_FILL, node, str(number)))
             elif value_arg is not None and self._is_wide_finfo_limit(value_arg):
-                structure.hazards.append(Hazard("masked_fill", node, code_of(value_arg)))
+                structure.hazards.append(Hazard(HazardKind.MASKED_FILL, node, code_of(value_arg)))
 
     def _is_wide_finfo_limit(self, node: cst.BaseExpression) -> bool:
         """`torch.finfo(torch.float32).min` (or of float64, or numpy's): finite, beyond float16."""
@@ -815,7 +817,7 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
         step = StepCall(call, site.statement, receiver, site.scope, has_closure=has_closure)
         structure.steps.append(step)
         if has_closure:
-            structure.hazards.append(Hazard("closure", call, receiver))
+            structure.hazards.append(Hazard(HazardKind.CLOSURE, call, receiver))
     optimizer_names = set(structure.optimizers)
     for site in collector.state_dict_calls:
         if site.receiver in optimizer_names or _optimizer_reason(structure, collector, site.receiver or "", site.scope, need_step=True):

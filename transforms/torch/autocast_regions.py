@@ -1,10 +1,9 @@
-"""Where the mixed precision pieces go inside one training iteration.
+"""Which statements of a training iteration run under autocast.
 
-`StepPlanner` answers three placement questions for a `TrainingUnit`, or raises `Unconvertible`
-with the reason shown to the user: which statements form the forward pass + loss of each
-backward() (the autocast regions), after which statement `scaler.update()` runs exactly once per
-iteration, and before which clipping calls `scaler.unscale_(optimizer)` goes. Shared by the
-PyTorch backends; it plans, it never edits.
+For every backward() of a `TrainingUnit`: the forward pass through the statement that computes
+its loss, as runs of statements in their block; and the index assignments of model outputs into
+float32 tensors that must be cast back. Raises `Unconvertible` with the reason shown to the user.
+Shared by the PyTorch backends; it plans, it never edits.
 """
 
 from __future__ import annotations
@@ -13,24 +12,21 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
+from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
-from ampify.transforms.kit.imports import ImportMap
-from ampify.transforms.torch.training_loop import Block, BackwardCall, TrainingStructure, TrainingUnit, Unconvertible
+from ampify.transforms.torch.training_loop import BackwardCall, Block, TrainingStructure, TrainingUnit, Unconvertible
 
 #: reductions allowed on the loss inside `<loss>.backward()` (`loss.mean().backward()`)
 _LOSS_REDUCTIONS = {"mean", "sum", "float", "squeeze", "view", "reshape", "double"}
 
 
-class StepPlanner:
-    """Placement decisions for the training units of one analysed module."""
+class AutocastPlanner:
+    """Autocast regions for the training units of one analysed module."""
 
     def __init__(self, structure: TrainingStructure, imports: ImportMap) -> None:
         self.structure = structure
         self.imports = imports
-        #: per unit (by id): (statement, "after"/"before") in early-exit branches where
-        #: scaler.update() also goes
-        self.early_exit_updates: Dict[int, List[Tuple[cst.CSTNode, str]]] = {}
 
     def autocast_regions(self, unit: TrainingUnit) -> List[Tuple[Block, int, int]]:
         """(block, first index, last index) runs of statements to put under autocast: for every
@@ -295,226 +291,6 @@ class StepPlanner:
                         )
 
     # scaler.update() -------------------------------------------------------------------
-
-    def update_anchor(self, unit: TrainingUnit) -> cst.CSTNode:
-        """The statement after which `scaler.update()` runs exactly once per iteration that stepped:
-        after the last step, in the deepest block holding every step, with no jump in between."""
-        s = self.structure
-        steps = sorted(unit.steps, key=lambda st: (s.line(st.call), s.position(st.call).column))
-        paths = [list(reversed(s.block_path(st.call, stop=unit.body))) for st in steps]  # outermost first
-        common_depth = 0
-        while all(len(p) > common_depth for p in paths) and len({id(p[common_depth][0]) for p in paths}) == 1:
-            common_depth += 1
-        if common_depth == 0:
-            raise Unconvertible("the optimizer steps are not in one loop body", steps[0].call)
-        common_block = paths[0][common_depth - 1][0]
-        anchors = [p[common_depth - 1][1] for p in paths]
-        body = list(common_block.body)
-        if not any(len(p) == common_depth and isinstance(p[-1][1], cst.SimpleStatementLine) for p in paths):
-            raise Unconvertible(
-                "every optimizer step is conditional, in different branches: place scaler.update() by hand "
-                "so that it runs exactly once after the steps",
-                steps[-1].call,
-            )
-        # a loop between the unit body and the steps would run update() several times
-        for block, statement in paths[0][: common_depth]:
-            if statement is not anchors[0] and isinstance(statement, (cst.For, cst.While)):
-                raise Unconvertible("the optimizer steps run in an inner loop", steps[0].call)
-        for depth in range(common_depth - 1):
-            if isinstance(paths[0][depth][1], (cst.For, cst.While)):
-                raise Unconvertible("the optimizer steps run in an inner loop", steps[0].call)
-        first = min(index_of(body, a) for a in anchors)
-        last = max(index_of(body, a) for a in anchors)
-        self.early_exit_updates[id(unit)] = []
-        for index in range(first, last + 1):
-            jump = statements.find_jump(body[index])
-            if jump is None:
-                continue
-            exit_anchor = self._early_exit_anchor(body[index], unit, body[:index], anchors)
-            if exit_anchor is None:
-                raise Unconvertible(
-                    "a continue/break/return between the optimizer steps could skip scaler.update(); "
-                    "convert this step by hand",
-                    jump,
-                )
-            self.early_exit_updates[id(unit)].append(exit_anchor)
-        return body[last]
-
-    def _early_exit_anchor(
-        self, statement: cst.CSTNode, unit: TrainingUnit, earlier: Sequence[cst.CSTNode], anchors: Sequence[cst.CSTNode]
-    ) -> Optional[Tuple[cst.CSTNode, str]]:
-        """An `if` whose branch leaves the iteration (`continue`/`break`/`return` as its last
-        statement) after the iteration has stepped: where that path gets its own
-        `scaler.update()`. Two shapes are followed:
-        - the branch steps itself, then leaves (a warm-up phase:
-          `if warmup: loss.backward(); opt.step(); continue`): update after its last step;
-        - the branch only leaves, after unconditional steps earlier in the iteration (a critic
-          stepping every iteration, `if i % n_critic: continue`, then the generator): update
-          right before the jump.
-        None (refuse) for any other jump."""
-        s = self.structure
-        if not isinstance(statement, cst.If) or statement.orelse is not None:
-            return None
-        branch = statement.body
-        if not isinstance(branch, cst.IndentedBlock) or not branch.body:
-            return None
-        inner = list(branch.body)
-        last = inner[-1]
-        if not (
-            isinstance(last, cst.SimpleStatementLine)
-            and len(last.body) == 1
-            and isinstance(last.body[0], (cst.Continue, cst.Break, cst.Return))
-        ):
-            return None
-        if any(statements.find_jump(other) is not None for other in inner[:-1]):
-            return None
-        steps_inside = [st for st in unit.steps if s.contains(statement, st.call)]
-        if not steps_inside:
-            # every step before this `if` must have run exactly once on this path
-            stepped_before = [a for a in anchors if any(a is e for e in earlier)]
-            if not stepped_before or any(not isinstance(a, cst.SimpleStatementLine) for a in stepped_before):
-                return None
-            return last, "before"
-        holders = [s.statement_of(st.call) for st in steps_inside]
-        if any(holder is None or s.block_of(holder) is not branch for holder in holders):
-            return None  # a step nested deeper in the branch: its count per pass is unclear
-        if any(not isinstance(holder, cst.SimpleStatementLine) for holder in holders):
-            return None
-        return max(holders, key=lambda holder: index_of(inner, holder)), "after"
-
-    # scaler.unscale_ before clipping ---------------------------------------------------
-
-    def unscale_points(self, unit: TrainingUnit) -> List[Tuple[cst.CSTNode, str]]:
-        """(statement, optimizer) pairs: `scaler.unscale_(optimizer)` goes right before each
-        statement that needs true gradients (gradient clipping, the script's own reads of
-        `p.grad` between backward() and step()), once per optimizer step."""
-        s = self.structure
-        planned: List[Tuple[cst.CSTNode, str]] = []
-        unscaled: Dict[str, cst.CSTNode] = {}
-        steps = sorted(unit.steps, key=lambda st: self._where(st.call))
-        needs: List[Tuple[Tuple[int, int], str, cst.CSTNode]] = [
-            (self._where(clip.call), "clip", clip.call) for clip in unit.clips
-        ]
-        needs += [(self._where(read.node), "grad", read.node) for read in self._grad_reads_before_step(unit)]
-        needs += [(self._where(call), "clip", call) for call in self._gradient_helper_calls(unit)]
-        for where, kind, node in sorted(needs, key=lambda item: item[0]):
-            following = [st for st in steps if self._where(st.call) > where]
-            if not following:
-                if kind == "grad":
-                    continue
-                raise Unconvertible("gradient clipping after the last optimizer step", node)
-            step = following[0]
-            step_block = s.block_of(s.statement_of(step.call))
-            if kind == "clip":
-                statement = s.statement_of(node)
-                if not isinstance(statement, cst.SimpleStatementLine):
-                    raise Unconvertible("gradient clipping inside a one-line compound statement", node)
-                if not any(block is step_block for block, _ in s.block_path(node, stop=unit.body)):
-                    raise Unconvertible(
-                        "gradient clipping runs more often than the optimizer step it precedes "
-                        "(scaler.unscale_ may be called only once per step)",
-                        node,
-                    )
-            else:
-                statement = self._grad_read_statement(unit, node, step_block, step)
-            if step.receiver in unscaled:
-                earlier = unscaled[step.receiver]
-                if s.block_of(earlier) is not s.block_of(statement):
-                    # e.g. `if clip: clip_gradients(...)` then `log_grad_norm(...)`: one unscale_
-                    # before the step-level statement that holds the first of them
-                    hoisted = self._grad_read_statement(unit, earlier, step_block, step)
-                    planned = [(hoisted if st is earlier else st, r) for st, r in planned]
-                    unscaled[step.receiver] = hoisted
-                continue
-            unscaled[step.receiver] = statement
-            planned.append((statement, step.receiver))
-        return planned
-
-    def _where(self, node: cst.CSTNode) -> Tuple[int, int]:
-        position = self.structure.position(node)
-        return position.line, position.column
-
-    def _gradient_helper_calls(self, unit: TrainingUnit) -> List[cst.Call]:
-        """Calls of the script's own helpers that look at gradients (`clip_gradients(model, c)`,
-        `utils.get_grad_norm(...)`, `average_gradients(model)`) after the iteration's first
-        backward() and before its last step(): they get `scaler.unscale_` before them like
-        clipping (unscaling early is harmless; reading scaled gradients is not)."""
-        if not unit.backwards or not unit.steps:
-            return []
-        first_backward = min(self._where(b.call) for b in unit.backwards)
-        last_step = max(self._where(st.call) for st in unit.steps)
-        known = {id(site.call) for site in unit.clips}
-        found: List[cst.Call] = []
-        for call in statements.calls_within(unit.body):
-            if id(call) in known or not first_backward < self._where(call) < last_step:
-                continue
-            if (self.imports.resolve(call.func) or "").startswith("torch."):
-                continue
-            if isinstance(call.func, cst.Attribute):
-                called = call.func.attr.value
-            elif isinstance(call.func, cst.Name):
-                called = call.func.value
-            else:
-                continue
-            lowered = called.lower()
-            if lowered in names.NOT_GRADIENT_HELPERS or not ("clip" in lowered or "grad" in lowered):
-                continue
-            where = self._where(call)
-            next_step = min((self._where(st.call) for st in unit.steps if self._where(st.call) > where), default=None)
-            if next_step is None or any(where < self._where(b.call) < next_step for b in unit.backwards):
-                continue  # a backward() follows before the step (a gradient penalty, say): not a gradient reader
-            found.append(call)
-        return found
-
-    def _grad_reads_before_step(self, unit: TrainingUnit):
-        """`.grad` accesses after the iteration's first backward() and before its last step():
-        with float16 loss scaling they would see scaled gradients."""
-        if not unit.backwards or not unit.steps:
-            return []
-        first_backward = min(self._where(b.call) for b in unit.backwards)
-        last_step = max(self._where(st.call) for st in unit.steps)
-        return [r for r in unit.grad_reads if first_backward < self._where(r.node) < last_step]
-
-    def _grad_read_statement(self, unit: TrainingUnit, node: cst.CSTNode, step_block, step) -> cst.CSTNode:
-        """The statement of the step's block that holds a `.grad` read: `scaler.unscale_` goes
-        before it. Refuse when the gradients' owner is ambiguous or unscaling there is unsafe."""
-        s = self.structure
-        line = s.line(node)
-        if len(unit.optimizers) > 1:
-            raise Unconvertible(
-                f"line {line} reads .grad between backward() and step() in an iteration with several "
-                "optimizers; ampify cannot tell whose gradients they are: call scaler.unscale_(<optimizer>) "
-                "before it by hand (scaled gradients would be read otherwise)",
-                node,
-            )
-        statement = None
-        for block, holder in s.block_path(node, stop=unit.body):
-            if block is step_block:
-                statement = holder
-                break
-        if statement is None:
-            raise Unconvertible(
-                f"line {line} reads .grad (scaled by the GradScaler) in a block that runs more or less often "
-                "than the optimizer step: call scaler.unscale_(optimizer) before it by hand",
-                node,
-            )
-        holder_start, step_at = self._where(statement), self._where(step.call)
-        for backward in unit.backwards:
-            if s.contains(statement, backward.call) or holder_start < self._where(backward.call) < step_at:
-                raise Unconvertible(
-                    f"line {line} reads .grad between backward() calls of one step: scaler.unscale_ cannot go "
-                    "before it; unscale by hand after the last backward()",
-                    node,
-                )
-        if s.contains(statement, step.call):
-            raise Unconvertible(
-                f"line {line} reads .grad in the statement that steps the optimizer: call "
-                "scaler.unscale_(optimizer) before the read by hand",
-                node,
-            )
-        return statement
-
-    # where the scaler lives ------------------------------------------------------------
 
 
 def index_of(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> int:

@@ -1,0 +1,254 @@
+"""What the TF1 rewrite reports about the optimizers it wraps and the Sessions around them.
+
+Wrapped optimizers (AMP101), optimizers built in a loop, and every Session that exists before an
+optimizer is wrapped, is handed out by a helper, or is passed in from elsewhere: such a Session
+never gets the graph rewrite, so nothing would run in float16 while the file says "changed".
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import libcst as cst
+
+from ampify.findings import Finding, Severity
+from ampify.transforms.kit.positions import Positions
+from ampify.transforms.tf1.optimizer_classes import KERAS, MIXED
+from ampify.transforms.tf1.survey import ModuleSurvey, OptimizerSite, SessionSite
+
+
+class SiteReports:
+    """Appends the findings on optimizer sites and Sessions of one module to `findings`."""
+
+    def __init__(self, module: cst.Module, positions: Positions, survey: ModuleSurvey, findings: List[Finding]) -> None:
+        self.module = module
+        self.positions = positions
+        self.survey = survey
+        self.findings = findings
+
+    def optimizer_sites(self, to_wrap: List[OptimizerSite]) -> None:
+        for site in to_wrap:
+            self.findings.append(
+                Finding(
+                    "AMP101",
+                    f"wrapped {site.display} with the mixed precision graph rewrite "
+                    "(float16 graph rewrite and dynamic loss scaling)",
+                    site.line,
+                    site.column,
+                    Severity.INFO,
+                )
+            )
+            if site.in_loop:
+                self.findings.append(
+                    _warning(
+                        "AMP111",
+                        f"{site.display} is built inside a loop: each instance gets its own loss "
+                        "scale; build one optimizer outside the loop and share it (e.g. across "
+                        "GPU towers)",
+                        site.line,
+                        site.column,
+                    )
+                )
+        for site in self.survey.optimizers:
+            if site.kind in (KERAS, MIXED):
+                what = (
+                    "some of the optimizers it chooses are Keras optimizers"
+                    if site.kind == MIXED
+                    else "it is a Keras optimizer"
+                )
+                self.findings.append(
+                    _warning(
+                        "AMP112",
+                        f"{site.display} not wrapped: {what}, which "
+                        "enable_mixed_precision_graph_rewrite refuses in current TensorFlow; use "
+                        "a tf.compat.v1.train optimizer, or Keras mixed precision "
+                        "(tf.keras.mixed_precision) with a LossScaleOptimizer",
+                        site.line,
+                        site.column,
+                    )
+                )
+        for call in self.survey.foreign_optimizer_calls:
+            if call.wraps is not None:
+                self.findings.append(
+                    _warning(
+                        "AMP116",
+                        f"{call.display} (from another module, which ampify cannot see) wraps "
+                        f"{call.wraps}, which is wrapped with the mixed precision graph rewrite "
+                        f"here: the loss is scaled only if {call.display} computes its gradients "
+                        f"with the inner optimizer's compute_gradients or minimize; if it calls "
+                        "tf.gradients itself, make it call compute_gradients",
+                        call.line,
+                        call.column,
+                    )
+                )
+                continue
+            self.findings.append(
+                _warning(
+                    "AMP116",
+                    f"{call.display} looks like an optimizer class from another module, which "
+                    "ampify cannot see: not wrapped; if it is a tf.train.Optimizer, convert the "
+                    "module that builds it or wrap it with "
+                    "tf.compat.v1.train.experimental.enable_mixed_precision_graph_rewrite",
+                    call.line,
+                    call.column,
+                )
+            )
+        for display, line, column in self.survey.built_inside_tf:
+            self.findings.append(
+                _warning(
+                    "AMP117",
+                    f"{display} builds its optimizer inside TensorFlow, so it cannot be wrapped "
+                    "here: pass an optimizer instance (optimizer=tf.compat.v1.train.AdamOptimizer"
+                    "(...)) and run ampify again",
+                    line,
+                    column,
+                )
+            )
+
+        for value, line, column in self.survey.optimizer_class_strings:
+            self.findings.append(
+                _warning(
+                    "AMP118",
+                    f"the string {value!r} names an optimizer class that is looked up and built "
+                    "at run time, where ampify cannot see it: that optimizer is not wrapped; "
+                    "wrap the instance with tf.compat.v1.train.experimental."
+                    "enable_mixed_precision_graph_rewrite where it is built",
+                    line,
+                    column,
+                )
+            )
+        for shown, callee, line, column in self.survey.classes_handed_off:
+            self.findings.append(
+                _warning(
+                    "AMP118",
+                    f"optimizer class {shown} is passed to {callee}, which builds the optimizer "
+                    "where ampify cannot see: it is not wrapped; build the optimizer here and pass "
+                    "the instance, or wrap it where it is built",
+                    line,
+                    column,
+                )
+            )
+
+    def sessions_before(self, to_wrap: List[OptimizerSite]) -> None:
+        warned_scopes = set()
+        for session in self.survey.sessions:
+            for site in to_wrap:
+                if session.encloses is not None:
+                    before = session.scope == site.scope and (
+                        session.encloses[0] <= site.line <= session.encloses[1]
+                    )
+                else:
+                    before = session.line < site.line and session.scope in (0, site.scope)
+                if before:
+                    warned_scopes.add(site.scope)
+                    self.findings.append(
+                        _warning("AMP113", _session_before_message(session, site), session.line, session.column)
+                    )
+                    break
+        self._report_sessions_from_elsewhere(to_wrap, warned_scopes)
+        self._report_sessions_before_builders(to_wrap, warned_scopes)
+
+    def _report_sessions_before_builders(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
+        """`with tf.Session() as sess: train_op = build_model()`: the optimizer is built (and
+        wrapped) by a function or class of this file called after the Session exists."""
+        scopes_with_sessions = {session.scope for session in self.survey.sessions}
+        classes_with_sessions = {
+            self.survey.function_names.get(scope, ("", ""))[1] for scope in scopes_with_sessions
+        } - {""}
+        builders: Dict[str, OptimizerSite] = {}
+        for site in to_wrap:
+            if site.scope in warned_scopes or site.scope in scopes_with_sessions:
+                continue  # warned already, or it builds its own Session (after, presumably)
+            function, owner = self.survey.function_names.get(site.scope, ("", ""))
+            if owner and owner not in classes_with_sessions:
+                builders.setdefault(owner, site)
+            elif function and not owner:
+                builders.setdefault(function, site)
+        if not builders:
+            return
+        for session in self.survey.sessions:
+            for call in self.survey.name_calls:
+                site = builders.get(call.name)
+                if site is None or call.scope != session.scope:
+                    continue
+                name, line = call.name, call.line
+                if session.encloses is not None:
+                    after = session.encloses[0] <= line <= session.encloses[1]
+                else:
+                    after = line > session.line
+                if not after:
+                    continue
+                what = f"{session.display}()" if session.obtained else session.display
+                self.findings.append(
+                    _warning(
+                        "AMP113",
+                        f"{what} (line {session.line}) exists before {name}(...) at line {line} "
+                        f"builds the optimizer at line {site.line}: that Session does not get "
+                        "the mixed precision graph rewrite (nothing runs in float16); build the "
+                        "model and optimizer first, then create the Session",
+                        session.line,
+                        session.column,
+                    )
+                )
+                break
+
+    def _report_sessions_from_elsewhere(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
+        """A function that builds an optimizer and runs a Session it did not create (DCGAN's
+        `self.sess`): if that Session was created first, it never gets the rewrite."""
+        scopes_with_sessions = {session.scope for session in self.survey.sessions}
+        for site in to_wrap:
+            run = self.survey.session_runs.get(site.scope)
+            param = self.survey.session_params.get(site.scope) or self.survey.session_params.get(
+                site.enclosing_class
+            )
+            if site.scope == 0 or (run is None and param is None):
+                continue
+            if site.scope in scopes_with_sessions or site.scope in warned_scopes:
+                continue
+            warned_scopes.add(site.scope)
+            if run is None:
+                self.findings.append(
+                    _warning(
+                        "AMP113",
+                        f"{site.display} is built in a function that is handed a Session "
+                        f"(parameter {param.name}, line {param.line}): the caller created that "
+                        "Session before this optimizer is wrapped, so it does not get the mixed "
+                        "precision graph rewrite (nothing runs in float16); build the model and "
+                        "optimizer first, then create the Session",
+                        site.line,
+                        site.column,
+                    )
+                )
+                continue
+            shown, receiver = run
+            line = self.positions[receiver].start.line
+            self.findings.append(
+                _warning(
+                    "AMP113",
+                    f"{site.display} is built in a function that runs a Session created elsewhere "
+                    f"({shown}, line {line}): if that Session was created before this line, it "
+                    "does not get the mixed precision graph rewrite (nothing runs in float16); "
+                    "create the Session after building the optimizer",
+                    site.line,
+                    site.column,
+                )
+            )
+
+
+def _session_before_message(session: SessionSite, site: OptimizerSite) -> str:
+    if session.obtained:
+        return (
+            f"{session.display}() hands out a Session before the optimizer at line {site.line} "
+            "is wrapped: if it creates that Session there (or returns one created earlier), the "
+            "Session does not get the mixed precision graph rewrite (nothing runs in float16); "
+            "obtain the Session after building the optimizer"
+        )
+    return (
+        f"{session.display} is created before the optimizer at line {site.line} is wrapped: "
+        "that Session does not get the mixed precision graph rewrite (nothing runs in "
+        "float16); create the Session after building the optimizer"
+    )
+
+
+def _warning(code: str, message: str, line: int, column: int) -> Finding:
+    return Finding(code, message, line, column, Severity.WARNING)

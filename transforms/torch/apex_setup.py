@@ -1,0 +1,231 @@
+"""Where apex's `amp.initialize` goes: the scope that creates a training unit's optimizers, the
+models they train (`<model>.parameters()` in their arguments), and the statement after the last
+construction and the last device move of those models in that block.
+
+Optimizers passed in as parameters are followed to their in-file call sites (a few levels deep).
+Anything that cannot be followed raises Unconvertible with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
+
+import libcst as cst
+
+from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.torch.statements import calls_within
+from ampify.transforms.torch.training_loop import Binding, Scope, TrainingStructure, TrainingUnit, Unconvertible
+
+
+def refuse(node: cst.CSTNode, message: str) -> NoReturn:
+    """This training unit cannot be converted safely: say why, and where."""
+    raise Unconvertible(message, node)
+
+
+@dataclass
+class ApexSetup:
+    """Where the models and optimizers of one training unit are created."""
+
+    scope: Scope
+    optimizers: List[str]  # names as seen in the setup scope
+    models: List[str]
+    construction_statements: List[cst.CSTNode]
+    #: unit optimizer name -> setup-scope name
+    renames: Dict[str, str] = field(default_factory=dict)
+
+
+class ApexSetupFinder:
+    """Finds the setup of a training unit in one module; `amp` is how the module spells apex amp."""
+
+    def __init__(self, structure: TrainingStructure, amp: str) -> None:
+        self.s = structure
+        self.amp = amp
+
+    def find(self, unit: TrainingUnit) -> ApexSetup:
+        """Where the unit's optimizers and the models they train are created (one scope)."""
+        scopes: List[Scope] = []
+        optimizers: List[str] = []
+        models: List[str] = []
+        statements: List[cst.CSTNode] = []
+        renames: Dict[str, str] = {}
+        for optimizer in unit.optimizers:
+            step = next(st for st in unit.steps if st.receiver == optimizer)
+            binding, setup_name = self._construction(optimizer, step.scope, step.call, depth=0)
+            scopes.append(binding.scope)
+            optimizers.append(setup_name)
+            renames[optimizer] = setup_name
+            statements.append(binding.statement)
+            model_names = self._models_of(binding)
+            if not model_names:
+                refuse(
+                    binding.statement,
+                    f"cannot tell which model {setup_name} trains (no `<model>.parameters()` in its arguments); "
+                    f"call {self.amp}.initialize(model, {setup_name}) by hand",
+                )
+            for model in model_names:
+                if model not in models:
+                    models.append(model)
+        if any(scope is not scopes[0] for scope in scopes):
+            refuse(unit.steps[0].call, "the optimizers of this loop are created in different functions")
+        return ApexSetup(scopes[0], optimizers, models, statements, renames)
+
+    def check_models_reach_the_gpu(self, setup: ApexSetup) -> None:
+        """amp.initialize raises on models whose parameters are not on a CUDA device. Refuse when
+        the models are built in this file and nothing in it moves anything to a device (a CPU
+        script, e.g. a small RL example): the converted script would crash at amp.initialize."""
+        s = self.s
+        if s.uses_cuda_method or s.to_device_arguments or s.device_bindings or s.parallel_wraps:
+            return
+        for model in setup.models:
+            built = [
+                b for b in s.bindings_visible(model, setup.scope)
+                if b.kind in ("assign", "attribute") and isinstance(b.value, cst.Call)
+            ]
+            if not built:
+                return  # the model comes from elsewhere (a parameter): it may be on the GPU already
+        refuse(
+            setup.construction_statements[0],
+            f"{self.amp}.initialize needs the models on a CUDA device, and nothing in this file moves "
+            f"{', '.join(setup.models)} there (no .cuda() / .to(device) here; a helper of another module that "
+            "moves it is not followed yet: ampify reads one file at a time); move the model to the GPU in this file, "
+            "then rerun ampify",
+        )
+
+    def _construction(self, name: str, scope: Scope, use: cst.CSTNode, depth: int) -> Tuple[Binding, str]:
+        """The binding that creates optimizer `name` as seen from `scope`, following function
+        parameters to the in-file call sites (a few levels deep)."""
+        bindings = self.s.bindings_visible(name, scope)
+        constructions = [b for b in bindings if b.kind in ("assign", "attribute") and isinstance(b.value, cst.Call)]
+        if constructions:
+            if len({id(b.scope) for b in constructions}) > 1:
+                refuse(use, f"{name} is created in several functions")
+            return constructions[-1], name
+        parameters = [b for b in bindings if b.kind == "parameter"]
+        if not parameters or depth >= 3 or not isinstance(parameters[0].scope, cst.FunctionDef):
+            refuse(use, self.s.not_found_reason(name, scope))
+        function = parameters[0].scope
+        callers = self._call_sites_of(function)
+        if not callers:
+            refuse(function, f"{name} is a parameter of {function.name.value}(), which is not called in this file")
+        found: List[Tuple[Binding, str]] = []
+        for call, caller_scope in callers:
+            argument = _argument_for(function, name, call)
+            argument_name = dotted_name(argument) if argument is not None else None
+            if argument_name is None:
+                refuse(call, f"{function.name.value}() is called without a plain name for {name}")
+            found.append(self._construction(argument_name, caller_scope, call, depth + 1))
+        if any(f[0] is not found[0][0] for f in found):
+            refuse(function, f"{function.name.value}() is called with different optimizers")
+        return found[0]
+
+    def _call_sites_of(self, function: cst.FunctionDef) -> List[Tuple[cst.Call, Scope]]:
+        name = function.name.value
+        sites = []
+        for node in calls_within(self.s.module):
+            callee = dotted_name(node.func)
+            if callee == name or (callee and callee.startswith("self.") and callee[5:] == name):
+                statement = self.s.statement_of(node)
+                sites.append((node, self.s.scope_of(statement or node)))
+        return sites
+
+    def _models_of(self, binding: Binding) -> List[str]:
+        """The models an optimizer trains: receivers of `.parameters()` / `.named_parameters()` in
+        its arguments, following one assignment (`params = model.parameters()`). A submodule
+        (`model.classifier.parameters()`) stands for its model (`model`)."""
+        found: List[str] = []
+        sources = [binding.value]
+        for argument in binding.value.args:
+            argument_name = dotted_name(argument.value)
+            if argument_name is not None:
+                sources += [b.value for b in self.s.bindings_visible(argument_name, binding.scope) if b.value is not None]
+        for source in sources:
+            for call in calls_within(source):
+                if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("parameters", "named_parameters"):
+                    receiver = _model_root(dotted_name(call.func.value))
+                    if receiver and receiver not in found:
+                        found.append(receiver)
+        return found
+
+    def initialize_anchor(self, unit: TrainingUnit, setup: ApexSetup) -> cst.CSTNode:
+        """The statement after which amp.initialize goes: the last construction, moved past any
+        later `.cuda()` / `.to(...)` of a model in the same block."""
+        paths = [self.s.block_path(statement) for statement in setup.construction_statements]
+        common = _deepest_common_block(paths)
+        if common is None:
+            refuse(setup.construction_statements[0], "the optimizers are created in unrelated blocks")
+        block, holders = common
+        body = list(block.body)
+        index = max(index_of(body, holder) for holder in holders)
+        for later in body[index + 1:]:
+            if self.s.contains(later, unit.owner) or any(self.s.contains(later, b.call) for b in unit.backwards):
+                break
+            if _moves_a_model(later, setup.models):
+                index = index_of(body, later)
+        anchor = body[index]
+        if any(self.s.contains(anchor, b.call) for b in unit.backwards):
+            refuse(anchor, "the optimizer is created in the same statement that trains")
+        return anchor
+
+
+# ---- small CST helpers ---------------------------------------------------------------------
+
+
+def index_of(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> int:
+    for index, item in enumerate(body):
+        if item is statement:
+            return index
+    raise ValueError("statement not in block")
+
+
+def _deepest_common_block(paths):
+    """The innermost block that holds every path, with the statement of each path in it."""
+    if not paths or any(not path for path in paths):
+        return None
+    for block, _ in paths[0]:
+        holders = []
+        for path in paths:
+            holder = next((statement for b, statement in path if b is block), None)
+            if holder is None:
+                break
+            holders.append(holder)
+        else:
+            return block, holders
+    return None
+
+
+def _model_root(receiver: Optional[str]) -> Optional[str]:
+    """`model.encoder` -> `model`, `self.model.head` -> `self.model`: amp.initialize takes models."""
+    if receiver is None:
+        return None
+    parts = receiver.split(".")
+    keep = 2 if parts[0] == "self" and len(parts) > 1 else 1
+    return ".".join(parts[:keep])
+
+
+def _argument_for(function: cst.FunctionDef, parameter: str, call: cst.Call) -> Optional[cst.BaseExpression]:
+    """The expression a call passes for `parameter` of `function` (positional or keyword)."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == parameter:
+            return arg.value
+    positional = [p.name.value for p in list(function.params.posonly_params) + list(function.params.params)]
+    if isinstance(call.func, cst.Attribute) and positional and positional[0] == "self":
+        positional = positional[1:]
+    if parameter not in positional:
+        return None
+    index = positional.index(parameter)
+    plain = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    return plain[index].value if index < len(plain) else None
+
+
+def _moves_a_model(statement: cst.CSTNode, models: Sequence[str]) -> bool:
+    """`model.cuda()`, `model.to(device)`, `model = model.cuda()` and the like, also inside a
+    compound statement (`if args.cuda: model.cuda()`): amp.initialize must come after every
+    move that may run. A function or class defined here moves nothing yet."""
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        return False
+    for call in calls_within(statement):
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("cuda", "to", "half"):
+            if dotted_name(call.func.value) in models:
+                return True
+    return False

@@ -1,0 +1,112 @@
+"""The device a training step runs on, spelled as an expression valid where autocast and the
+GradScaler need it: the script's own device (`device.type`, `self.device.type`,
+`torch.device(device).type`, a `.to(...)` argument) when one is visible there, else "cuda"."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.torch import names as names
+from ampify.transforms.torch import statements as statements
+from ampify.transforms.torch.training_loop import Scope, TrainingStructure
+
+
+class DeviceChoice:
+    """Finds the script's device expression; says once per file when it had to assume "cuda"."""
+
+    def __init__(self, structure: TrainingStructure, torch: str, report) -> None:
+        self.structure = structure
+        self.torch = torch
+        #: where findings go (the conversion: `info`, `warn`, `findings`)
+        self.report = report
+
+    def device_for(self, scope: Scope, before_line: int, node: cst.CSTNode) -> str:
+        """The script's own device, as a string expression valid in `scope` at `before_line`;
+        "cuda" (said once per file) when the script names none."""
+        device = self.expression(scope, before_line)
+        if device is not None:
+            return device
+        if self.structure.uses_cuda_method:
+            if not any(f.code in ("AMP207", "AMP216") for f in self.report.findings):
+                self.report.info(
+                    "AMP207",
+                    'device "cuda" taken from the script\'s .cuda() calls (no device variable found)',
+                    node,
+                )
+            return '"cuda"'
+        if any(f.code in ("AMP207", "AMP216") for f in self.report.findings):
+            return '"cuda"'  # said once per file is enough
+        self.report.warn(
+            "AMP216",
+            'no device expression found in the script (torch.device(...), args.device, .to(device)): '
+            '"cuda" assumed; change device_type/GradScaler("cuda") if this script trains elsewhere',
+            node,
+        )
+        return '"cuda"'
+
+    def expression(self, scope: Scope, before_line: int) -> Optional[str]:
+        """The device expression the script itself makes visible in `scope` at `before_line`, or None."""
+        s = self.structure
+        torch = self.torch
+        chain = s.enclosing_scopes(scope)
+        for candidate_scope in chain:
+            for binding in s.device_bindings:
+                if binding.scope is not candidate_scope or "." in binding.name:
+                    continue
+                if candidate_scope is scope and s.line(binding.statement) >= before_line:
+                    continue
+                if s.bindings_visible(binding.name, scope) and s.bindings_visible(binding.name, scope)[0].scope is candidate_scope:
+                    return f"{binding.name}.type"
+        klass = s.class_of(scope)
+        if klass is not None:
+            for binding in s.device_bindings:
+                if binding.name.startswith("self.") and binding.klass is klass and self._set_before(binding, scope, before_line):
+                    return f"{binding.name}.type"
+        for candidate_scope in chain:
+            if isinstance(candidate_scope, cst.FunctionDef):
+                for param in statements.all_params(candidate_scope):
+                    if param.name.value == "device":
+                        return f"{torch}.device(device).type"
+        for argument, arg_scope in s.to_device_arguments:
+            text = self._visible_device_argument(argument, scope, before_line)
+            if text is not None:
+                return text
+        return None
+
+    def _set_before(self, binding, scope: Scope, before_line: int) -> bool:
+        """Is the attribute `binding` sets (`self.device = ...`) already set when code at
+        `before_line` in `scope` runs? In the same method: only if bound above that line. From
+        another method: yes, except in __init__, which runs before any other method."""
+        if binding.scope is scope:
+            return binding.statement is not None and self.structure.line(binding.statement) < before_line
+        return not (isinstance(scope, cst.FunctionDef) and scope.name.value == "__init__")
+
+    def _visible_device_argument(self, argument: cst.BaseExpression, scope: Scope, before_line: int) -> Optional[str]:
+        s = self.structure
+        if isinstance(argument, cst.SimpleString):
+            value = argument.evaluated_value
+            if isinstance(value, str) and value.split(":")[0] in ("cuda", "cpu", "mps", "xpu", "hpu", "npu", "xla"):
+                return f'"{value.split(":")[0]}"'
+            return None
+        name = dotted_name(argument)
+        if name is None or not names.looks_like_device_name(name):
+            return None  # `.to(dtype)`, `.to(other_tensor)`: not a device
+        base = name.split(".")[0]
+        if base == "self":
+            if not any(self._set_before(b, scope, before_line) for b in s.bindings_visible(name, scope)):
+                return None
+        else:
+            bindings = s.bindings_visible(base, scope)
+            if not bindings:
+                return None
+            if bindings[0].scope is scope and all(
+                b.statement is not None and s.line(b.statement) >= before_line for b in bindings
+            ):
+                return None
+        device_names = {b.name for b in s.device_bindings}
+        if name in device_names:
+            return f"{name}.type"
+        return f"{self.torch}.device({name}).type"

@@ -1,0 +1,240 @@
+"""The check sequence both PyTorch backends (native torch.amp and NVIDIA apex) run on a module.
+
+The order of the checks is the same for both, and is decided here once:
+
+1. the file never imports torch (or apex): report training code, never rewrite it;
+2. already in mixed precision (by hand, or through torch.amp / apex amp), or mixed precision
+   used somewhere that is not the training step;
+3. a framework owns the loop (Lightning, Accelerate, the Hugging Face Trainer);
+4. hazards (HazardKind), each mapped to a backend's rule code by its `BackendRules`;
+5. optimizer steps without a backward, or no training at all;
+6. every training unit planned on its own: a unit that cannot be converted is rolled back and
+   refused with its reason, the others are converted.
+
+A backend supplies its rule codes and messages (`BackendRules`) and three steps: `plan_unit`,
+`snapshot`/`restore` of its planned edits, and `write`.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, List, Mapping, Optional, Tuple
+
+import libcst as cst
+
+from ampify.findings import Finding, Severity
+from ampify.options import Options
+from ampify.transforms.base import TransformResult, Verdict
+from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.torch import names as names
+from ampify.transforms.torch.helper_backwards import helper_refusal_note
+from ampify.transforms.torch.training_loop import (
+    Hazard,
+    HazardKind,
+    TrainingStructure,
+    TrainingUnit,
+    Unconvertible,
+    training_without_torch_import,
+    units_outside_mixed_precision,
+)
+
+
+@dataclass(frozen=True)
+class HazardRule:
+    """How one backend reports one hazard kind.
+
+    `message` may use {detail}, {short_detail} (at most 60 characters, "this call" when empty),
+    {last_name} (the detail's last dotted part), {sigmoid_hint} and {left_unconverted}.
+    """
+
+    code: str
+    message: str
+    #: the whole file is left unconverted when this hazard is present
+    blocks_file: bool = False
+    #: only a hazard with float16 loss scaling (bfloat16 needs none)
+    float16_only: bool = False
+    #: reported only in a file that trains (a model or library file is not warned)
+    in_training_only: bool = False
+
+
+@dataclass(frozen=True)
+class BackendRules:
+    """A backend's rule codes and messages for the shared checks."""
+
+    no_torch_import: str
+    mixed_precision_outside_step: Tuple[str, str]  # message uses {line}
+    steps_without_backward: Tuple[str, str]  # message uses {receiver}
+    unpaired_backward: Tuple[str, str]  # message uses {followed}
+    unit_refused: Tuple[str, str]  # "{problem}; <suffix>"
+    hazards: Mapping[HazardKind, HazardRule]
+    blocked_reason: str
+
+
+_NO_TORCH_IMPORT = (
+    "this file trains (backward() and an optimizer step) but never imports torch by name (the "
+    "model and optimizer come from elsewhere, or torch through `from ... import *`); nothing "
+    "converted: add `import torch` to this file and rerun ampify, or convert by hand"
+)
+
+
+class TorchConversion(abc.ABC):
+    """One module's conversion by one backend: the shared checks, then the backend's plan and edits."""
+
+    rules: BackendRules
+
+    def __init__(self, structure: TrainingStructure, options: Options) -> None:
+        self.structure = structure
+        self.options = options
+        self.scaling = options.dtype == "float16"
+        self.findings: List[Finding] = []
+
+    # ---- what a backend supplies ------------------------------------------------------------
+
+    def imports_torch(self) -> bool:
+        """Does the module name torch (so that new code can be spelled)?"""
+        return self.structure.imports.uses("torch")
+
+    def prepare(self) -> None:
+        """Called once before the first unit is planned (fresh names, say)."""
+
+    @abc.abstractmethod
+    def plan_unit(self, unit: TrainingUnit) -> Any:
+        """Plan the conversion of one unit, or raise Unconvertible; the plan goes to `write`."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> Any:
+        """The planned state, taken before a unit is planned."""
+
+    @abc.abstractmethod
+    def restore(self, state: Any) -> None:
+        """Forget what a refused unit planned."""
+
+    @abc.abstractmethod
+    def write(self, plans: List[Any]) -> cst.Module:
+        """The converted module."""
+
+    # ---- findings ---------------------------------------------------------------------------
+
+    def position(self, node: Optional[cst.CSTNode]) -> Tuple[int, int]:
+        if node is None:
+            return 0, 0
+        position = self.structure.position(node)
+        return position.line, position.column
+
+    def add_finding(self, code: str, message: str, node: Optional[cst.CSTNode], severity: Severity) -> None:
+        line, column = self.position(node)
+        finding = Finding(code, message, line, column, severity)
+        if finding not in self.findings:
+            self.findings.append(finding)
+
+    def warn(self, code: str, message: str, node: Optional[cst.CSTNode]) -> None:
+        self.add_finding(code, message, node, Severity.WARNING)
+
+    def info(self, code: str, message: str, node: Optional[cst.CSTNode]) -> None:
+        self.add_finding(code, message, node, Severity.INFO)
+
+    def result(self, verdict: Verdict, reason: str = "", module: Optional[cst.Module] = None) -> TransformResult:
+        findings = sorted(self.findings, key=lambda f: (f.line, f.column, f.code))
+        return TransformResult(module or self.structure.module, verdict, findings, reason)
+
+    # ---- the check sequence -----------------------------------------------------------------
+
+    def run(self) -> TransformResult:
+        s = self.structure
+        if not self.imports_torch():
+            return self._without_torch_import()
+        if s.hand_written_mixed_precision is not None and (s.backwards or s.steps):
+            what, node = s.hand_written_mixed_precision
+            return self.result(
+                Verdict.ALREADY_MIXED_PRECISION,
+                f"already in mixed precision by hand ({what}, line {s.line(node)}); adding AMP would stack a "
+                "second loss scale on it",
+            )
+        if s.mixed_precision_uses:
+            return self._already_mixed_precision()
+        if s.loop_owning_framework:
+            return self.result(Verdict.NOT_APPLICABLE, names.LOOP_OWNING_FRAMEWORKS[s.loop_owning_framework])
+        has_training = bool(s.backwards) or any(h.kind is HazardKind.AUTOGRAD_BACKWARD for h in s.hazards)
+        blocked = self._report_hazards(has_training)
+        if not has_training and s.steps:
+            code, message = self.rules.steps_without_backward
+            self.warn(code, message.format(receiver=s.steps[0].receiver), s.steps[0].call)
+            return self.result(Verdict.UNCONVERTED, "optimizer steps without a backward() call in this file")
+        if not has_training:
+            return self.result(Verdict.NOTHING_TO_DO, "no backward() call: no training step here (inference or model code)")
+        if blocked:
+            return self.result(Verdict.UNCONVERTED, self.rules.blocked_reason)
+        self.prepare()
+        code, message = self.rules.unpaired_backward
+        for backward in s.unpaired_backwards:
+            self.warn(code, message.format(followed=helper_refusal_note(s, backward)), backward.call)
+        plans = []
+        code, message = self.rules.unit_refused
+        for unit in s.units:
+            state = self.snapshot()
+            findings_before = len(self.findings)
+            try:
+                plans.append(self.plan_unit(unit))
+            except Unconvertible as problem:
+                self.restore(state)
+                del self.findings[findings_before:]
+                node = problem.node or (unit.backwards[0].call if unit.backwards else unit.owner)
+                self.warn(code, message.format(problem=problem), node)
+        if not plans:
+            return self.result(Verdict.UNCONVERTED, "training code found, but no training step could be converted safely")
+        return self.result(Verdict.CONVERTED, module=self.write(plans))
+
+    def _without_torch_import(self) -> TransformResult:
+        """The file does not import torch: report training code, never rewrite it (ampify cannot
+        tell which names are torch's)."""
+        backward = training_without_torch_import(self.structure)
+        if backward is None:
+            return self.result(Verdict.NOT_APPLICABLE, "does not import torch")
+        self.warn(self.rules.no_torch_import, _NO_TORCH_IMPORT, backward)
+        return self.result(Verdict.UNCONVERTED, "trains without importing torch; see the warning")
+
+    def _already_mixed_precision(self) -> TransformResult:
+        s = self.structure
+        outside = units_outside_mixed_precision(s)
+        code, message = self.rules.mixed_precision_outside_step
+        for unit, use in outside:
+            self.warn(code, message.format(line=s.line(use)), unit.backwards[0].call)
+        if outside:
+            return self.result(Verdict.UNCONVERTED, "mixed precision is used, but not around the training step")
+        used = dotted_name(s.mixed_precision_uses[0]) or "torch.amp / apex amp"
+        return self.result(Verdict.ALREADY_MIXED_PRECISION, f"already uses {used}")
+
+    def _report_hazards(self, has_training: bool) -> bool:
+        """Warn about every hazard this backend maps; True when one of them blocks the file."""
+        s = self.structure
+        sigmoids = [h for h in s.hazards if h.kind is HazardKind.SIGMOID]
+        blocked = False
+        for hazard in s.hazards:
+            rule = self.rules.hazards.get(hazard.kind)
+            if rule is None or (rule.float16_only and not self.scaling) or (rule.in_training_only and not has_training):
+                continue
+            self.warn(rule.code, rule.message.format(**_message_fields(s, hazard, sigmoids, has_training)), hazard.node)
+            blocked = blocked or rule.blocks_file
+        return blocked
+
+
+def _message_fields(s: TrainingStructure, hazard: Hazard, sigmoids: List[Hazard], has_training: bool) -> dict:
+    detail = hazard.detail
+    short = short_text(detail)
+    hint = ""
+    if sigmoids:
+        hint = f" (the model ends in nn.Sigmoid at line {s.line(sigmoids[0].node)}: drop it and feed logits)"
+    return {
+        "detail": detail,
+        "short_detail": short or "this call",
+        "last_name": detail.rsplit(".", 1)[-1],
+        "sigmoid_hint": hint,
+        "left_unconverted": "; the training steps of this file were left unconverted" if has_training else "",
+    }
+
+
+def short_text(text: str, limit: int = 60) -> str:
+    """`text` on one line, cut to `limit` characters with an ellipsis."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,292 @@
+"""Where a training unit's GradScaler is created, and how the unit's code reaches it.
+
+One scaler per training setup: after the latest binding of the optimizers in the scope that
+creates them (`scaler`), next to the class's `self.<optimizer>` assignment (`self.scaler`), or,
+when the step's function receives the optimizers as parameters, in every in-file caller, passed
+in as a new keyword argument. Anything else raises Unconvertible with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import libcst as cst
+
+from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.torch import statements as statements
+from ampify.transforms.torch.training_loop import (
+    Block,
+    Scope,
+    TrainingStructure,
+    TrainingUnit,
+    Unconvertible,
+    method_calls,
+)
+
+
+@dataclass
+class ScalerHome:
+    """Where a scaler is created and how code refers to it."""
+
+    scope: Scope
+    reference: str  # "scaler" or "self.scaler"
+    after: cst.CSTNode  # the statement the creation goes after
+    device_scope: Scope
+    line: int  # line of `after`, for findings and ordering checks
+    optimizers: List[str] = field(default_factory=list)
+
+
+@dataclass
+class UnitPlan:
+    """Everything to write for one training unit."""
+
+    unit: TrainingUnit
+    reference: str  # how the unit's code refers to the scaler
+    regions: List[Tuple[Block, int, int]]  # (block, first index, last index) to wrap in autocast
+    update_after: Optional[cst.CSTNode] = None
+    #: steps in a branch that leaves the iteration (`continue`): scaler.update() after them too
+    early_exit_updates: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
+    unscale_before: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
+    home: Optional[ScalerHome] = None
+    #: functions that receive the scaler as a new parameter, with their in-file calls
+    threaded_function: Optional[cst.FunctionDef] = None
+    threaded_calls: List[Tuple[cst.Call, str]] = field(default_factory=list)  # (call, scaler reference)
+    caller_homes: List[ScalerHome] = field(default_factory=list)
+
+
+class ScalerPlacement:
+    """The scaler homes of one module, shared by all its training units (one per setup)."""
+
+    def __init__(self, structure: TrainingStructure, scaler_name: str) -> None:
+        self.structure = structure
+        self.scaler_name = scaler_name
+        #: id(scope or class) -> its scaler home
+        self.homes: Dict[int, ScalerHome] = {}
+
+    def place(self, plan: UnitPlan) -> None:
+        """Decide where the unit's GradScaler is created and how its code refers to it (sets
+        `plan.reference`, and `plan.home` or the threaded parameter and its callers)."""
+        s = self.structure
+        unit = plan.unit
+        receivers = unit.optimizers
+        if all(r.startswith("self.") for r in receivers):
+            plan.reference = f"self.{self.scaler_name}"
+            if unit.klass is None:
+                raise Unconvertible("self.<optimizer> used outside a method", unit.steps[0].call)
+            plan.home = self._class_home(unit.klass, unit.scope, receivers, unit.steps[0].call)
+            return
+        other_attributes = [r for r in receivers if "." in r and not r.startswith("self.")]
+        if other_attributes:
+            raise Unconvertible(
+                f"the optimizer {other_attributes[0]} is an attribute of another object; ampify follows "
+                "variables and self.<attribute> only: create the GradScaler next to it by hand",
+                unit.steps[0].call,
+            )
+        if any(r.startswith("self.") for r in receivers):
+            raise Unconvertible(
+                f"optimizers {', '.join(receivers)} are reached in different ways (self attribute and variable)",
+                unit.steps[0].call,
+            )
+        kinds = {}
+        for receiver in receivers:
+            bindings = s.bindings_visible(receiver, unit.scope)
+            if not bindings:
+                raise Unconvertible(s.not_found_reason(receiver, unit.scope), unit.steps[0].call)
+            kinds[receiver] = "parameter" if any(b.kind == "parameter" for b in bindings) else "variable"
+        if set(kinds.values()) == {"variable"}:
+            if isinstance(unit.owner, (cst.For, cst.While)):
+                use_statement = s.statement_of(unit.owner)
+            else:
+                use_statement = s.statement_of(unit.backwards[0].call)
+            plan.home = self._variable_home(receivers, unit.scope, use_statement, unit.steps[0].call)
+            return
+        if set(kinds.values()) == {"parameter"} and isinstance(unit.scope, cst.FunctionDef):
+            for receiver in receivers:
+                owner = s.bindings_visible(receiver, unit.scope)[0].scope
+                if owner is not unit.scope:
+                    raise Unconvertible(
+                        f"{receiver} is a parameter of the enclosing function "
+                        f"{getattr(getattr(owner, 'name', None), 'value', '?')}(): create the GradScaler there "
+                        "by hand (once per training run) and use it here",
+                        unit.steps[0].call,
+                    )
+            self._thread_through_parameter(plan, receivers)
+            return
+        raise Unconvertible(
+            f"optimizers {', '.join(receivers)} are partly parameters, partly local variables", unit.steps[0].call
+        )
+
+    def _variable_home(
+        self, receivers: List[str], scope: Scope, use_statement: Optional[cst.CSTNode], node: cst.CSTNode
+    ) -> ScalerHome:
+        """Scaler after the latest binding of the optimizers, in the scope that binds them."""
+        s = self.structure
+        use_line = s.line(use_statement) if use_statement is not None else s.line(node)
+        binding_statements: List[cst.CSTNode] = []
+        home_scope: Optional[Scope] = None
+        for receiver in receivers:
+            bindings = [b for b in s.bindings_visible(receiver, scope) if b.statement is not None]
+            if not bindings:
+                raise Unconvertible(s.not_found_reason(receiver, scope), node)
+            if home_scope is None:
+                home_scope = bindings[0].scope
+            elif bindings[0].scope is not home_scope:
+                raise Unconvertible("the optimizers are created in different functions", node)
+            if any(b.kind == "for" for b in bindings):
+                raise Unconvertible(f"{receiver} is a loop variable", node)
+            if home_scope is scope:
+                before = [b for b in bindings if s.line(b.statement) < use_line]
+                if not before:
+                    raise Unconvertible(f"{receiver} is created inside the training loop", node)
+                bindings = before
+            latest = max(bindings, key=lambda b: s.line(b.statement))
+            binding_statements.append(latest.statement)
+        assert home_scope is not None
+        uses = [use_statement] if (use_statement is not None and home_scope is scope) else []
+        after = self._insertion_point(binding_statements, uses, node)
+        existing = self.homes.get(id(home_scope))
+        if existing is not None:
+            # one scaler per training setup: the existing one must already exist when this loop runs
+            if s.line(after) > existing.line or (uses and s.line(uses[0]) <= existing.line):
+                raise Unconvertible("two training loops in this function use optimizers created far apart", node)
+            existing.optimizers.extend(r for r in receivers if r not in existing.optimizers)
+            return existing
+        home = ScalerHome(home_scope, self.scaler_name, after, home_scope, s.line(after), list(receivers))
+        self.homes[id(home_scope)] = home
+        return home
+
+    def _insertion_point(
+        self, binding_statements: List[cst.CSTNode], uses: List[cst.CSTNode], node: cst.CSTNode
+    ) -> cst.CSTNode:
+        """The statement after which the scaler is created (see TrainingStructure.insertion_point)."""
+        anchor = self.structure.insertion_point(binding_statements, uses)
+        if anchor is None:
+            raise Unconvertible("the optimizer is created inside the training loop or after it", node)
+        return anchor
+
+    def _class_home(self, klass: cst.ClassDef, scope: Scope, receivers: List[str], node: cst.CSTNode) -> ScalerHome:
+        """`self.scaler` created next to the class's `self.<optimizer>` assignment(s)."""
+        s = self.structure
+        existing = self.homes.get(id(klass))
+        if existing is not None:
+            return existing
+        first_bindings: List[cst.CSTNode] = []
+        method: Optional[Scope] = None
+        for receiver in receivers:
+            bindings = [b for b in s.bindings_visible(receiver, scope) if b.statement is not None]
+            if not bindings:
+                raise Unconvertible(s.not_found_reason(receiver, scope), node)
+            first = min(bindings, key=lambda b: s.line(b.statement))
+            if method is None:
+                method = first.scope
+            elif first.scope is not method:
+                raise Unconvertible("the optimizers are created in different methods", node)
+            first_bindings.append(first.statement)
+        after = self._insertion_point(first_bindings, [], node)
+        # `self.device = ...` a few lines below the optimizers (StarGAN's Solver): create the
+        # scaler after it, so that it can use the script's device
+        for binding in s.device_bindings:
+            if binding.scope is method and binding.name.startswith("self.") and s.line(binding.statement) > s.line(after):
+                later = s.insertion_point(first_bindings + [binding.statement])
+                if later is not None:
+                    after = later
+                break
+        home = ScalerHome(method, f"self.{self.scaler_name}", after, method, s.line(after), list(receivers))
+        self.homes[id(klass)] = home
+        return home
+
+    def _thread_through_parameter(self, plan: UnitPlan, receivers: List[str]) -> None:
+        """The loop's function takes the optimizer(s) as parameters: create the scaler in every
+        in-file caller, pass it along as a new keyword argument."""
+        s = self.structure
+        function = plan.unit.scope
+        assert isinstance(function, cst.FunctionDef)
+        node = plan.unit.steps[0].call
+        klass = s.class_of(function)
+        if self.scaler_name in {p.name.value for p in statements.all_params(function)}:
+            raise Unconvertible("the function already has a parameter named like the scaler", node)
+        if klass is not None:
+            calls, other_uses = method_calls(s, function, klass)
+        else:
+            calls, other_uses = _calls_of_function(s, function)
+        what = f"{'method ' if klass is not None else ''}{function.name.value}()"
+        if other_uses:
+            raise Unconvertible(
+                f"{what} is used at line {s.line(other_uses[0])} other than by a direct "
+                f"{'self.' if klass is not None else ''}{function.name.value}(...) call in this file; "
+                "ampify cannot add the scaler to every caller", node,
+            )
+        if not calls:
+            raise Unconvertible(
+                f"{what} receives the optimizer as a parameter and is not called in this file: "
+                f"create the GradScaler where the optimizer is created and pass it in", node,
+            )
+        positions = statements.parameter_positions(function)
+        if klass is not None and not _is_static(function):
+            # self.f(a, b): `a` goes to the parameter after self
+            positions = {name: index - 1 for name, index in positions.items() if index > 0}
+        homes = []
+        threaded: List[Tuple[cst.Call, str]] = []
+        for call in calls:
+            caller_scope = s.scope_of(call)
+            passed = []
+            for receiver in receivers:
+                argument = statements.argument_for(call, receiver, positions)
+                name = dotted_name(argument) if argument is not None else None
+                if name is None or ("." in name and not name.startswith("self.")):
+                    raise Unconvertible(
+                        f"the call of {function.name.value}() at line {s.line(call)} does not pass "
+                        f"{receiver} as a variable or self.<attribute>", call,
+                    )
+                passed.append(name)
+            if all(name.startswith("self.") for name in passed):
+                caller_class = s.class_of(caller_scope)
+                if caller_class is None:
+                    raise Unconvertible(f"self.<optimizer> passed outside a method at line {s.line(call)}", call)
+                home = self._class_home(caller_class, caller_scope, passed, call)
+            elif any(name.startswith("self.") for name in passed):
+                raise Unconvertible(
+                    f"the call at line {s.line(call)} passes optimizers reached in different ways", call
+                )
+            else:
+                bindings = [b for name in passed for b in s.bindings_visible(name, caller_scope)]
+                if any(b.kind == "parameter" for b in bindings):
+                    raise Unconvertible(
+                        f"the caller at line {s.line(call)} receives the optimizer as a parameter too; "
+                        "ampify follows one level of calls", call,
+                    )
+                home = self._variable_home(passed, caller_scope, s.statement_of(call), call)
+            homes.append(home)
+            threaded.append((call, home.reference))
+        plan.threaded_function = function
+        plan.threaded_calls = threaded
+        plan.caller_homes = homes
+
+
+def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) -> Tuple[List[cst.Call], List[cst.CSTNode]]:
+    """In-file calls `f(...)` of a module-level function, and any other use of its name."""
+    name = function.name.value
+    calls: List[cst.Call] = []
+    others: List[cst.CSTNode] = []
+
+    for node in structure.name_nodes.get(name, []):
+        if node is function.name:
+            continue
+        parent = structure.parent(node)
+        if isinstance(parent, cst.Call) and parent.func is node:
+            calls.append(parent)
+        elif isinstance(parent, cst.Attribute) and parent.attr is node:
+            continue  # obj.train(...) is another function
+        elif isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param, cst.ImportAlias)):
+            continue
+        elif isinstance(parent, cst.Arg) and parent.keyword is node:
+            continue  # f(train=True) names a keyword, not the function
+        else:
+            others.append(node)
+    return calls, others
+
+
+def _is_static(function: cst.FunctionDef) -> bool:
+    return any(dotted_name(d.decorator) in ("staticmethod", "classmethod") for d in function.decorators)
+
