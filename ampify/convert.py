@@ -16,7 +16,7 @@ import libcst as cst
 from ampify.findings import FileStatus, Finding, Severity, incomplete_codes
 from ampify.options import Options
 from ampify.registry import transforms_for
-from ampify.transforms.base import Transform, TransformResult, Verdict
+from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.source_facts import SourceFacts
 
@@ -37,10 +37,15 @@ class ConversionError(Exception):
 
 
 def convert_source(
-    source: Union[str, bytes], options: Optional[Options] = None, filename: str = "<source>"
+    source: Union[str, bytes],
+    options: Optional[Options] = None,
+    filename: str = "<source>",
+    context: Optional[UnitContext] = None,
 ) -> Conversion:
-    """Convert one module's source. Bytes keep their encoding, BOM and newlines exactly."""
+    """Convert one module's source. Bytes keep their encoding, BOM and newlines exactly.
+    `context` names the unit and its project (the engine gives both for a file)."""
     options = options or Options()
+    context = context or UnitContext(filename)
     refuse_unreadable_input(source)
     transforms, reason, python_error = _transforms_and_python_error(source, options)
     if not transforms:
@@ -55,13 +60,13 @@ def convert_source(
         if python_error is not None:
             raise ConversionError(describe_python_error(python_error)) from None  # the message users know
         raise
-    imports = ImportMap.from_module(module)
+    imports = _with_project_star_imports(ImportMap.from_module(module), context)
     results: List[TransformResult] = []
     for index, transform in enumerate(transforms):
         if not transform.concerns(imports, options):
             continue
         try:
-            result = transform.apply(module, imports, options)
+            result = transform.apply(module, imports, options, context)
         except Exception as error:
             # One policy for every target: a bug in a transform never costs a file or the run;
             # the whole file stays as it was (no half of a conversion) and the finding says why.
@@ -73,7 +78,7 @@ def convert_source(
                 # Analyses key nodes by identity (positions, parents), which needs a tree with
                 # no shared nodes: hand the next transform a freshly parsed one.
                 module = cst.parse_module(module.bytes)
-            imports = ImportMap.from_module(module)
+            imports = _with_project_star_imports(ImportMap.from_module(module), context)
 
     findings = sorted(
         (f for r in results for f in r.findings), key=lambda f: (f.line, f.column, f.code)
@@ -164,6 +169,17 @@ _UTF16_32_BOMS = (
     (codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
     (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"),
 )
+
+
+def _with_project_star_imports(imports: ImportMap, context: UnitContext) -> ImportMap:
+    """`from utils import *` where utils.py is a project module that does `import torch`: the
+    star import binds `torch` here too, as Python would."""
+    if not imports.has_star_import or context.project is None:
+        return imports
+    for local, qualified in sorted(context.project.star_bound_imports().items()):
+        if local not in imports.aliases:
+            imports = imports.with_alias(local, qualified)
+    return imports
 
 
 def refuse_unreadable_input(source: Union[str, bytes]) -> None:

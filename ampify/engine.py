@@ -17,7 +17,9 @@ from ampify.discover import Candidate
 from ampify.names import for_diff_header
 from ampify.findings import FileResult, FileStatus, Finding, Severity
 from ampify.options import Options
+from ampify.repository import project_view
 from ampify.source_io import FileTooLarge, SourceIOError, read_source, replace_atomically
+from ampify.transforms.base import UnitContext
 
 
 class Mode(str, enum.Enum):
@@ -55,7 +57,8 @@ def process_file(task: FileTask, before_write: Optional[Callable[[], None]] = No
     except SourceIOError as error:
         return FileResult(display, FileStatus.FAILED, str(error))
     try:
-        conversion = convert_source(source.data, task.options, filename=display)
+        context = UnitContext(display, project_view(task.candidate.path))
+        conversion = convert_source(source.data, task.options, filename=display, context=context)
     except ConversionError as error:
         return FileResult(display, FileStatus.FAILED, str(error))
     except RecursionError:

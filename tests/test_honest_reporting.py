@@ -84,7 +84,7 @@ class WarnsButNothingToDo(Transform):
     def concerns(self, imports, options):
         return True
 
-    def apply(self, module, imports, options):
+    def apply(self, module, imports, options, context=None):
         warning = Finding("AMP210", "the training steps of this file were left unconverted", 3, 0, Severity.WARNING)
         return TransformResult(module, Verdict.NOTHING_TO_DO, [warning], "nothing here")
 

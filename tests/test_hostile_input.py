@@ -64,7 +64,7 @@ class Misbehave(Transform):
     def concerns(self, imports, options):
         return True
 
-    def apply(self, module, imports, options):
+    def apply(self, module, imports, options, context=None):
         if "# crash-me" in module.code:
             ctypes.string_at(0)  # SIGSEGV, as LibCST's native parser on 5,000 nested parentheses
         if "# hang-me" in module.code:

@@ -142,7 +142,7 @@ def test_one_internal_error_policy_for_every_target(monkeypatch):
         assert transform.internal_error_code in BY_CODE and transform.internal_error_code.endswith("00")
         source, backend = SOURCES_FOR_TARGET[transform.name]
 
-        def broken(self, module, imports, options):
+        def broken(self, module, imports, options, context=None):
             raise RuntimeError("boom")
 
         with monkeypatch.context() as patch:

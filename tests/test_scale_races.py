@@ -39,7 +39,7 @@ class AppendMarker(Transform):
     def concerns(self, imports, options):
         return True
 
-    def apply(self, module, imports, options):
+    def apply(self, module, imports, options, context=None):
         if MARKER in module.code:
             return TransformResult(module, Verdict.ALREADY_MIXED_PRECISION)
         footer = [*module.footer, cst.EmptyLine(comment=cst.Comment(MARKER))]
@@ -102,8 +102,8 @@ def _interfere_after_read(monkeypatch, victims: dict) -> None:
     """Run `victims[name](path)` inside the worker, after the file was read, before the write."""
     real_convert = ampify.engine.convert_source
 
-    def convert_then_interfere(source, options, filename):
-        conversion = real_convert(source, options, filename=filename)
+    def convert_then_interfere(source, options, filename, context=None):
+        conversion = real_convert(source, options, filename=filename, context=context)
         action = victims.get(Path(filename).name)
         if action is not None:
             action(Path(filename))

@@ -27,8 +27,8 @@ def test_every_target_is_declared_whole():
         assert list((ROOT / "fixtures" / target.fixtures).glob("*.in.py")), target.name
         verify = VERIFY_TARGETS[target.verify]
         assert (PROBE_DIRECTORY / f"{verify.probe}.py").is_file(), f"{target.name}: probe {verify.probe} missing"
-    # every fixtures folder but verify's own scripts belongs to a target
-    assert fixture_groups - {t.fixtures for t in TARGETS} == {"verify"}
+    # every fixtures folder but verify's scripts and the golden repositories belongs to a target
+    assert fixture_groups - {t.fixtures for t in TARGETS} == {"verify", "repositories"}
 
 
 def test_the_backend_option_picks_one_pytorch_target():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import libcst as cst
 
@@ -33,6 +33,30 @@ class TransformResult:
     verdict: Verdict
     findings: List[Finding] = field(default_factory=list)
     reason: str = ""
+
+
+class ProjectFacts(Protocol):
+    """What a transform may ask about the rest of the project its module belongs to (the
+    implementation, ampify/repository.py, reads other files; a transform never does)."""
+
+    def star_bound_imports(self) -> Dict[str, str]:
+        """Names this module's `from X import *` bind to imports of project modules (`torch`)."""
+
+    def returns_device_moved(self, dotted: str) -> Optional[str]:
+        """"utils.py:12 get_network()" when the project function `dotted` (as this module calls
+        it) returns a model moved to a device; else None."""
+
+    def callers_elsewhere(self, function_name: str) -> Sequence[str]:
+        """"main.py:212" for every call of this module's `function_name` in other project files."""
+
+
+@dataclass(frozen=True)
+class UnitContext:
+    """Where a source unit comes from: its path (for messages) and its project, when known.
+    A source given as a string (tests, notebooks) has neither."""
+
+    display: str = "<source>"
+    project: Optional[ProjectFacts] = None
 
 
 class Transform(abc.ABC):
@@ -71,8 +95,11 @@ class Transform(abc.ABC):
         """Cheap test: should this transform look at a module with these imports?"""
 
     @abc.abstractmethod
-    def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
-        """Rewrite `module`; never raise for unusual code, report it as a finding instead."""
+    def apply(
+        self, module: cst.Module, imports: ImportMap, options: Options, context: UnitContext = UnitContext()
+    ) -> TransformResult:
+        """Rewrite `module`; never raise for unusual code, report it as a finding instead.
+        `context.project` answers questions about other modules of the project, when known."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import libcst as cst
 from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.tf1 import screen as tf1_screen
-from ampify.transforms.base import Transform, TransformResult, Verdict
+from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
@@ -65,7 +65,9 @@ class TF1GraphRewrite(Transform):
     def concerns(self, imports: ImportMap, options: Options) -> bool:
         return imports.uses("tensorflow") or _tf_from_star_import(imports)
 
-    def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
+    def apply(
+        self, module: cst.Module, imports: ImportMap, options: Options, context: UnitContext = UnitContext()
+    ) -> TransformResult:
         if not imports.uses("tensorflow") and _tf_from_star_import(imports):
             rewrite = _GraphRewrite(module, imports.with_alias("tf", "tensorflow"), options)
             return _with_star_import_assumption(rewrite.run(), module)

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import libcst as cst
 
 from ampify.options import Options
-from ampify.transforms.base import Transform, TransformResult
+from ampify.transforms.base import Transform, TransformResult, UnitContext
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.source_facts import SourceFacts
@@ -131,10 +131,12 @@ class TorchApexAmp(Transform):
     def concerns(self, imports: ImportMap, options: Options) -> bool:
         return options.backend == "apex" and (imports.uses("apex") or concerns_torch(imports))
 
-    def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
+    def apply(
+        self, module: cst.Module, imports: ImportMap, options: Options, context: UnitContext = UnitContext()
+    ) -> TransformResult:
         structure = analyze_training(module, imports)
         pair_helper_backwards(structure)
-        return ApexConversion(structure, options).run()
+        return ApexConversion(structure, options, context).run()
 
 
 class ApexConversion(TorchConversion):
@@ -143,12 +145,12 @@ class ApexConversion(TorchConversion):
 
     rules = APEX_RULES
 
-    def __init__(self, structure: TrainingStructure, options: Options) -> None:
+    def __init__(self, structure: TrainingStructure, options: Options, context: UnitContext = UnitContext()) -> None:
         super().__init__(structure, options)
         self.s = structure
         self.plan = StatementEdits()
         self.amp = "amp" if "amp" not in structure.all_names else structure.fresh_name("apex_amp")
-        self.setups = ApexSetupFinder(structure, self.amp)
+        self.setups = ApexSetupFinder(structure, self.amp, context.project)
         self.scaled_loss_name = structure.fresh_name("scaled_loss", "scaled")
         self.parse_config = structure.module.config_for_parsing
         #: (training unit, setup scope) whose amp.initialize is planned: apex allows one call per

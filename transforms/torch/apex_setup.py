@@ -13,7 +13,9 @@ from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import libcst as cst
 
+from ampify.transforms.base import ProjectFacts
 from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.torch.scaler_placement import callers_elsewhere_note
 from ampify.transforms.torch.statements import calls_within
 from ampify.transforms.torch.training_loop import Binding, Scope, TrainingStructure, TrainingUnit, Unconvertible
 
@@ -38,9 +40,11 @@ class ApexSetup:
 class ApexSetupFinder:
     """Finds the setup of a training unit in one module; `amp` is how the module spells apex amp."""
 
-    def __init__(self, structure: TrainingStructure, amp: str) -> None:
+    def __init__(self, structure: TrainingStructure, amp: str, project: Optional[ProjectFacts] = None) -> None:
         self.s = structure
         self.amp = amp
+        #: the rest of the project: callers in other files, helpers that move models to the GPU
+        self.project = project
 
     def find(self, unit: TrainingUnit) -> ApexSetup:
         """Where the unit's optimizers and the models they train are created (one scope)."""
@@ -77,6 +81,7 @@ class ApexSetupFinder:
         s = self.s
         if s.uses_cuda_method or s.to_device_arguments or s.device_bindings or s.parallel_wraps:
             return
+        moved_by_helpers = True
         for model in setup.models:
             built = [
                 b for b in s.bindings_visible(model, setup.scope)
@@ -84,13 +89,21 @@ class ApexSetupFinder:
             ]
             if not built:
                 return  # the model comes from elsewhere (a parameter): it may be on the GPU already
+            moved_by_helpers = moved_by_helpers and any(self._built_on_a_device(b.value) for b in built)
+        if moved_by_helpers:
+            return  # `net = get_network(args)`, a project function returning `net.cuda()`
         refuse(
             setup.construction_statements[0],
-            f"{self.amp}.initialize needs the models on a CUDA device, and nothing in this file moves "
-            f"{', '.join(setup.models)} there (no .cuda() / .to(device) here; a helper of another module that "
-            "moves it is not followed yet: ampify reads one file at a time); move the model to the GPU in this file, "
-            "then rerun ampify",
+            f"{self.amp}.initialize needs the models on a CUDA device, and nothing moves "
+            f"{', '.join(setup.models)} there (no .cuda() / .to(device) in this file, and no function of the "
+            "project that builds it returns it moved); move the model to the GPU in this file, then rerun ampify",
         )
+
+    def _built_on_a_device(self, call: cst.Call) -> bool:
+        """Does this call (`get_network(args)`, `utils.build(cfg)`) reach a function of the
+        project that returns its model moved to a device?"""
+        called = dotted_name(call.func)
+        return self.project is not None and called is not None and self.project.returns_device_moved(called) is not None
 
     def _construction(self, name: str, scope: Scope, use: cst.CSTNode, depth: int) -> Tuple[Binding, str]:
         """The binding that creates optimizer `name` as seen from `scope`, following function
@@ -107,7 +120,11 @@ class ApexSetupFinder:
         function = parameters[0].scope
         callers = self._call_sites_of(function)
         if not callers:
-            refuse(function, f"{name} is a parameter of {function.name.value}(), which is not called in this file")
+            refuse(
+                function,
+                f"{name} is a parameter of {function.name.value}(), which is not called in this file"
+                + callers_elsewhere_note(self.project, self.s.class_of(function), function),
+            )
         found: List[Tuple[Binding, str]] = []
         for call, caller_scope in callers:
             argument = _argument_for(function, name, call)

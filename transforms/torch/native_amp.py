@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Set
 import libcst as cst
 
 from ampify.options import Options
-from ampify.transforms.base import Transform, TransformResult
+from ampify.transforms.base import Transform, TransformResult, UnitContext
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.source_facts import SourceFacts
@@ -141,10 +141,12 @@ class TorchNativeAmp(Transform):
     def concerns(self, imports: ImportMap, options: Options) -> bool:
         return options.backend == "native" and concerns_torch(imports)
 
-    def apply(self, module: cst.Module, imports: ImportMap, options: Options) -> TransformResult:
+    def apply(
+        self, module: cst.Module, imports: ImportMap, options: Options, context: UnitContext = UnitContext()
+    ) -> TransformResult:
         structure = analyze_training(module, imports)
         pair_helper_backwards(structure)
-        return NativeConversion(structure, imports, options).run()
+        return NativeConversion(structure, imports, options, context).run()
 
 
 class NativeConversion(TorchConversion):
@@ -154,7 +156,9 @@ class NativeConversion(TorchConversion):
 
     rules = NATIVE_RULES
 
-    def __init__(self, structure: TrainingStructure, imports: ImportMap, options: Options) -> None:
+    def __init__(
+        self, structure: TrainingStructure, imports: ImportMap, options: Options, context: UnitContext = UnitContext()
+    ) -> None:
         super().__init__(structure, options)
         self.imports = imports
         self.module = structure.module
@@ -164,7 +168,7 @@ class NativeConversion(TorchConversion):
         self.scaler_calls = ScalerCallPlanner(structure, imports)
         self.devices = DeviceChoice(structure, self.torch, self)
         self.scaler_name = "scaler"
-        self.placement = ScalerPlacement(structure, self.scaler_name)
+        self.placement = ScalerPlacement(structure, self.scaler_name, context.project)
         #: the device expression each created GradScaler got, by the statement it follows
         self.scaler_devices: Dict[int, str] = {}
         #: ids of backward() calls already rewritten (a helper's backward is reached from several units)

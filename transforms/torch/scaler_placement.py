@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
+from ampify.transforms.base import ProjectFacts
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.training_loop import (
@@ -58,9 +59,11 @@ class UnitPlan:
 class ScalerPlacement:
     """The scaler homes of one module, shared by all its training units (one per setup)."""
 
-    def __init__(self, structure: TrainingStructure, scaler_name: str) -> None:
+    def __init__(self, structure: TrainingStructure, scaler_name: str, project: Optional[ProjectFacts] = None) -> None:
         self.structure = structure
         self.scaler_name = scaler_name
+        #: the rest of the project, to name the callers in other files
+        self.project = project
         #: id(scope or class) -> its scaler home
         self.homes: Dict[int, ScalerHome] = {}
 
@@ -219,8 +222,9 @@ class ScalerPlacement:
             )
         if not calls:
             raise Unconvertible(
-                f"{what} receives the optimizer as a parameter and is not called in this file: "
-                f"create the GradScaler where the optimizer is created and pass it in", node,
+                f"{what} receives the optimizer as a parameter and is not called in this file"
+                f"{callers_elsewhere_note(self.project, klass, function)}: create the GradScaler where the "
+                "optimizer is created and pass it in", node,
             )
         positions = statements.parameter_positions(function)
         if klass is not None and not _is_static(function):
@@ -290,3 +294,14 @@ def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) 
 def _is_static(function: cst.FunctionDef) -> bool:
     return any(dotted_name(d.decorator) in ("staticmethod", "classmethod") for d in function.decorators)
 
+
+def callers_elsewhere_note(project: Optional[ProjectFacts], klass: Optional[cst.ClassDef], function: cst.FunctionDef) -> str:
+    """"; it is called from main.py:212 (...)" when the project shows calls of this
+    module-level function in other files: the user learns where the optimizer comes from."""
+    if project is None or klass is not None:
+        return ""
+    callers = list(project.callers_elsewhere(function.name.value))
+    if not callers:
+        return ""
+    shown = ", ".join(callers[:3]) + (f" and {len(callers) - 3} more" if len(callers) > 3 else "")
+    return f"; it is called from {shown} (ampify does not thread the scaler across files yet)"

@@ -1,0 +1,384 @@
+"""The repository a converted file belongs to: which files form the project, and what each of
+its modules defines and imports, read on demand.
+
+A transform that meets a name defined in another module of the project (`from utils import *`,
+`engine.train_one_epoch(...)`, `net = get_network(args)`) asks this index instead of guessing. It
+is read-only: ampify writes only what the user named, and says when a needed edit lies outside.
+
+Cost: nothing is read until a transform asks. Each module is then parsed once per process with
+the stdlib `ast` parser (about a fifth of a LibCST parse) into a small outline, and cached.
+Finding the callers of a function reads the modules of the project that import it, no others.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+#: files that mark the root of a project
+_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+#: folders never part of the project's own code
+_SKIPPED_FOLDERS = {".git", ".hg", ".svn", ".tox", ".nox", ".venv", "venv", "env", "node_modules", "__pycache__",
+                    "site-packages", "build", "dist", ".eggs"}
+#: the most modules a caller search reads (a monorepo must not make one refusal slow)
+MAX_MODULES_SCANNED = 2000
+#: a module larger than this is not outlined (generated code, vendored data)
+MAX_OUTLINE_BYTES = 2_000_000
+#: star imports followed through at most this many modules
+MAX_STAR_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class FunctionOutline:
+    """A module-level function (or a method) of the project."""
+
+    name: str
+    line: int
+    params: Tuple[str, ...]
+    #: it returns something moved to a device (`return net.cuda()`, `return model.to(device)`),
+    #: or moves its argument or a model it builds (`net.cuda()` / `net = net.to(device)`) and
+    #: returns it
+    returns_device_moved: bool
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call of a name in a module: `train_one_epoch(...)` or `engine.train_one_epoch(...)`."""
+
+    path: Path
+    line: int
+    column: int
+    #: keyword names and the number of positional arguments, to tell what is passed where
+    keywords: Tuple[str, ...]
+    positional: int
+
+
+@dataclass
+class ModuleOutline:
+    """What one module defines and imports, at module level."""
+
+    path: Path
+    functions: Dict[str, FunctionOutline] = field(default_factory=dict)
+    classes: Dict[str, int] = field(default_factory=dict)
+    #: local name -> (module, imported name or None for `import module`, relative level)
+    imports: Dict[str, Tuple[str, Optional[str], int]] = field(default_factory=dict)
+    #: `import a.b` without `as`: the calls go through `a.b.function`
+    dotted_imports: List[str] = field(default_factory=list)
+    #: `from X import *`: (module, relative level)
+    star_imports: List[Tuple[str, int]] = field(default_factory=list)
+    #: `__all__` when the module declares it as a literal list/tuple of strings
+    exported: Optional[Tuple[str, ...]] = None
+    #: calls by the dotted name they are made through (`train_one_epoch`, `engine.train_one_epoch`)
+    calls: Dict[str, List[Call]] = field(default_factory=dict)
+
+    def exports(self, name: str) -> bool:
+        """Would `from this_module import *` bind `name`?"""
+        if self.exported is not None:
+            return name in self.exported
+        return not name.startswith("_")
+
+
+def find_root(path: Path) -> Path:
+    """The project a file or folder belongs to: the nearest folder at or above it with a
+    `.git`, `pyproject.toml`, `setup.py` or `setup.cfg`; else the folder itself."""
+    path = path.resolve()
+    return _root_of_folder(path if path.is_dir() else path.parent)
+
+
+@functools.lru_cache(maxsize=4096)
+def _root_of_folder(start: Path) -> Path:
+    # cached per folder: every file of a run asks, and most share their folder
+    for folder in [start, *start.parents]:
+        if any((folder / marker).exists() for marker in _ROOT_MARKERS):
+            return folder
+    return start
+
+
+class RepositoryIndex:
+    """The modules of one project, outlined on demand."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self._outlines: Dict[Path, Optional[ModuleOutline]] = {}
+        self._all_modules: Optional[List[Path]] = None
+
+    # ---- where modules are -------------------------------------------------------------------
+
+    def search_roots(self, importer: Path) -> List[Path]:
+        """What `sys.path` holds for the project's own modules when `python importer` runs:
+        the script's folder first, then the root and a `src/` layout."""
+        roots = [importer.resolve().parent, self.root, self.root / "src"]
+        unique: List[Path] = []
+        for root in roots:
+            if root not in unique and root.is_dir():
+                unique.append(root)
+        return unique
+
+    def resolve_module(self, importer: Path, module: str, level: int = 0) -> Optional[Path]:
+        """The project file `import module` (or `from .module import`) means in `importer`;
+        None for anything outside the project (torch, numpy) or not found."""
+        if level > 0:
+            base = importer.resolve().parent
+            for _ in range(level - 1):
+                base = base.parent
+            bases = [base]
+        else:
+            bases = self.search_roots(importer)
+        parts = [part for part in module.split(".") if part]
+        for base in bases:
+            candidate = base.joinpath(*parts) if parts else base
+            for path in (candidate.with_suffix(".py") if parts else None, candidate / "__init__.py"):
+                if path is not None and path.is_file() and self._inside(path):
+                    return path.resolve()
+        return None
+
+    def _inside(self, path: Path) -> bool:
+        try:
+            path.resolve().relative_to(self.root)
+        except ValueError:
+            return False
+        return True
+
+    def modules(self) -> List[Path]:
+        """Every Python file of the project (bounded by MAX_MODULES_SCANNED)."""
+        if self._all_modules is None:
+            found: List[Path] = []
+            for folder, folders, files in os.walk(self.root):
+                folders[:] = sorted(f for f in folders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
+                found.extend(Path(folder) / name for name in sorted(files) if name.endswith(".py"))
+                if len(found) >= MAX_MODULES_SCANNED:
+                    break
+            self._all_modules = [path.resolve() for path in found[:MAX_MODULES_SCANNED]]
+        return self._all_modules
+
+    # ---- what modules hold -------------------------------------------------------------------
+
+    def outline(self, path: Path) -> Optional[ModuleOutline]:
+        """The module's outline; None when it cannot be read or parsed."""
+        path = path.resolve()
+        if path not in self._outlines:
+            self._outlines[path] = _outline(path)
+        return self._outlines[path]
+
+    def star_bound_imports(self, importer: Path, star_imports: Sequence[Tuple[str, int]]) -> Dict[str, str]:
+        """Local name -> qualified import name for the names the star imports of `importer`
+        bind to imports of their modules (`from utils import *` where utils does `import torch`
+        binds `torch`), followed through the project's own modules only."""
+        bound: Dict[str, str] = {}
+        self._collect_star_imports(importer, star_imports, bound, set(), 0)
+        return bound
+
+    def _collect_star_imports(self, importer, star_imports, bound, seen, depth) -> None:
+        if depth >= MAX_STAR_DEPTH:
+            return
+        for module, level in star_imports:
+            path = self.resolve_module(importer, module, level)
+            if path is None or path in seen:
+                continue
+            seen.add(path)
+            outline = self.outline(path)
+            if outline is None:
+                continue
+            for local, (imported, name, import_level) in outline.imports.items():
+                if import_level == 0 and outline.exports(local) and local not in bound:
+                    bound[local] = f"{imported}.{name}" if name else imported
+            self._collect_star_imports(path, outline.star_imports, bound, seen, depth + 1)
+
+    def function(self, importer: Path, dotted: str, imports: Dict[str, Tuple[str, Optional[str], int]]) -> Optional[Tuple[Path, FunctionOutline]]:
+        """The project function a dotted call name reaches from `importer`, given its imports:
+        `get_network` (from utils import get_network) or `utils.get_network` (import utils)."""
+        head, _, rest = dotted.partition(".")
+        if head not in imports:
+            return None
+        module, name, level = imports[head]
+        if name is None:  # `import utils` (or `import pkg.utils as utils`): rest is the function
+            if not rest or "." in rest:
+                return None
+            path, function_name = self.resolve_module(importer, module, level), rest
+        elif not rest:  # `from utils import get_network`
+            path, function_name = self.resolve_module(importer, module, level), name
+        elif "." not in rest:  # `from pkg import utils`; utils.get_network
+            path = self.resolve_module(importer, f"{module}.{name}" if module else name, level)
+            function_name = rest
+        else:
+            return None
+        outline = self.outline(path) if path is not None else None
+        if outline is None or function_name not in outline.functions:
+            return None
+        return path, outline.functions[function_name]
+
+    def callers(self, defining: Path, function_name: str) -> Iterator[Call]:
+        """Calls of `function_name` of module `defining` anywhere else in the project, through
+        `from module import function`, `import module` / `module.function` or
+        `from package import module` / `module.function`."""
+        defining = defining.resolve()
+        for path in self.modules():
+            if path == defining:
+                continue
+            outline = self.outline(path)
+            if outline is None:
+                continue
+            for called in self._names_reaching(path, outline, defining, function_name):
+                yield from outline.calls.get(called, [])
+
+    def _names_reaching(self, path: Path, outline: ModuleOutline, defining: Path, function_name: str) -> List[str]:
+        names = []
+        for local, (module, name, level) in outline.imports.items():
+            if name is None:
+                if self.resolve_module(path, module, level) == defining:
+                    names.append(f"{local}.{function_name}")
+            elif name == function_name and self.resolve_module(path, module, level) == defining:
+                names.append(local)
+            elif self.resolve_module(path, f"{module}.{name}" if module else name, level) == defining:
+                names.append(f"{local}.{function_name}")
+        for module in outline.dotted_imports:
+            if self.resolve_module(path, module) == defining:
+                names.append(f"{module}.{function_name}")
+        return names
+
+
+def _outline(path: Path) -> Optional[ModuleOutline]:
+    try:
+        if path.stat().st_size > MAX_OUTLINE_BYTES:
+            return None
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    outline = ModuleOutline(path)
+    for statement in _module_level(tree.body):
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            outline.functions[statement.name] = _function_outline(statement)
+        elif isinstance(statement, ast.ClassDef):
+            outline.classes[statement.name] = statement.lineno
+        elif isinstance(statement, ast.Import):
+            for alias in statement.names:
+                if alias.asname:
+                    outline.imports[alias.asname] = (alias.name, None, 0)
+                else:
+                    top = alias.name.split(".")[0]
+                    outline.imports.setdefault(top, (top, None, 0))
+                    if "." in alias.name:
+                        outline.dotted_imports.append(alias.name)
+        elif isinstance(statement, ast.ImportFrom):
+            for alias in statement.names:
+                if alias.name == "*":
+                    outline.star_imports.append((statement.module or "", statement.level))
+                else:
+                    outline.imports[alias.asname or alias.name] = (statement.module or "", alias.name, statement.level)
+        elif isinstance(statement, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "__all__" for target in statement.targets
+        ):
+            if isinstance(statement.value, (ast.List, ast.Tuple)) and all(
+                isinstance(item, ast.Constant) and isinstance(item.value, str) for item in statement.value.elts
+            ):
+                outline.exported = tuple(item.value for item in statement.value.elts)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = _dotted(node.func)
+            if name is not None:
+                call = Call(path, node.lineno, node.col_offset,
+                            tuple(k.arg for k in node.keywords if k.arg), sum(1 for a in node.args if not isinstance(a, ast.Starred)))
+                outline.calls.setdefault(name, []).append(call)
+    return outline
+
+
+def _module_level(statements: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
+    """Module-level statements, also those under a module-level if/try/with (`try: import x`)."""
+    for statement in statements:
+        yield statement
+        if isinstance(statement, (ast.If, ast.Try, ast.With)):
+            for part in ("body", "orelse", "finalbody"):
+                yield from _module_level(getattr(statement, part, []))
+            for handler in getattr(statement, "handlers", []):
+                yield from _module_level(handler.body)
+
+
+def _function_outline(function) -> FunctionOutline:
+    params = tuple(a.arg for a in [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs])
+    moved = set()
+    returns = []
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and _is_device_move(node.value):
+            moved |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.Expr) and _is_device_move(node.value):
+            receiver = _dotted(node.value.func.value)
+            if receiver is not None:
+                moved.add(receiver)
+        elif isinstance(node, ast.Return) and node.value is not None:
+            returns.append(node.value)
+    returns_moved = any(_is_device_move(value) or (isinstance(value, ast.Name) and value.id in moved) for value in returns)
+    return FunctionOutline(function.name, function.lineno, params, returns_moved)
+
+
+def _is_device_move(node: ast.AST) -> bool:
+    """`x.cuda(...)` or `x.to(...)`, also chained on a constructor (`Net().cuda()`)."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("cuda", "to")
+
+
+def _dotted(node: ast.AST) -> Optional[str]:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+class ProjectView:
+    """The project as seen from one of its modules (transforms.base.ProjectFacts)."""
+
+    def __init__(self, index: RepositoryIndex, path: Path) -> None:
+        self.index = index
+        self.path = path.resolve()
+
+    def where(self, path: Path, line: int) -> str:
+        """`engine.py:56`, relative to the project root."""
+        try:
+            shown = path.resolve().relative_to(self.index.root)
+        except ValueError:
+            shown = path
+        return f"{shown.as_posix()}:{line}"
+
+    def _own_outline(self) -> Optional[ModuleOutline]:
+        return self.index.outline(self.path)
+
+    def star_bound_imports(self) -> Dict[str, str]:
+        outline = self._own_outline()
+        if outline is None or not outline.star_imports:
+            return {}
+        bound = self.index.star_bound_imports(self.path, outline.star_imports)
+        return {name: target for name, target in bound.items() if name not in outline.imports}
+
+    def returns_device_moved(self, dotted: str) -> Optional[str]:
+        outline = self._own_outline()
+        if outline is None:
+            return None
+        found = self.index.function(self.path, dotted, outline.imports)
+        if found is None or not found[1].returns_device_moved:
+            return None
+        path, function = found
+        return f"{self.where(path, function.line)} {function.name}()"
+
+    def callers_elsewhere(self, function_name: str) -> List[str]:
+        calls = sorted(self.index.callers(self.path, function_name), key=lambda call: (str(call.path), call.line))
+        return [self.where(call.path, call.line) for call in calls]
+
+
+#: one index per project root, per process (workers are forked: each keeps its own)
+_INDEXES: Dict[Path, RepositoryIndex] = {}
+
+
+def project_view(path: Path) -> ProjectView:
+    """The project `path` belongs to, as seen from it; the index is shared by the files of one
+    project within a process."""
+    root = find_root(path)
+    index = _INDEXES.get(root)
+    if index is None:
+        index = _INDEXES[root] = RepositoryIndex(root)
+    return ProjectView(index, path)

@@ -1,0 +1,108 @@
+"""The repository as the unit: golden repositories (a folder tree in, a folder tree and every
+file's status and findings out) and the repository index itself.
+
+`fixtures/repositories/<case>/input/` is converted by the CLI in a scratch copy; the result must
+equal `expected/` (when absent: the input, unchanged) file by file, and the statuses and
+findings `findings.txt`. A second run changes nothing. AMPIFY_UPDATE_GOLDEN=1 rewrites both.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ampify.repository import ProjectView, RepositoryIndex, find_root
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = sorted(p for p in (ROOT / "fixtures" / "repositories").iterdir() if p.is_dir())
+UPDATE = os.environ.get("AMPIFY_UPDATE_GOLDEN") == "1"
+
+
+def _run(tree: Path, case: Path, report: Path) -> subprocess.CompletedProcess:
+    options = json.loads((case / "options.json").read_text()) if (case / "options.json").exists() else {}
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in options.items()]
+    return subprocess.run(
+        [sys.executable, "-m", "ampify", str(tree), "-j", "1", "--report", str(report), *flags],
+        capture_output=True, text=True, cwd=tree.parent,
+    )
+
+
+def _tree(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*.py"))}
+
+
+def _rows(report: Path) -> list:
+    rows = []
+    for entry in json.loads(report.read_text())["files"]:
+        rows.append(f"{entry['path']}: {entry['status']}")
+        rows += [f"  {f['line']}:{f['column']} {f['code']}" for f in entry["findings"]]
+    return rows
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_golden_repository(case, tmp_path):
+    tree = tmp_path / "repo"
+    shutil.copytree(case / "input", tree)
+    completed = _run(tree, case, tmp_path / "report.json")
+    assert completed.returncode in (0, 1), completed.stderr
+    rows = [row.replace(str(tree) + "/", "") for row in _rows(tmp_path / "report.json")]
+    expected_folder = case / "expected" if (case / "expected").exists() else case / "input"
+    if UPDATE:
+        if _tree(tree) != _tree(case / "input"):
+            shutil.rmtree(case / "expected", ignore_errors=True)
+            shutil.copytree(tree, case / "expected", ignore=shutil.ignore_patterns("__pycache__"))
+        (case / "findings.txt").write_text("\n".join(rows) + "\n")
+        expected_folder = case / "expected" if (case / "expected").exists() else case / "input"
+    assert _tree(tree) == _tree(expected_folder)
+    assert rows == (case / "findings.txt").read_text().splitlines()
+    for path, data in _tree(tree).items():
+        compile(data, path, "exec")
+    again = _run(tree, case, tmp_path / "again.json")
+    assert again.returncode in (0, 1), again.stderr
+    assert _tree(tree) == _tree(expected_folder), "a second run changed the tree"
+
+
+def test_root_and_module_resolution(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "src" / "pkg" / "engine.py").write_text("def train_one_epoch(model, optimizer):\n    pass\n")
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "helpers.py").write_text("import torch\n")
+    script = tmp_path / "tools" / "train.py"
+    script.write_text(
+        "from pkg.engine import train_one_epoch\nimport pkg.engine\nfrom pkg import engine as eng\n"
+        "from .helpers import *\n"
+        "train_one_epoch(m, o)\npkg.engine.train_one_epoch(m, o)\neng.train_one_epoch(m, optimizer=o)\n"
+    )
+    assert find_root(script) == tmp_path.resolve()
+    index = RepositoryIndex(tmp_path)
+    engine = (tmp_path / "src" / "pkg" / "engine.py").resolve()
+    assert index.resolve_module(script, "pkg.engine") == engine
+    assert index.resolve_module(script, "helpers", level=1) == (tmp_path / "tools" / "helpers.py").resolve()
+    assert index.resolve_module(script, "torch") is None  # not the project's
+    view = ProjectView(index, engine)
+    assert view.callers_elsewhere("train_one_epoch") == ["tools/train.py:5", "tools/train.py:6", "tools/train.py:7"]
+    assert ProjectView(index, script).star_bound_imports() == {"torch": "torch"}
+
+
+def test_device_moving_helpers_and_exports(tmp_path):
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "nets.py").write_text(
+        "__all__ = ['build']\nimport torch\n"
+        "def build(args):\n    net = Net()\n    net.cuda()\n    return net\n"
+        "def plain(args):\n    return Net()\n"
+        "def chained(args):\n    return Net().to(args.device)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text("import nets\nfrom nets import *\nfrom nets import plain, chained as c\n")
+    view = ProjectView(RepositoryIndex(tmp_path), script)
+    assert view.returns_device_moved("nets.build") == "nets.py:3 build()"
+    assert view.returns_device_moved("c") == "nets.py:9 chained()"
+    assert view.returns_device_moved("plain") is None
+    assert view.returns_device_moved("nets.missing") is None
+    assert view.star_bound_imports() == {}  # __all__ does not export torch
