@@ -106,3 +106,25 @@ def test_device_moving_helpers_and_exports(tmp_path):
     assert view.returns_device_moved("plain") is None
     assert view.returns_device_moved("nets.missing") is None
     assert view.star_bound_imports() == {}  # __all__ does not export torch
+
+
+def test_a_converted_multi_module_project_trains_on_cpu(tmp_path):
+    """The converted star-import project runs: train.py gets torch through `from utils import *`,
+    trains three steps under CPU autocast with the GradScaler, and the loss stays finite."""
+    pytest.importorskip("torch")
+    tree = tmp_path / "repo"
+    shutil.copytree(ROOT / "fixtures" / "repositories" / "star_import_torch" / "expected", tree)
+    script = tree / "train.py"
+    source = script.read_text()
+    model_line = "model = Net().to(device)\n"
+    assert model_line in source
+    source = source.replace(model_line, model_line + "dtypes = []\nmodel.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))\n")
+    source += (
+        "\nimport math\nassert math.isfinite(loss.item()), loss\n"
+        "assert dtypes == [torch.float16] * 3, dtypes  # the forward passes ran under autocast\n"
+        "assert scaler.get_scale() > 0\nprint('trained', loss.item())\n"
+    )
+    script.write_text(source)
+    completed = subprocess.run([sys.executable, "train.py"], cwd=tree, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    assert "trained" in completed.stdout
