@@ -25,7 +25,8 @@ from ampify.engine import DEFAULT_MAX_FILE_BYTES, FileTask, Mode
 from ampify.findings import FileResult, FileStatus
 from ampify.names import for_terminal
 from ampify.registry import declared_options, options_from
-from ampify.report import apply_selection, exit_code, render_file, render_summary, summarize, write_json_report
+from ampify.change_set import recover_change_sets
+from ampify.report import apply_selection, merge_change_sets, exit_code, render_file, render_summary, summarize, write_json_report
 from ampify.rules import Selection, UnknownRule, render_list, render_rule, rule
 from ampify.runner import DEFAULT_FILE_TIMEOUT, Interrupted, default_jobs, run_tasks
 from ampify.source_io import remove_abandoned_temp_files
@@ -138,7 +139,7 @@ def rewrite(
     time_limit = _first_set(file_timeout, config.file_timeout, DEFAULT_FILE_TIMEOUT)
     tasks = [
         FileTask(candidate, options, mode, max_file_bytes=int(size_limit * 1e6) or None,
-                 write_through_hardlinks=write_through_hardlinks)
+                 write_through_hardlinks=write_through_hardlinks, named=tuple(paths))
         for candidate in found.candidates
     ]
     results: List[FileResult] = [FileResult(path, FileStatus.SKIPPED, reason) for path, reason in found.skipped]
@@ -150,11 +151,15 @@ def rewrite(
         print(f"ampify: -j {jobs or config.jobs} capped at {workers}, the CPU count "
               "(--force-jobs starts that many workers)", file=out)
 
+    # A change set a killed run left half-written is finished before anything is read.
+    for line in recover_change_sets({candidate.path.parent for candidate in found.candidates}):
+        print(line, file=out)
     stopped_by = None
     try:
         _run_with_progress(tasks, workers, results, time_limit or None)
     except Interrupted as stop:
         stopped_by = stop
+    results = merge_change_sets(results)
     results.sort(key=lambda r: r.path)
     interrupted = stopped_by is not None
     if not selection.everything:

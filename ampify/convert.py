@@ -16,7 +16,7 @@ import libcst as cst
 from ampify.findings import FileStatus, Finding, Severity, incomplete_codes
 from ampify.options import Options
 from ampify.registry import transforms_for
-from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
+from ampify.transforms.base import CompanionChange, Transform, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.source_facts import SourceFacts
 
@@ -30,6 +30,8 @@ class Conversion:
     findings: List[Finding] = field(default_factory=list)
     #: the converted source, in the same type (str or bytes) that was given; None unless changed
     converted: Optional[Union[str, bytes]] = None
+    #: edits of other project modules that must be written with this one (one change set)
+    companions: List[CompanionChange] = field(default_factory=list)
 
 
 class ConversionError(Exception):
@@ -99,14 +101,17 @@ def convert_source(
                 "output compiles with the Python it runs on, so the file is left untouched"
             )
         _check_compiles(new_source, filename)
+        companions = [companion for result in results for companion in result.companions]
+        for companion in companions:
+            _check_compiles(companion.new, companion.display)
         incomplete = incomplete_codes(findings)
         if incomplete:
             return Conversion(
                 FileStatus.CHANGED_INCOMPLETE,
                 f"part of the training stays float32 or unscaled ({', '.join(incomplete)}): see the warnings",
-                findings, new_source,
+                findings, new_source, companions,
             )
-        return Conversion(FileStatus.CHANGED, "", findings, new_source)
+        return Conversion(FileStatus.CHANGED, "", findings, new_source, companions)
     status, reason = _agreeing_with_warnings(*_unchanged_status(results), findings)
     return Conversion(status, reason, findings)
 

@@ -6,12 +6,15 @@ This is the unit of work a worker process runs; it never raises, whatever the fi
 from __future__ import annotations
 
 import difflib
+import os
 import enum
 import io
 import tokenize
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from pathlib import Path
+from typing import Callable, List, Optional, Tuple
 
+from ampify.change_set import Change, write_change_set
 from ampify.convert import ConversionError, convert_source
 from ampify.discover import Candidate
 from ampify.names import for_diff_header
@@ -42,6 +45,8 @@ class FileTask:
     max_file_bytes: Optional[int] = DEFAULT_MAX_FILE_BYTES
     #: a file with other hard links is rewritten in place (same inode) instead of refused
     write_through_hardlinks: bool = False
+    #: the paths the user named: another file of a change set is written only when inside them
+    named: Tuple[Path, ...] = ()
 
 
 def process_file(task: FileTask, before_write: Optional[Callable[[], None]] = None) -> FileResult:
@@ -57,7 +62,7 @@ def process_file(task: FileTask, before_write: Optional[Callable[[], None]] = No
     except SourceIOError as error:
         return FileResult(display, FileStatus.FAILED, str(error))
     try:
-        context = UnitContext(display, project_view(task.candidate.path))
+        context = UnitContext(display, project_view(task.candidate.path, task.named))
         conversion = convert_source(source.data, task.options, filename=display, context=context)
     except ConversionError as error:
         return FileResult(display, FileStatus.FAILED, str(error))
@@ -73,6 +78,8 @@ def process_file(task: FileTask, before_write: Optional[Callable[[], None]] = No
     result = FileResult(display, conversion.status, conversion.reason, list(conversion.findings))
     if conversion.converted is None:
         return result
+    if conversion.companions:
+        return _process_change_set(task, source, conversion, result, before_write)
     new_data = conversion.converted
     if task.mode is Mode.DIFF:
         result.diff = unified_diff(display, source.data, new_data)
@@ -88,6 +95,57 @@ def process_file(task: FileTask, before_write: Optional[Callable[[], None]] = No
             return result
         result.written = True
     return result
+
+
+def _process_change_set(task: FileTask, source, conversion, result: FileResult, before_write) -> FileResult:
+    """This file's change needs edits of other files (the GradScaler created where the optimizer
+    is): all are shown, or written as one change set, or none is."""
+    others = []
+    for companion in conversion.companions:
+        shown = _display_beside(task.candidate.display, task.candidate.path, Path(companion.key))
+        try:
+            other = read_source(Path(companion.key))
+        except SourceIOError as error:
+            return _change_set_failed(result, f"{shown} ({error})")
+        if other.data != companion.old:
+            return _change_set_failed(result, f"{shown} changed during the run")
+        others.append((shown, other, companion))
+    result.companions = [
+        FileResult(shown, FileStatus.CHANGED, companion.reason, list(companion.findings)) for shown, _, companion in others
+    ]
+    if task.mode is Mode.DIFF:
+        result.diff = unified_diff(result.path, source.data, conversion.converted) + "".join(
+            unified_diff(shown, other.data, companion.new) for shown, other, companion in others
+        )
+    elif task.mode is Mode.WRITE:
+        if before_write is not None:
+            before_write()
+        changes = [Change(source, conversion.converted)] + [Change(other, companion.new) for _, other, companion in others]
+        try:
+            write_change_set(changes)
+        except SourceIOError as error:
+            return _change_set_failed(result, str(error))
+        result.written = True
+        for companion_result in result.companions:
+            companion_result.written = True
+    return result
+
+
+def _change_set_failed(result: FileResult, why: str) -> FileResult:
+    result.status = FileStatus.FAILED
+    result.reason = f"not written: the change set with {why}; no file of it was written"
+    result.findings.append(Finding("AMP001", result.reason, 0, 0, Severity.ERROR))
+    result.companions = []
+    return result
+
+
+def _display_beside(display: str, path: Path, other: Path) -> str:
+    """`other` as the user would name it: relative to where `display` (as given) points."""
+    try:
+        relative = os.path.relpath(other.resolve(), path.resolve().parent)
+    except ValueError:
+        return str(other)
+    return os.path.normpath(os.path.join(os.path.dirname(display), relative))
 
 
 def unified_diff(display: str, old: bytes, new: bytes) -> str:

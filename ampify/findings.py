@@ -75,6 +75,8 @@ class FileResult:
     written: bool = False
     #: unified diff of the change, filled in --diff mode only
     diff: str = ""
+    #: other files changed together with this one (one change set), with their own results
+    companions: List["FileResult"] = field(default_factory=list)
 
     @property
     def warnings(self) -> List[Finding]:

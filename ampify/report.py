@@ -62,6 +62,25 @@ def render_file(result: FileResult, verbose: bool = False, problems_only: bool =
     return lines
 
 
+def merge_change_sets(results: List[FileResult]) -> List[FileResult]:
+    """A file changed as part of another file's change set (main.py, where the GradScaler of
+    engine.py's step is created) is reported as changed, with its own findings, instead of the
+    "not applicable" its own conversion found."""
+    companions = {c.path: c for result in results for c in result.companions}
+    if not companions:
+        return results
+    merged = []
+    for result in results:
+        companion = companions.pop(result.path, None)
+        if companion is None or result.status is FileStatus.FAILED:
+            merged.append(result)
+        else:
+            merged.append(FileResult(result.path, companion.status, companion.reason,
+                                     companion.findings + result.findings, companion.written))
+    merged.extend(companions.values())  # changed, though not themselves in the run's file list
+    return merged
+
+
 def exit_code(results: Iterable[FileResult], would_change_fails: bool) -> int:
     """0 all done or nothing to do; 1 a file failed, was not converted or was converted
     incompletely, or (with --check) would change. Skipped files are reported, not failed."""

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ampify.transforms.base import CallSite
+
 #: files that mark the root of a project
 _ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 #: folders never part of the project's own code
@@ -333,9 +335,11 @@ def _dotted(node: ast.AST) -> Optional[str]:
 class ProjectView:
     """The project as seen from one of its modules (transforms.base.ProjectFacts)."""
 
-    def __init__(self, index: RepositoryIndex, path: Path) -> None:
+    def __init__(self, index: RepositoryIndex, path: Path, named: Sequence[Path] = ()) -> None:
         self.index = index
         self.path = path.resolve()
+        #: what the user named on the command line: only files in these are written
+        self.named = tuple(p.resolve() for p in named)
 
     def where(self, path: Path, line: int) -> str:
         """`engine.py:56`, relative to the project root."""
@@ -365,6 +369,26 @@ class ProjectView:
         path, function = found
         return f"{self.where(path, function.line)} {function.name}()"
 
+    def call_sites_elsewhere(self, function_name: str) -> List[CallSite]:
+        calls = sorted(self.index.callers(self.path, function_name), key=lambda call: (str(call.path), call.line))
+        return [
+            CallSite(str(call.path), self.where(call.path, call.line).rsplit(":", 1)[0], call.line, call.column)
+            for call in calls
+        ]
+
+    def source_of(self, key: str) -> Optional[bytes]:
+        path = Path(key)
+        if not self.index._inside(path):
+            return None
+        try:
+            return path.read_bytes()
+        except OSError:
+            return None
+
+    def in_this_run(self, key: str) -> bool:
+        path = Path(key).resolve()
+        return any(path == named or named in path.parents for named in self.named)
+
     def callers_elsewhere(self, function_name: str) -> List[str]:
         calls = sorted(self.index.callers(self.path, function_name), key=lambda call: (str(call.path), call.line))
         return [self.where(call.path, call.line) for call in calls]
@@ -374,11 +398,11 @@ class ProjectView:
 _INDEXES: Dict[Path, RepositoryIndex] = {}
 
 
-def project_view(path: Path) -> ProjectView:
+def project_view(path: Path, named: Sequence[Path] = ()) -> ProjectView:
     """The project `path` belongs to, as seen from it; the index is shared by the files of one
-    project within a process."""
+    project within a process. `named`: the paths the user gave (only those are written)."""
     root = find_root(path)
     index = _INDEXES.get(root)
     if index is None:
         index = _INDEXES[root] = RepositoryIndex(root)
-    return ProjectView(index, path)
+    return ProjectView(index, path, named)

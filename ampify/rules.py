@@ -127,6 +127,11 @@ RULES: List[Rule] = [
     Rule("AMP207", "info", "device `\"cuda\"` taken from the script's `.cuda()` calls (no device variable found)",
          "autocast and the GradScaler need the device the script trains on; `.cuda()` calls name it.",
          'model.cuda()\n  -> with torch.autocast(device_type="cuda", dtype=torch.float16): ...', REVIEW),
+    Rule("AMP208", "info", "GradScaler threaded across files: the step's function takes it, its caller in another module creates and passes it",
+         "The scaler must live where the optimizer is created (once per run) and reach the step that uses it; both files are written as one change set.",
+         "def train_one_epoch(model, loader, optimizer, device):  # engine.py\n  -> def train_one_epoch(model, loader, optimizer, device, scaler):\n"
+         "train_one_epoch(model, loader, optimizer, device)  # main.py\n  -> scaler = torch.amp.GradScaler(device.type)\n"
+         "     train_one_epoch(model, loader, optimizer, device, scaler=scaler)", REVIEW),
     Rule("AMP210", "warning", "`BCELoss` / `binary_cross_entropy` under autocast",
          "CUDA autocast raises on BCELoss: use BCEWithLogitsLoss on logits.",
          "criterion = nn.BCELoss()", MANUAL),
@@ -193,6 +198,10 @@ RULES: List[Rule] = [
          "amp.initialize rejects wrapped models; the wrap has no parameters of its own, so moving it is exact.",
          "model = nn.DataParallel(model)\noptimizer = ...\n  -> optimizer = ...\n     model, optimizer = amp.initialize(...)\n"
          "     model = nn.DataParallel(model)", REVIEW),
+    Rule("AMP307", "info", "apex set up in another module: `amp.initialize` where the optimizer is created, `amp.scale_loss` in the step",
+         "amp is a process-wide singleton: the optimizer the caller passes in is already patched when the step runs; both files are written as one change set.",
+         "train_one_epoch(model, loader, optimizer)  # main.py\n  -> model, optimizer = amp.initialize(model, optimizer, opt_level=\"O1\")\n"
+         "     train_one_epoch(model, loader, optimizer)", REVIEW),
     Rule("AMP310", "warning", "`BCELoss` / `binary_cross_entropy`: apex raises on it; file not converted",
          "apex O1 raises on BCELoss: use BCEWithLogitsLoss.", "criterion = nn.BCELoss()", MANUAL),
     Rule("AMP311", "warning", "`optimizer.step(closure)`: apex does not support closures; file not converted",

@@ -33,6 +33,8 @@ class TransformResult:
     verdict: Verdict
     findings: List[Finding] = field(default_factory=list)
     reason: str = ""
+    #: edits of other modules of the project that belong to this change (one change set)
+    companions: List["CompanionChange"] = field(default_factory=list)
 
 
 class ProjectFacts(Protocol):
@@ -48,6 +50,42 @@ class ProjectFacts(Protocol):
 
     def callers_elsewhere(self, function_name: str) -> Sequence[str]:
         """"main.py:212" for every call of this module's `function_name` in other project files."""
+
+    def call_sites_elsewhere(self, function_name: str) -> Sequence["CallSite"]:
+        """Every call of this module's `function_name` in other project files, to edit them."""
+
+    def source_of(self, key: str) -> Optional[bytes]:
+        """The bytes of another project module (a CallSite's `key`); None when unreadable."""
+
+    def in_this_run(self, key: str) -> bool:
+        """Did the user name that module (itself or a folder holding it)? Only those are written."""
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """A call in another module of the project: `key` names the module for ProjectFacts,
+    `display` for people (`main.py`), line and column where the call starts."""
+
+    key: str
+    display: str
+    line: int
+    column: int
+
+
+@dataclass
+class CompanionChange:
+    """An edit of another module that must land together with this module's change (the
+    GradScaler created where the optimizer is, passed to the step in this module): both files
+    are written as one change set, or neither."""
+
+    key: str
+    display: str
+    old: bytes
+    new: bytes
+    #: findings about the other module, with its own line numbers
+    findings: List[Finding] = field(default_factory=list)
+    #: one line for the other module's report ("changed with engine.py: ...")
+    reason: str = ""
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import libcst as cst
 
 from ampify.options import Options
-from ampify.transforms.base import Transform, TransformResult, UnitContext
+from ampify.transforms.base import CallSite as ProjectCallSite, CompanionChange, Transform, TransformResult, UnitContext
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.torch import screen as torch_screen
+from ampify.transforms.torch.apex_callers import foreign_call_sites, plan_caller
 from ampify.transforms.torch.apex_setup import ApexSetup, ApexSetupFinder, index_of, refuse
 from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConversion, short_text
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
@@ -35,6 +36,7 @@ from ampify.transforms.torch.training_loop import (
     Scope,
     TrainingStructure,
     TrainingUnit,
+    Unconvertible,
     analyze_training,
     concerns_torch,
     may_concern_torch_training,
@@ -147,6 +149,11 @@ class ApexConversion(TorchConversion):
 
     def __init__(self, structure: TrainingStructure, options: Options, context: UnitContext = UnitContext()) -> None:
         super().__init__(structure, options)
+        self.project = context.project
+        self.display = context.display
+        #: edits of calling modules planned for the units converted so far, and their modules
+        self.planned_companions: List[CompanionChange] = []
+        self.companion_keys: set = set()
         self.s = structure
         self.plan = StatementEdits()
         self.amp = "amp" if "amp" not in structure.all_names else structure.fresh_name("apex_amp")
@@ -164,17 +171,18 @@ class ApexConversion(TorchConversion):
         return self.s.imports.uses("torch") or self.s.imports.uses("apex")
 
     def snapshot(self):
-        return self.plan.copy(), self.initialize_planned
+        return self.plan.copy(), self.initialize_planned, list(self.planned_companions), set(self.companion_keys)
 
     def restore(self, state) -> None:
-        self.plan, self.initialize_planned = state
+        self.plan, self.initialize_planned, self.planned_companions, self.companion_keys = state
 
     def plan_unit(self, unit: TrainingUnit) -> TrainingUnit:
         self._convert_unit(unit)
         return unit
 
     def write(self, plans: List[TrainingUnit]) -> cst.Module:
-        self._add_import()
+        self.companions.extend(self.planned_companions)
+        self.add_import()
         return apply_edits(self.s.module, self.plan)
 
     # ---- one training unit ---------------------------------------------------------------
@@ -186,6 +194,11 @@ class ApexConversion(TorchConversion):
         unfollowed = call_of_unfollowed_backward(self.s, unit)
         if unfollowed is not None:
             refuse(unfollowed[1], unfollowed[0])
+        sites = foreign_call_sites(self.s, unit, self.project, len(self.setups._call_sites_of(unit.scope))
+                                   if isinstance(unit.scope, cst.FunctionDef) else 0)
+        if sites is not None:
+            self._convert_unit_called_from_elsewhere(unit, sites)
+            return
         setup = self.setups.find(unit)
         if self.initialize_planned is not None and self.initialize_planned[1] is setup.scope:
             refuse(
@@ -197,13 +210,55 @@ class ApexConversion(TorchConversion):
             )
         self.setups.check_models_reach_the_gpu(setup)
         anchor = self.setups.initialize_anchor(unit, setup)
-        self._plan_initialize(unit, setup, anchor)
-        self._plan_parallel_wraps(setup, anchor)
-        self._plan_backwards(unit)
+        self.plan_initialize(len(distinct_losses(unit)), setup, anchor)
+        self.plan_parallel_wraps(setup, anchor)
+        self.plan_backwards(unit)
         self._plan_index_assignment_casts(unit)
         self._plan_clipping(unit)
-        self._plan_checkpoints(setup, anchor)
+        self.plan_checkpoints(setup, anchor)
         self.initialize_planned = (unit, setup.scope)
+
+    def _convert_unit_called_from_elsewhere(self, unit: TrainingUnit, sites: List[ProjectCallSite]) -> None:
+        """The unit's function gets its optimizers as parameters and is called from other modules:
+        scale_loss and master_params here, amp.initialize there (see apex_callers.py)."""
+        function = unit.scope
+        node = unit.backwards[0].call
+        here = f"{self.display}:{self.s.line(node)}"
+        if self.s.optimizer_state_saves or self.s.optimizer_state_loads:
+            refuse(node, "this module saves or loads optimizer state, and amp.initialize would be in another module: "
+                         "checkpoint amp.state_dict() by hand")
+        by_module = {}
+        for site in sites:
+            by_module.setdefault(site.key, []).append(site)
+        for key, module_sites in by_module.items():
+            where = f"{module_sites[0].display}:{module_sites[0].line}"
+            if key in self.companion_keys:
+                refuse(node, f"{where} already gets amp.initialize for another step of this module; apex allows one per "
+                             "process: pass every model and optimizer to a single amp.initialize by hand")
+            if not self.project.in_this_run(key):
+                refuse(node, f"the step at {here} needs amp.initialize in {where}, which this run does not cover: run "
+                             "ampify on both files or on the repository")
+            source = self.project.source_of(key)
+            if source is None:
+                refuse(node, f"the step at {here} needs amp.initialize in {where}, which cannot be read")
+            try:
+                change = plan_caller(
+                    lambda structure, options: ApexConversion(structure, options), self.options, source,
+                    module_sites, function, unit.optimizers, len(distinct_losses(unit)), self.display,
+                )
+            except Unconvertible as problem:
+                refuse(node, f"{function.name.value}() is called from {where}: {problem}")
+            self.planned_companions.append(change)
+            self.companion_keys.add(key)
+        self.plan_backwards(unit)
+        self._plan_index_assignment_casts(unit)
+        self._plan_clipping(unit)
+        self.info(
+            "AMP307", f"{function.name.value}() is trained under apex amp set up in "
+            f"{', '.join(sorted({s.display for s in sites}))} (amp.initialize there; written together with this file, "
+            "as one change set)",
+            function,
+        )
 
     # -- where the optimizers and models are built
 
@@ -221,23 +276,22 @@ class ApexConversion(TorchConversion):
 
     # -- amp.initialize
 
-    def _plan_initialize(self, unit: TrainingUnit, setup: ApexSetup, anchor: cst.CSTNode) -> None:
+    def plan_initialize(self, losses: int, setup: ApexSetup, anchor: cst.CSTNode, why: str = "") -> None:
         models = setup.models
         optimizers = setup.optimizers
         model_text = models[0] if len(models) == 1 else "[" + ", ".join(models) + "]"
         optimizer_text = optimizers[0] if len(optimizers) == 1 else "[" + ", ".join(optimizers) + "]"
         arguments = f'{model_text}, {optimizer_text}, opt_level="{self.options.apex_opt_level}"'
-        losses = len(distinct_losses(unit))
         if losses > 1:
             arguments += f", num_losses={losses}"
         self.plan.insert_after(anchor, f"{model_text}, {optimizer_text} = {self.amp}.initialize({arguments})")
         self.info(
             "AMP301", f"added {self.amp}.initialize({model_text}, {optimizer_text}, opt_level=\"{self.options.apex_opt_level}\") "
-            "after the optimizer is created",
+            f"after the optimizer is created{why}",
             anchor,
         )
 
-    def _plan_parallel_wraps(self, setup: ApexSetup, anchor: cst.CSTNode) -> None:
+    def plan_parallel_wraps(self, setup: ApexSetup, anchor: cst.CSTNode) -> None:
         """DataParallel/DDP must wrap the model after amp.initialize: move a wrap that comes
         before it when that is safe, else refuse."""
         anchor_block = self.s.block_of(anchor)
@@ -256,6 +310,17 @@ class ApexConversion(TorchConversion):
                     f"wrapped models; call {self.amp}.initialize({wrapped or 'model'}, optimizer) before the wrap by hand",
                 )
             if wrapped not in setup.models:
+                if self.s.line(wrap.statement) < self.s.line(anchor):
+                    # `model = DDP(model); model_without_ddp = model.module` (DETR, DeiT): the wrap
+                    # holds the very module amp.initialize gets under another name, and apex must
+                    # see the model before any DataParallel/DDP wrap.
+                    refuse(
+                        wrap.call,
+                        f"{wrapped or 'a model'} is wrapped in DataParallel/DistributedDataParallel at line "
+                        f"{self.s.line(wrap.statement)}, before {self.amp}.initialize({', '.join(setup.models)}, ...), "
+                        f"and may be the same model under another name; apex needs the wrap after "
+                        f"{self.amp}.initialize: move the wrap after the optimizer by hand",
+                    )
                 continue
             statement = wrap.statement
             if self.s.position(statement).line > self.s.position(anchor).line:
@@ -282,7 +347,7 @@ class ApexConversion(TorchConversion):
 
     # -- backward, clipping, checkpoints
 
-    def _plan_backwards(self, unit: TrainingUnit) -> None:
+    def plan_backwards(self, unit: TrainingUnit) -> None:
         backwards = sorted(unit.backwards, key=lambda b: _pos(self.s, b.call))
         losses = distinct_losses(unit)
         optimizers_of: Dict[int, List[str]] = {}
@@ -357,7 +422,7 @@ class ApexConversion(TorchConversion):
                 return step.receiver
         return None
 
-    def _plan_checkpoints(self, setup: ApexSetup, anchor: cst.CSTNode) -> None:
+    def plan_checkpoints(self, setup: ApexSetup, anchor: cst.CSTNode) -> None:
         saves_done = set()
         for save in self.s.optimizer_state_saves:
             element = self.s.parent(save.call)
@@ -401,7 +466,7 @@ class ApexConversion(TorchConversion):
 
     # -- the import
 
-    def _add_import(self) -> None:
+    def add_import(self) -> None:
         module = self.s.module
         new = "from apex import amp" if self.amp == "amp" else f"from apex import amp as {self.amp}"
         anchor = _last_leading_import(module)

@@ -166,7 +166,12 @@ class ApexSetupFinder:
 
     def initialize_anchor(self, unit: TrainingUnit, setup: ApexSetup) -> cst.CSTNode:
         """The statement after which amp.initialize goes: the last construction, moved past any
-        later `.cuda()` / `.to(...)` of a model in the same block."""
+        later `.cuda()` / `.to(...)` of a model in the same block, before the training."""
+        return self.anchor_before([unit.owner, *(b.call for b in unit.backwards)], setup)
+
+    def anchor_before(self, training: Sequence[cst.CSTNode], setup: ApexSetup) -> cst.CSTNode:
+        """The anchor for amp.initialize, which must come before any of the `training` nodes (the
+        loop, its backward calls; or the call of a step function of another module)."""
         paths = [self.s.block_path(statement) for statement in setup.construction_statements]
         common = _deepest_common_block(paths)
         if common is None:
@@ -175,14 +180,30 @@ class ApexSetupFinder:
         body = list(block.body)
         index = max(index_of(body, holder) for holder in holders)
         for later in body[index + 1:]:
-            if self.s.contains(later, unit.owner) or any(self.s.contains(later, b.call) for b in unit.backwards):
+            if any(self.s.contains(later, node) for node in training):
                 break
             if _moves_a_model(later, setup.models):
                 index = index_of(body, later)
         anchor = body[index]
-        if any(self.s.contains(anchor, b.call) for b in unit.backwards):
+        if any(self.s.contains(anchor, node) for node in training[1:] or training):
             refuse(anchor, "the optimizer is created in the same statement that trains")
         return anchor
+
+    def setup_of_passed_optimizers(self, names: Sequence[str], scope: Scope, use: cst.CSTNode) -> ApexSetup:
+        """The setup of optimizers this module passes to a step function of another module."""
+        scopes, optimizers, models, statements = [], [], [], []
+        for name in names:
+            binding, setup_name = self._construction(name, scope, use, depth=0)
+            scopes.append(binding.scope)
+            optimizers.append(setup_name)
+            statements.append(binding.statement)
+            found = self._models_of(binding)
+            if not found:
+                refuse(binding.statement, f"cannot tell which model {setup_name} trains (no `<model>.parameters()` in its arguments)")
+            models += [model for model in found if model not in models]
+        if any(scope is not scopes[0] for scope in scopes):
+            refuse(use, "the optimizers passed here are created in different functions")
+        return ApexSetup(scopes[0], optimizers, models, statements)
 
 
 # ---- small CST helpers ---------------------------------------------------------------------

@@ -25,7 +25,7 @@ import libcst as cst
 
 from ampify.findings import Finding, Severity
 from ampify.options import Options
-from ampify.transforms.base import TransformResult, Verdict
+from ampify.transforms.base import CompanionChange, TransformResult, Verdict
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch.helper_backwards import helper_refusal_note
@@ -88,6 +88,8 @@ class TorchConversion(abc.ABC):
         self.options = options
         self.scaling = options.dtype == "float16"
         self.findings: List[Finding] = []
+        #: edits of other modules that belong to this module's change (one change set)
+        self.companions: List[CompanionChange] = []
 
     # ---- what a backend supplies ------------------------------------------------------------
 
@@ -136,7 +138,8 @@ class TorchConversion(abc.ABC):
 
     def result(self, verdict: Verdict, reason: str = "", module: Optional[cst.Module] = None) -> TransformResult:
         findings = sorted(self.findings, key=lambda f: (f.line, f.column, f.code))
-        return TransformResult(module or self.structure.module, verdict, findings, reason)
+        companions = self.companions if verdict is Verdict.CONVERTED else []
+        return TransformResult(module or self.structure.module, verdict, findings, reason, companions)
 
     # ---- the check sequence -----------------------------------------------------------------
 

@@ -22,8 +22,7 @@ import libcst as cst
 
 from ampify.options import Options
 from ampify.transforms.base import Transform, TransformResult, UnitContext
-from ampify.transforms.kit.fast_walk import walk
-from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.torch import screen as torch_screen
 from ampify.transforms.torch import statements as statements
@@ -34,6 +33,7 @@ from ampify.transforms.torch.edits import StatementEdits, apply_edits
 from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, pair_helper_backwards
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.scaler_calls import ScalerCallPlanner
+from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
 from ampify.transforms.torch.scaler_placement import ScalerHome, ScalerPlacement, UnitPlan
 from ampify.transforms.torch.training_loop import (
     HazardKind,
@@ -168,9 +168,11 @@ class NativeConversion(TorchConversion):
         self.scaler_calls = ScalerCallPlanner(structure, imports)
         self.devices = DeviceChoice(structure, self.torch, self)
         self.scaler_name = "scaler"
-        self.placement = ScalerPlacement(structure, self.scaler_name, context.project)
+        self.placement = ScalerPlacement(structure, self.scaler_name, context.project, context.display)
         #: the device expression each created GradScaler got, by the statement it follows
         self.scaler_devices: Dict[int, str] = {}
+        #: modules of other files already edited for a unit of this module (one edit per module)
+        self.companion_keys: Set[str] = set()
         #: ids of backward() calls already rewritten (a helper's backward is reached from several units)
         self.scaled_backwards: Set[int] = set()
 
@@ -180,11 +182,11 @@ class NativeConversion(TorchConversion):
         self.scaler_name = self.structure.fresh_name("scaler", "grad_scaler", "amp_scaler")
         self.placement.scaler_name = self.scaler_name
 
-    def snapshot(self) -> Dict[int, ScalerHome]:
-        return dict(self.placement.homes)
+    def snapshot(self):
+        return dict(self.placement.homes), set(self.companion_keys)
 
-    def restore(self, state: Dict[int, ScalerHome]) -> None:
-        self.placement.homes = state
+    def restore(self, state) -> None:
+        self.placement.homes, self.companion_keys = state
 
     def write(self, plans: List[UnitPlan]) -> cst.Module:
         for plan in plans:
@@ -199,7 +201,7 @@ class NativeConversion(TorchConversion):
             ).write(converted)
         new_module = apply_edits(self.module, self.edits)
         if self.torch_import_needed:
-            new_module = _add_import_torch(new_module)
+            new_module = add_import_torch(new_module)
         return new_module
 
     # ---- torch name and imports -------------------------------------------------------
@@ -207,7 +209,7 @@ class NativeConversion(TorchConversion):
     def _torch_name(self) -> str:
         """The module-level name bound to `torch`; "torch" (to be imported) when there is none.
         An `import torch` inside a function does not count: the new code may run elsewhere."""
-        local = sorted(_module_level_aliases(self.module, "torch"))
+        local = sorted(module_level_aliases(self.module, "torch"))
         self.torch_import_needed = not local
         if "torch" in local or not local:
             return "torch"
@@ -232,6 +234,15 @@ class NativeConversion(TorchConversion):
         plan.early_exit_updates = list(self.scaler_calls.early_exit_updates.get(id(unit), []))
         plan.unscale_before = self.scaler_calls.unscale_points(unit)
         self.placement.place(plan)
+        if plan.companions:
+            for caller in plan.companions:
+                if caller.change.key in self.companion_keys:
+                    raise Unconvertible(
+                        f"{caller.change.display} already creates a GradScaler for another step of this module; "
+                        "pass one scaler to both by hand", unit.steps[0].call,
+                    )
+                self.companion_keys.add(caller.change.key)
+            self._agree_on_device_across_files(plan)
         delegated = [b for b in unit.backwards if b.delegation is not None]
         if delegated and not plan.reference.startswith("self."):
             helper = delegated[0].delegation.helpers[-1].name.value
@@ -244,12 +255,35 @@ class NativeConversion(TorchConversion):
 
     # ---- writing ----------------------------------------------------------------------
 
+    def _agree_on_device_across_files(self, plan: UnitPlan) -> None:
+        """The scaler created in another module names a device there; autocast here names one
+        here. When one side sees the script's device and the other none, both use "cuda" (as
+        `_one_device_for_unit` does within a file), so they switch on and off together."""
+        s = self.structure
+        here = [self.devices.expression(plan.unit.scope, s.line(block.body[start])) for block, start, _ in plan.regions]
+        there = [caller.device for caller in plan.companions]
+        expressions = here + there
+        if all(e is not None for e in expressions) or all(e is None for e in expressions):
+            return
+        plan.companions = [replan('"cuda"') for replan in plan.replan_companions]
+        plan.forced_device = '"cuda"'
+        named = sorted({e for e in expressions if e is not None})
+        self.warn(
+            "AMP216",
+            f"the script's device ({named[0]}) is not visible both here and where the GradScaler is created in "
+            f"{plan.companions[0].change.display}: \"cuda\" used for both, so they switch on and off together; pass "
+            "the device in to train elsewhere",
+            plan.unit.steps[0].call,
+        )
+
     def _one_device_for_unit(self, plan: UnitPlan) -> Optional[str]:
         """Autocast and the GradScaler must take the same device: a scaler on the script's device
         with autocast hard-coded to "cuda" keeps scaling on a CPU run while autocast has switched
         itself off. None when every place sees the same expression (each then computes it);
         when one place sees the script's device and another sees none, "cuda" for all of them, with
         a warning naming the expression that was not visible."""
+        if plan.forced_device is not None:
+            return plan.forced_device
         s = self.structure
         seen = []
         for block, start, _ in plan.regions:
@@ -341,6 +375,17 @@ class NativeConversion(TorchConversion):
             self.edits.add_parameter(plan.threaded_function, self.scaler_name)
             for call, caller_reference in plan.threaded_calls:
                 self.edits.add_keyword(call, self.scaler_name, caller_reference)
+            if plan.companions:
+                self.companions.extend(caller.change for caller in plan.companions)
+                callers = ", ".join(caller.change.display for caller in plan.companions)
+                self.info(
+                    "AMP208",
+                    f"{plan.threaded_function.name.value}() takes the GradScaler as a new required parameter "
+                    f"'{self.scaler_name}'; {callers} creates it after the optimizer and passes it in (written "
+                    "together with this file, as one change set)",
+                    plan.threaded_function,
+                )
+                return
             self.info(
                 "AMP204",
                 f"{plan.threaded_function.name.value}() takes the GradScaler as a new required parameter "
@@ -428,51 +473,3 @@ def _scaled_backward(call: cst.Call, reference: str) -> cst.Call:
 
 def _scaler_call(reference: str, method: str, receiver: Optional[str]) -> cst.Call:
     return cst.parse_expression(f"{reference}.{method}({receiver})")  # type: ignore[return-value]
-
-
-class _ModuleLevelImports(cst.CSTVisitor):
-    """Local names bound by imports at module level (also under module-level if/try/with)."""
-
-    def __init__(self, target: str) -> None:
-        super().__init__()
-        self.target = target
-        self.found: Set[str] = set()
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        return False
-
-    def visit_Import(self, node: cst.Import) -> None:
-        for alias in node.names:
-            full = dotted_name(alias.name) or ""
-            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                if full == self.target:
-                    self.found.add(alias.asname.name.value)
-            elif full.split(".")[0] == self.target:
-                self.found.add(self.target)  # `import torch.nn` binds `torch`
-
-
-def _module_level_aliases(module: cst.Module, target: str) -> Set[str]:
-    visitor = _ModuleLevelImports(target)
-    walk(module, visitor)
-    return visitor.found
-
-
-def _add_import_torch(module: cst.Module) -> cst.Module:
-    """Insert `import torch` before the first module-level import from torch."""
-    body = list(module.body)
-    for index, statement in enumerate(body):
-        if isinstance(statement, cst.SimpleStatementLine) and any(
-            isinstance(small, cst.ImportFrom) and small.module is not None
-            and (dotted_name(small.module) or "").split(".")[0] == "torch"
-            for small in statement.body
-        ):
-            new = cst.parse_statement("import torch\n", config=module.config_for_parsing)
-            new = new.with_changes(leading_lines=statement.leading_lines)
-            body[index] = statement.with_changes(leading_lines=[])
-            body.insert(index, new)
-            return module.with_changes(body=body)
-    new = cst.parse_statement("import torch\n", config=module.config_for_parsing)
-    return module.with_changes(body=[new] + body)

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
-from ampify.transforms.base import ProjectFacts
+from ampify.transforms.base import CallSite, ProjectFacts
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.training_loop import (
@@ -54,14 +54,24 @@ class UnitPlan:
     threaded_function: Optional[cst.FunctionDef] = None
     threaded_calls: List[Tuple[cst.Call, str]] = field(default_factory=list)  # (call, scaler reference)
     caller_homes: List[ScalerHome] = field(default_factory=list)
+    #: the calling modules' edits when the step is called from other files (CallerPlan each)
+    companions: List = field(default_factory=list)
+    #: re-plan each of them with a given device expression (to agree with autocast's)
+    replan_companions: List = field(default_factory=list)
+    #: the device expression autocast must use (set when the modules disagree)
+    forced_device: Optional[str] = None
 
 
 class ScalerPlacement:
     """The scaler homes of one module, shared by all its training units (one per setup)."""
 
-    def __init__(self, structure: TrainingStructure, scaler_name: str, project: Optional[ProjectFacts] = None) -> None:
+    def __init__(
+        self, structure: TrainingStructure, scaler_name: str, project: Optional[ProjectFacts] = None, display: str = ""
+    ) -> None:
         self.structure = structure
         self.scaler_name = scaler_name
+        #: this module, as findings in other modules name it
+        self.display = display
         #: the rest of the project, to name the callers in other files
         self.project = project
         #: id(scope or class) -> its scaler home
@@ -220,13 +230,18 @@ class ScalerPlacement:
                 f"{'self.' if klass is not None else ''}{function.name.value}(...) call in this file; "
                 "ampify cannot add the scaler to every caller", node,
             )
+        positions = statements.parameter_positions(function)
+        if not calls and klass is None and not other_uses and self.project is not None:
+            sites = list(self.project.call_sites_elsewhere(function.name.value))
+            if sites:
+                self._thread_across_files(plan, receivers, positions, sites)
+                return
         if not calls:
             raise Unconvertible(
                 f"{what} receives the optimizer as a parameter and is not called in this file"
                 f"{callers_elsewhere_note(self.project, klass, function)}: create the GradScaler where the "
                 "optimizer is created and pass it in", node,
             )
-        positions = statements.parameter_positions(function)
         if klass is not None and not _is_static(function):
             # self.f(a, b): `a` goes to the parameter after self
             positions = {name: index - 1 for name, index in positions.items() if index > 0}
@@ -266,6 +281,47 @@ class ScalerPlacement:
         plan.threaded_function = function
         plan.threaded_calls = threaded
         plan.caller_homes = homes
+
+    def _thread_across_files(
+        self, plan: UnitPlan, receivers: List[str], positions: Dict[str, int], sites: List[CallSite]
+    ) -> None:
+        """The step function is called only from other modules: each of them creates the
+        scaler after the optimizer it passes and passes it in (one change set with this module)."""
+        # caller_threading builds on this module (ScalerPlacement places the caller's scaler too)
+        from ampify.transforms.torch.caller_threading import thread_scaler_into_caller
+
+        function = plan.unit.scope
+        node = plan.unit.steps[0].call
+        here = f"{self.display}:{self.structure.line(node)}"
+        by_module: Dict[str, List[CallSite]] = {}
+        for site in sites:
+            by_module.setdefault(site.key, []).append(site)
+        plan.threaded_function = function
+        plan.threaded_calls = []
+        plan.caller_homes = []
+        for key, module_sites in by_module.items():
+            where = f"{module_sites[0].display}:{module_sites[0].line}"
+            if not self.project.in_this_run(key):
+                raise Unconvertible(
+                    f"the step at {here} needs the GradScaler from {where}, which this run does not cover: run "
+                    f"ampify on both files or on the repository", node,
+                )
+            source = self.project.source_of(key)
+            if source is None:
+                raise Unconvertible(f"the step at {here} needs the GradScaler from {where}, which cannot be read", node)
+
+            def replan(device, source=source, module_sites=module_sites):
+                return thread_scaler_into_caller(
+                    source, module_sites, function.name.value, positions, receivers, self.scaler_name, self.display,
+                    device,
+                )
+
+            try:
+                caller = replan(None)
+            except Unconvertible as problem:
+                raise Unconvertible(f"{function.name.value}() is called from {where}: {problem}", node) from None
+            plan.companions.append(caller)
+            plan.replan_companions.append(replan)
 
 
 def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) -> Tuple[List[cst.Call], List[cst.CSTNode]]:

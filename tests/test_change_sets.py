@@ -1,0 +1,187 @@
+"""A training step split over two files converts as one change set: both files or neither.
+
+The step (engine.py) takes the GradScaler as a new parameter; the module that calls it (main.py)
+creates the scaler after the optimizer and passes it in. These tests prove the guarantees:
+a run killed at any instant leaves, after the next run's recovery, both files old or both new;
+a file changed by someone else aborts the whole set; a caller outside the run is never written;
+and the converted project trains on CPU.
+"""
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ampify.change_set import JOURNAL_PREFIX, Change, recover_change_sets, write_change_set
+from ampify.source_io import SourceIOError, read_source
+
+ROOT = Path(__file__).resolve().parent.parent
+CASE = ROOT / "fixtures" / "repositories" / "engine_split"
+
+
+def _ampify(*args, cwd, env=None):
+    return subprocess.run([sys.executable, "-m", "ampify", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=env)
+
+
+def _tree(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.py"))}
+
+
+def _copy(tmp_path: Path, name: str = "repo") -> Path:
+    tree = tmp_path / name
+    shutil.copytree(CASE / "input", tree)
+    return tree
+
+
+def test_a_caller_outside_the_run_is_never_written_and_the_refusal_names_it(tmp_path):
+    tree = _copy(tmp_path)
+    completed = _ampify(tree / "engine.py", cwd=tmp_path)
+    assert completed.returncode == 1
+    assert _tree(tree) == _tree(CASE / "input")
+    assert "needs the GradScaler from main.py:14, which this run does not cover" in completed.stdout
+    assert "run ampify on both files or on the repository" in completed.stdout
+
+
+def test_naming_both_files_converts_both(tmp_path):
+    tree = _copy(tmp_path)
+    completed = _ampify(tree / "engine.py", tree / "main.py", cwd=tmp_path)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert _tree(tree) == _tree(CASE / "expected")
+
+
+def test_diff_prints_the_change_set_together_and_writes_nothing(tmp_path):
+    tree = _copy(tmp_path)
+    completed = _ampify("--diff", "repo", cwd=tmp_path)
+    assert _tree(tree) == _tree(CASE / "input")
+    assert "--- a/repo/engine.py" in completed.stdout and "--- a/repo/main.py" in completed.stdout
+    patch = tmp_path / "change.patch"
+    patch.write_text(completed.stdout)
+    subprocess.run(["git", "apply", "--unsafe-paths", str(patch)], cwd=tmp_path, check=True)
+    assert _tree(tree) == _tree(CASE / "expected")
+
+
+def test_a_file_changed_by_someone_else_aborts_the_whole_set(tmp_path):
+    tree = _copy(tmp_path)
+    engine, main = read_source(tree / "engine.py"), read_source(tree / "main.py")
+    (tree / "main.py").write_text((tree / "main.py").read_text() + "# edited meanwhile\n")
+    edited = (tree / "main.py").read_bytes()
+    with pytest.raises(SourceIOError, match="main.py: file changed on disk.*no file of the change set was written"):
+        write_change_set([Change(engine, b"new engine\n"), Change(main, b"new main\n")])
+    assert (tree / "engine.py").read_bytes() == engine.data and (tree / "main.py").read_bytes() == edited
+    assert not [p for p in tree.iterdir() if p.name.startswith(".")], "temporary files or a journal left behind"
+
+
+def test_recovery_rolls_back_when_a_temporary_file_is_gone(tmp_path):
+    """A journal whose set cannot be completed (a temporary file deleted by hand) is rolled back:
+    every file of the set gets its old bytes again."""
+    tree = _copy(tmp_path)
+    engine, main = read_source(tree / "engine.py"), read_source(tree / "main.py")
+    os.environ["_AMPIFY_CHANGE_SET_PAUSE"] = "2"
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child is killed mid-set
+        try:
+            write_change_set([Change(engine, b"x = 1\n"), Change(main, b"y = 2\n")])
+        finally:
+            os._exit(0)
+    del os.environ["_AMPIFY_CHANGE_SET_PAUSE"]
+    deadline = time.time() + 20
+    while (tree / "engine.py").read_bytes() == engine.data and time.time() < deadline:
+        time.sleep(0.02)  # engine.py (first in path order) replaced; main.py still waits
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    assert (tree / "engine.py").read_bytes() == b"x = 1\n" and (tree / "main.py").read_bytes() == main.data
+    for temp in [p for p in tree.iterdir() if p.name.endswith(".ampify-tmp")]:
+        temp.unlink()
+    lines = recover_change_sets([tree])
+    assert lines and "rolled back" in lines[0]
+    assert _tree(tree) == _tree(CASE / "input")
+    assert not [p for p in tree.iterdir() if p.name.startswith(JOURNAL_PREFIX)]
+
+
+def test_kill_9_at_random_moments_never_leaves_half_a_change_set(tmp_path):
+    """SIGKILL the CLI at random instants of its write (slowed down inside the set so that the
+    kills land in every step of it); after the next run's recovery both files are old or both
+    new, every time, and a final run always ends at the expected tree."""
+    rng = random.Random(20261203)
+    env = {**os.environ, "_AMPIFY_CHANGE_SET_PAUSE": "0.4"}
+    calibration = _copy(tmp_path, "calibration")
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "ampify", str(calibration), "-j", "1"], cwd=tmp_path, env=env,
+                   capture_output=True, check=True)
+    whole_run = time.monotonic() - started  # about 1.2 s of it is inside the change set
+    seen = set()
+    for attempt in range(10):
+        tree = _copy(tmp_path, f"repo{attempt}")
+        child = subprocess.Popen([sys.executable, "-m", "ampify", str(tree), "-j", "1"], cwd=tmp_path, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.1, 1.0) * whole_run)
+        child.kill()
+        child.wait()
+        recovery = _ampify("--check", tree, cwd=tmp_path)  # recovers first, in any mode
+        state = _tree(tree)
+        assert state in (_tree(CASE / "input"), _tree(CASE / "expected")), (attempt, recovery.stdout)
+        seen.add("new" if state == _tree(CASE / "expected") else "old")
+        seen.add("recovered" if "left unfinished" in recovery.stdout else "clean")
+        assert not [p for p in tree.iterdir() if p.name.startswith(JOURNAL_PREFIX)]
+        final = _ampify(tree, cwd=tmp_path)
+        assert final.returncode == 0, final.stdout + final.stderr
+        assert _tree(tree) == _tree(CASE / "expected")
+    assert "recovered" in seen, seen  # some kills landed inside the change set
+
+
+def test_the_converted_two_module_project_trains_on_cpu(tmp_path):
+    pytest.importorskip("torch")
+    tree = tmp_path / "project"
+    tree.mkdir()
+    (tree / "engine.py").write_text(
+        "import torch\n\n\n"
+        "def train_one_epoch(model, criterion, loader, optimizer, device):\n"
+        "    for x, y in loader:\n"
+        "        x, y = x.to(device), y.to(device)\n"
+        "        loss = criterion(model(x), y)\n"
+        "        optimizer.zero_grad()\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n"
+        "    return loss.item()\n"
+    )
+    (tree / "main.py").write_text(
+        "import math\nimport torch\nimport torch.nn as nn\n\nfrom engine import train_one_epoch\n\n"
+        "device = torch.device('cpu')\n"
+        "model = nn.Linear(8, 2).to(device)\n"
+        "dtypes = []\nmodel.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))\n"
+        "criterion = nn.CrossEntropyLoss()\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = [(torch.randn(4, 8), torch.randint(0, 2, (4,))) for _ in range(3)]\n"
+        "for epoch in range(2):\n"
+        "    last = train_one_epoch(model, criterion, loader, optimizer, device)\n"
+        "assert math.isfinite(last)\n"
+        "assert dtypes == [torch.float16] * 6, dtypes\n"
+        "print('trained', last)\n"
+    )
+    completed = _ampify(tree, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "scaler=scaler" in (tree / "main.py").read_text()
+    run = subprocess.run([sys.executable, "main.py"], cwd=tree, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "trained" in run.stdout
+
+
+def test_apex_places_amp_initialize_in_the_calling_module_or_refuses_naming_it(tmp_path):
+    tree = _copy(tmp_path)
+    alone = _ampify("--backend", "apex", tree / "engine.py", cwd=tmp_path)
+    assert alone.returncode == 1 and _tree(tree) == _tree(CASE / "input")
+    assert "needs amp.initialize in main.py:14, which this run does not cover" in alone.stdout
+    both = _ampify("--backend", "apex", tree, cwd=tmp_path)
+    assert both.returncode == 0, both.stdout + both.stderr
+    expected = ROOT / "fixtures" / "repositories" / "apex_engine_split" / "expected"
+    assert _tree(tree) == _tree(expected)
+    main = (tree / "main.py").read_text()
+    # amp.initialize after the optimizer and before the loop that calls the step
+    assert main.index("optimizer = torch.optim.SGD") < main.index("amp.initialize(") < main.index("for epoch in")

@@ -1,0 +1,106 @@
+"""apex across two modules: the step function (`train_one_epoch(model, ..., optimizer, ...)` in
+engine.py) gets `amp.scale_loss` and `amp.master_params`; the module that creates the optimizer and
+calls it (main.py) gets `amp.initialize` after the optimizer and the model's device moves, before
+any DataParallel/DDP wrap, and amp's state in its checkpoints. amp is a module-level singleton,
+so nothing is threaded through the call: `optimizer` is the patched one when the step runs.
+
+Both modules are written as one change set. Anything that cannot be followed raises
+Unconvertible with the reason, and neither module changes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence
+
+import libcst as cst
+
+from ampify.options import Options
+from ampify.transforms.base import CallSite, CompanionChange, ProjectFacts
+from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.torch import statements as statements
+from ampify.transforms.torch.edits import apply_edits
+from ampify.transforms.torch.training_loop import TrainingStructure, TrainingUnit, Unconvertible, analyze_training
+
+
+def foreign_call_sites(
+    structure: TrainingStructure, unit: TrainingUnit, project: Optional[ProjectFacts], in_file_calls: int
+) -> Optional[List[CallSite]]:
+    """The calls in other modules when this unit's optimizers are all parameters of a
+    module-level function called only from other modules; None for any other shape."""
+    function = unit.scope
+    if project is None or in_file_calls or not isinstance(function, cst.FunctionDef):
+        return None
+    if structure.class_of(function) is not None:
+        return None
+    parameters = {p.name.value for p in statements.all_params(function)}
+    if not unit.optimizers or not all(optimizer in parameters for optimizer in unit.optimizers):
+        return None
+    sites = list(project.call_sites_elsewhere(function.name.value))
+    return sites or None
+
+
+def plan_caller(
+    make_conversion: Callable[[TrainingStructure, Options], object],
+    options: Options,
+    source: bytes,
+    sites: Sequence[CallSite],
+    function: cst.FunctionDef,
+    receivers: Sequence[str],
+    losses: int,
+    step_display: str,
+) -> CompanionChange:
+    """The calling module's edit: amp.initialize for the optimizers it passes at `sites`."""
+    display = sites[0].display
+    try:
+        module = cst.parse_module(source)
+    except Exception as error:
+        raise Unconvertible(f"{display} does not parse ({type(error).__name__}), so amp.initialize cannot go there")
+    s = analyze_training(module, ImportMap.from_module(module))
+    if s.backwards:
+        raise Unconvertible(
+            f"{display} trains too (backward() at {display}:{s.line(s.backwards[0].call)}); ampify places "
+            "amp.initialize in a module that only sets the training up"
+        )
+    if s.mixed_precision_uses:
+        raise Unconvertible(f"{display} already uses mixed precision (line {s.line(s.mixed_precision_uses[0])})")
+    conversion = make_conversion(s, options)
+    positions = statements.parameter_positions(function)
+    setup = None
+    calls = []
+    for site in sites:
+        call = next(
+            (c for c in statements.calls_within(s.module)
+             if (dotted_name(c.func) or "").split(".")[-1] == function.name.value and s.line(c) == site.line),
+            None,
+        )
+        if call is None:
+            raise Unconvertible(f"the call of {function.name.value}() at {display}:{site.line} could not be found again")
+        passed = []
+        for receiver in receivers:
+            argument = statements.argument_for(call, receiver, positions)
+            name = dotted_name(argument) if argument is not None else None
+            if name is None or "." in name:
+                raise Unconvertible(
+                    f"the call of {function.name.value}() at {display}:{site.line} does not pass {receiver} as a plain variable"
+                )
+            passed.append(name)
+        found = conversion.setups.setup_of_passed_optimizers(passed, s.scope_of(call), call)
+        if setup is not None and found.construction_statements != setup.construction_statements:
+            raise Unconvertible(
+                f"{display} calls {function.name.value}() with optimizers created in different places; apex allows "
+                "one amp.initialize per process"
+            )
+        setup = found
+        calls.append(s.statement_of(call) or call)
+    conversion.setups.check_models_reach_the_gpu(setup)
+    anchor = conversion.setups.anchor_before(calls, setup)
+    conversion.plan_initialize(losses, setup, anchor, f" (for {function.name.value}() in {step_display})")
+    conversion.plan_parallel_wraps(setup, anchor)
+    conversion.plan_checkpoints(setup, anchor)
+    conversion.add_import()
+    new_module = apply_edits(s.module, conversion.plan)
+    return CompanionChange(
+        key=sites[0].key, display=display, old=source, new=new_module.bytes,
+        findings=sorted(conversion.findings, key=lambda f: (f.line, f.column, f.code)),
+        reason=f"changed with {step_display}: amp.initialize for the optimizer {function.name.value}() steps",
+    )

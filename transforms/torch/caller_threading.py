@@ -1,0 +1,161 @@
+"""The other half of a training step that spans two modules: in the module that calls the step
+function (`train_one_epoch(model, criterion, loader, optimizer, device)` in main.py), create the
+GradScaler after the optimizer it passes and pass the scaler in by keyword.
+
+The step's own module (engine.py) is converted by NativeConversion, which asks for this edit of
+each calling module; both are written as one change set (ampify/change_set.py). Anything that
+cannot be followed raises Unconvertible with the reason, and neither module changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import libcst as cst
+
+from ampify.findings import Finding, Severity
+from ampify.transforms.base import CallSite, CompanionChange
+from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.torch import statements as statements
+from ampify.transforms.torch.checkpoints import CheckpointWriter
+from ampify.transforms.torch.device_choice import DeviceChoice
+from ampify.transforms.torch.edits import StatementEdits, apply_edits
+from ampify.transforms.torch.scaler_placement import ScalerHome, ScalerPlacement
+from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
+from ampify.transforms.torch.training_loop import Scope, Unconvertible, analyze_training
+
+
+@dataclass
+class _Findings:
+    """Findings about the calling module (its own line numbers)."""
+
+    structure: object = None
+    findings: List[Finding] = field(default_factory=list)
+
+    def _add(self, code: str, message: str, node: Optional[cst.CSTNode], severity: Severity) -> None:
+        position = self.structure.position(node) if node is not None else None
+        finding = Finding(code, message, position.line if position else 0, position.column if position else 0, severity)
+        if finding not in self.findings:
+            self.findings.append(finding)
+
+    def info(self, code: str, message: str, node: Optional[cst.CSTNode]) -> None:
+        self._add(code, message, node, Severity.INFO)
+
+    def warn(self, code: str, message: str, node: Optional[cst.CSTNode]) -> None:
+        self._add(code, message, node, Severity.WARNING)
+
+
+@dataclass
+class CallerPlan:
+    """The calling module's planned edit, and the device its GradScaler names (None: none found)."""
+
+    change: CompanionChange
+    device: Optional[str]
+
+
+def thread_scaler_into_caller(
+    source: bytes,
+    sites: Sequence[CallSite],
+    function_name: str,
+    positions: Dict[str, int],
+    receivers: Sequence[str],
+    keyword: str,
+    step_display: str,
+    device: Optional[str] = None,
+) -> CallerPlan:
+    """Plan the edit of one calling module (all `sites` are in it). `positions`: the step
+    function's parameters by position; `receivers`: the optimizer parameters; `keyword`: the
+    scaler's new parameter; `device`: the device expression to use, when already decided."""
+    display = sites[0].display
+    try:
+        module = cst.parse_module(source)
+    except Exception as error:  # the other module does not parse: nothing to thread into
+        raise Unconvertible(f"{display} does not parse ({type(error).__name__}), so the scaler cannot be created there")
+    imports = ImportMap.from_module(module)
+    s = analyze_training(module, imports)
+    module = s.module
+    if s.backwards:
+        raise Unconvertible(
+            f"{display} trains too (backward() at {display}:{s.line(s.backwards[0].call)}); ampify threads a scaler "
+            "into a module that only sets the training up"
+        )
+    report = _Findings(s)
+    local = sorted(module_level_aliases(module, "torch"))
+    torch_import_needed = not local
+    torch = "torch" if "torch" in local or not local else local[0]
+    scaler_name = s.fresh_name("scaler", "grad_scaler", "amp_scaler")
+    placement = ScalerPlacement(s, scaler_name)
+    edits = StatementEdits()
+    homes: List[ScalerHome] = []
+    calls = []
+    for site in sites:
+        call = _call_at(s, site, function_name)
+        if call is None:
+            raise Unconvertible(f"the call of {function_name}() at {display}:{site.line} could not be found again")
+        scope = s.scope_of(call)
+        passed = []
+        for receiver in receivers:
+            argument = statements.argument_for(call, receiver, positions)
+            name = dotted_name(argument) if argument is not None else None
+            if name is None or "." in name:
+                raise Unconvertible(
+                    f"the call of {function_name}() at {display}:{site.line} does not pass {receiver} as a plain variable"
+                )
+            bindings = s.bindings_visible(name, scope)
+            if any(b.kind == "parameter" for b in bindings):
+                raise Unconvertible(
+                    f"the caller at {display}:{site.line} receives the optimizer as a parameter too; ampify follows "
+                    "one level of calls across files"
+                )
+            passed.append(name)
+        if any(arg.keyword is not None and arg.keyword.value == keyword for arg in call.args):
+            raise Unconvertible(f"the call at {display}:{site.line} already passes {keyword}=")
+        homes.append(placement._variable_home(passed, scope, s.statement_of(call), call))
+        calls.append(call)
+    devices = DeviceChoice(s, torch, report)
+    chosen: Dict[int, str] = {}
+    found_device = None
+    for home in homes:
+        if id(home.after) in chosen:
+            continue
+        expression = device or devices.expression(home.device_scope, home.line + 1)
+        found_device = found_device or expression
+        chosen[id(home.after)] = expression or '"cuda"'
+        edits.insert_after(home.after, f"{home.reference} = {torch}.amp.GradScaler({chosen[id(home.after)]})")
+        report.info(
+            "AMP204",
+            f"created {home.reference} = torch.amp.GradScaler({chosen[id(home.after)]}) after the optimizer(s) "
+            f"{', '.join(home.optimizers)}, for {function_name}() in {step_display}",
+            home.after,
+        )
+    for call, home in zip(calls, homes):
+        edits.add_keyword(call, keyword, home.reference)
+        report.info("AMP204", f"{function_name}(...) now passes {keyword}={home.reference}", call)
+    CheckpointWriter(
+        s, imports, edits, torch, lambda scope, line: _reference_in(s, homes, scope, line), report.info, report.warn,
+    ).write({name for home in homes for name in home.optimizers})
+    new_module = apply_edits(module, edits)
+    if torch_import_needed:
+        new_module = add_import_torch(new_module)
+    change = CompanionChange(
+        key=sites[0].key, display=display, old=source, new=new_module.bytes,
+        findings=sorted(report.findings, key=lambda f: (f.line, f.column, f.code)),
+        reason=f"changed with {step_display}: the GradScaler of {function_name}() is created here and passed in",
+    )
+    return CallerPlan(change, found_device)
+
+
+def _call_at(s, site: CallSite, function_name: str) -> Optional[cst.Call]:
+    for call in statements.calls_within(s.module):
+        name = dotted_name(call.func)
+        if name is not None and name.split(".")[-1] == function_name and s.line(call) == site.line:
+            return call
+    return None
+
+
+def _reference_in(s, homes: Sequence[ScalerHome], scope: Scope, line: int) -> Optional[str]:
+    for home in homes:
+        if scope is home.scope and line > home.line:
+            return home.reference
+    return None
