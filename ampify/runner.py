@@ -132,7 +132,12 @@ def _batches(tasks: List[FileTask], jobs: int) -> List[List[FileTask]]:
 # ("idle",) once a batch is through. The parent sends a batch [(i, task), ...] or None to stop.
 
 
-def _worker_main(conn, stop_event, parent_pid: int) -> None:
+def _worker_main(conn, stop_event, parent_pid: int, parent_ends=()) -> None:
+    # The parent's ends of the pipes (this worker's and the older workers'), inherited through
+    # fork: closed here, so that a parent killed with SIGKILL gives this worker EOF instead of
+    # leaving it blocked in recv() forever.
+    for end in parent_ends:
+        end.close()
     # The parent decides when to stop: a worker finishes its file and then sees the stop event.
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
@@ -140,6 +145,9 @@ def _worker_main(conn, stop_event, parent_pid: int) -> None:
     _collect_garbage_less_often()
     try:
         while True:
+            while not conn.poll(1.0):
+                if os.getppid() != parent_pid:
+                    return  # the parent is gone (and something still holds the pipe open)
             batch = conn.recv()
             if batch is None:
                 return
@@ -227,7 +235,9 @@ class _Pool:
     def start_worker(self) -> _Worker:
         parent_end, child_end = self.context.Pipe(duplex=True)
         process = self.context.Process(
-            target=_worker_main, args=(child_end, self.stop_event, os.getpid()), daemon=True
+            target=_worker_main,
+            args=(child_end, self.stop_event, os.getpid(), [parent_end, *(w.conn for w in self.workers)]),
+            daemon=True,
         )
         process.start()
         child_end.close()

@@ -185,3 +185,24 @@ def test_apex_places_amp_initialize_in_the_calling_module_or_refuses_naming_it(t
     main = (tree / "main.py").read_text()
     # amp.initialize after the optimizer and before the loop that calls the step
     assert main.index("optimizer = torch.optim.SGD") < main.index("amp.initialize(") < main.index("for epoch in")
+
+
+def test_workers_do_not_outlive_a_run_killed_with_sigkill(tmp_path):
+    """The parent killed mid-run: its worker finishes the file in hand (a change set is never cut
+    by the parent's death) and then exits, instead of waiting on the pipe forever."""
+    tree = _copy(tmp_path, "orphans")
+    env = {**os.environ, "_AMPIFY_CHANGE_SET_PAUSE": "0.5"}
+    child = subprocess.Popen([sys.executable, "-m", "ampify", str(tree), "-j", "1"], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.8)
+    child.kill()
+    child.wait()
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        alive = subprocess.run(["pgrep", "-f", str(tree)], capture_output=True, text=True).stdout.split()
+        if not alive:
+            break
+        time.sleep(0.2)
+    assert not alive, f"worker processes left running: {alive}"
+    recovery = _ampify("--check", tree, cwd=tmp_path)
+    assert _tree(tree) in (_tree(CASE / "input"), _tree(CASE / "expected")), recovery.stdout
