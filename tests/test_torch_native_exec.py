@@ -46,6 +46,8 @@ EXPECTED_CALLS = {
     "gan_helper_methods": {"step": 8, "update": 4, "scale": 12, "load_state_dict": 0},
     # 4 iterations: self.forward() (the generator) runs under autocast too, D and G steps
     "forward_for_its_effect": {"step": 8, "update": 4, "scale": 8, "load_state_dict": 0},
+    # 5 batches; loss inside backward(), clipping in a one-line `if`, semicolons: reshaped, then converted
+    "compound_statements": {"step": 5, "update": 5, "scale": 5, "load_state_dict": 0},
 }
 
 
@@ -109,3 +111,14 @@ def test_hand_made_gradient_clamp_sees_unscaled_gradients(tmp_path):
     assert len(finite) >= len(full) - 1, (mixed, full)
     for m, f in finite:
         assert m < 10 * f + 1, (mixed, full)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_reshaped_step_computes_what_the_fp32_step_computed(dtype, tmp_path):
+    """The loss bound to a name, the one-line `if` expanded, the semicolons split: the converted
+    step trains the same model as the original, within the reduced dtype's tolerance."""
+    fp32 = run_script(str(SCRIPTS / "compound_statements.py")).script_globals["LOSSES"]
+    mixed = run_script(str(_convert("compound_statements", dtype, tmp_path))).script_globals["LOSSES"]
+    assert len(mixed) == len(fp32) == 5
+    for converted, original in zip(mixed, fp32):
+        assert converted == pytest.approx(original, rel=2e-2), (mixed, fp32)

@@ -27,6 +27,7 @@ from ampify.transforms.torch.apex_setup import ApexSetup, ApexSetupFinder, index
 from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConversion, short_text
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
 from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, distinct_losses, pair_helper_backwards
+from ampify.transforms.torch.normalize import converted_in_shape
 from ampify.transforms.torch.statements import code_of
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.training_loop import (
@@ -136,9 +137,12 @@ class TorchApexAmp(Transform):
     def apply(
         self, module: cst.Module, imports: ImportMap, options: Options, context: UnitContext = UnitContext()
     ) -> TransformResult:
-        structure = analyze_training(module, imports)
-        pair_helper_backwards(structure)
-        return ApexConversion(structure, options, context).run()
+        def convert(shaped: cst.Module) -> TransformResult:
+            structure = analyze_training(shaped, imports)
+            pair_helper_backwards(structure)
+            return ApexConversion(structure, options, context).run()
+
+        return converted_in_shape(module, convert)
 
 
 class ApexConversion(TorchConversion):

@@ -32,6 +32,7 @@ from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConver
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
 from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, pair_helper_backwards
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
+from ampify.transforms.torch.normalize import converted_in_shape
 from ampify.transforms.torch.scaler_calls import ScalerCallPlanner
 from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
 from ampify.transforms.torch.scaler_placement import ScalerHome, ScalerPlacement, UnitPlan
@@ -144,9 +145,12 @@ class TorchNativeAmp(Transform):
     def apply(
         self, module: cst.Module, imports: ImportMap, options: Options, context: UnitContext = UnitContext()
     ) -> TransformResult:
-        structure = analyze_training(module, imports)
-        pair_helper_backwards(structure)
-        return NativeConversion(structure, imports, options, context).run()
+        def convert(shaped: cst.Module) -> TransformResult:
+            structure = analyze_training(shaped, imports)
+            pair_helper_backwards(structure)
+            return NativeConversion(structure, imports, options, context).run()
+
+        return converted_in_shape(module, convert)
 
 
 class NativeConversion(TorchConversion):

@@ -1,0 +1,198 @@
+"""Put the statements of a training step into the shape the conversion works on, without changing
+what they do:
+
+- `loss_fn(model(x), y).backward()` -> `loss = loss_fn(model(x), y)` then `loss.backward()`: the
+  loss needs a name to be scaled (`scaler.scale(loss)`, `amp.scale_loss(loss, ...)`) and its
+  forward pass a statement of its own to go under autocast;
+- `if args.clip: clip_grad_norm_(params, args.clip)` -> the same `if` with an indented body, so
+  that `scaler.unscale_(optimizer)` can go before the clipping inside it;
+- `optimizer.zero_grad(); loss = f(x); loss.backward(); optimizer.step()` -> one statement per
+  line.
+
+Only statements that hold a training call (backward, step, zero_grad, clipping) are touched. The
+result is used only when the step is converted (the file changes anyway); `LineMap` takes the
+findings' line numbers back to the lines of the file as it was.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import replace
+from typing import Callable, List, Optional, Set, Union
+
+import libcst as cst
+
+from ampify.transforms.base import TransformResult, Verdict
+from ampify.transforms.kit.fast_walk import walk
+
+#: calls that make a statement part of a training step's structure
+_TRAINING_CALLS = {"backward", "step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "unscale_"}
+
+
+def _holds_training_call(node: cst.CSTNode) -> bool:
+    found = False
+
+    class _Finder(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> Optional[bool]:
+            nonlocal found
+            func = call.func
+            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+            if name in _TRAINING_CALLS:
+                found = True
+                return False
+            return True
+
+    walk(node, _Finder())
+    return found
+
+
+def _names_in(module: cst.Module) -> Set[str]:
+    names: Set[str] = set()
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            names.add(node.value)
+
+    walk(module, _Names())
+    return names
+
+
+class _Normalize(cst.CSTTransformer):
+    def __init__(self, taken: Set[str]) -> None:
+        super().__init__()
+        self.taken = taken
+        self.changed = False
+
+    def _fresh(self) -> str:
+        for name in ("loss", "loss_value", "step_loss", "ampify_loss"):
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+        index = 2
+        while f"loss_{index}" in self.taken:
+            index += 1
+        self.taken.add(f"loss_{index}")
+        return f"loss_{index}"
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> Union[cst.SimpleStatementLine, cst.FlattenSentinel]:
+        smalls = list(updated_node.body)
+        if len(smalls) > 1 and _holds_training_call(updated_node):
+            self.changed = True
+            lines = []
+            for index, small in enumerate(smalls):
+                line = cst.SimpleStatementLine(body=[small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
+                if index == 0:
+                    line = line.with_changes(leading_lines=updated_node.leading_lines)
+                if index == len(smalls) - 1:
+                    line = line.with_changes(trailing_whitespace=updated_node.trailing_whitespace)
+                lines.extend(self._bound_loss(line))
+            return cst.FlattenSentinel(lines)
+        lines = self._bound_loss(updated_node)
+        return lines[0] if len(lines) == 1 else cst.FlattenSentinel(lines)
+
+    def _bound_loss(self, line: cst.SimpleStatementLine) -> List[cst.SimpleStatementLine]:
+        """`f(x).backward(...)` as a statement of its own -> `loss = f(x)` + `loss.backward(...)`."""
+        if len(line.body) != 1 or not isinstance(line.body[0], cst.Expr):
+            return [line]
+        call = line.body[0].value
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"):
+            return [line]
+        receiver = call.func.value
+        if not isinstance(receiver, cst.Call):
+            return [line]
+        self.changed = True
+        name = self._fresh()
+        bind = line.with_changes(
+            body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=receiver.with_changes(lpar=[], rpar=[]))],
+            trailing_whitespace=cst.TrailingWhitespace(),
+        )
+        backward = cst.SimpleStatementLine(
+            body=[line.body[0].with_changes(value=call.with_changes(func=call.func.with_changes(value=cst.Name(name))))],
+            trailing_whitespace=line.trailing_whitespace,
+        )
+        return [bind, backward]
+
+    def _expanded(self, suite: cst.BaseSuite) -> cst.BaseSuite:
+        if not isinstance(suite, cst.SimpleStatementSuite) or not _holds_training_call(suite):
+            return suite
+        self.changed = True
+        lines: List[cst.BaseStatement] = []
+        for index, small in enumerate(suite.body):
+            line = cst.SimpleStatementLine(body=[small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
+            if index == len(suite.body) - 1:
+                line = line.with_changes(trailing_whitespace=suite.trailing_whitespace)
+            lines.extend(self._bound_loss(line))
+        return cst.IndentedBlock(body=lines)
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        return updated_node.with_changes(body=self._expanded(updated_node.body))
+
+    def leave_Else(self, original_node: cst.Else, updated_node: cst.Else) -> cst.Else:
+        return updated_node.with_changes(body=self._expanded(updated_node.body))
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
+        return updated_node.with_changes(body=self._expanded(updated_node.body))
+
+    def leave_While(self, original_node: cst.While, updated_node: cst.While) -> cst.While:
+        return updated_node.with_changes(body=self._expanded(updated_node.body))
+
+    def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
+        return updated_node.with_changes(body=self._expanded(updated_node.body))
+
+
+def normalize_training_statements(module: cst.Module) -> cst.Module:
+    """The module with its training statements in the shape above; the same object when nothing
+    needed it (the common case: a cheap check, no rebuild)."""
+    transformer = _Normalize(_names_in(module))
+    normalized = module.visit(transformer)
+    return normalized if transformer.changed else module
+
+
+_LINE_MENTION = re.compile(r"\b(lines? )(\d+(?:-\d+)?)")
+
+
+class LineMap:
+    """Line numbers of the normalized module -> lines of the module as it was."""
+
+    def __init__(self, original: str, normalized: str) -> None:
+        old, new = original.splitlines(), normalized.splitlines()
+        self._map = {}
+        matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+        for tag, a0, a1, b0, b1 in matcher.get_opcodes():
+            for offset, line in enumerate(range(b0, b1)):
+                if tag == "equal":
+                    self._map[line + 1] = a0 + offset + 1
+                else:
+                    self._map[line + 1] = min(a0 + offset, max(a1 - 1, a0)) + 1
+
+    def original_line(self, line: int) -> int:
+        return self._map.get(line, line) if line else line
+
+    def in_message(self, message: str) -> str:
+        """"(line 9)", "lines 9-10", "before line 12" in a message, as lines of the original.
+        A message about another file ("main.py:14 ...") keeps its numbers: they are that file's."""
+        if ".py:" in message:
+            return message
+        return _LINE_MENTION.sub(
+            lambda m: m.group(1) + "-".join(str(self.original_line(int(n))) for n in m.group(2).split("-")), message
+        )
+
+
+def converted_in_shape(module: cst.Module, convert: Callable[[cst.Module], TransformResult]) -> TransformResult:
+    """Run `convert` on the normalized module. Its rewrite is kept only when it converted; the
+    findings always name the lines of `module` as it was."""
+    normalized = normalize_training_statements(module)
+    if normalized is module:
+        return convert(module)
+    result = convert(normalized)
+    lines = LineMap(module.code, normalized.code)
+    result.findings = sorted(
+        (replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings),
+        key=lambda f: (f.line, f.column, f.code),
+    )
+    if result.verdict is not Verdict.CONVERTED:
+        result.module = module
+    return result
