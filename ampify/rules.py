@@ -132,6 +132,9 @@ RULES: List[Rule] = [
          "def train_one_epoch(model, loader, optimizer, device):  # engine.py\n  -> def train_one_epoch(model, loader, optimizer, device, scaler):\n"
          "train_one_epoch(model, loader, optimizer, device)  # main.py\n  -> scaler = torch.amp.GradScaler(device.type)\n"
          "     train_one_epoch(model, loader, optimizer, device, scaler=scaler)", REVIEW),
+    Rule("AMP209", "info", "a framework owns the training loop: its own mixed precision switch set (Accelerate, Lightning, Hugging Face Trainer)",
+         "The framework autocasts and scales its own loop; setting its switch is the whole conversion. A switch the script already sets is kept.",
+         'accelerator = Accelerator()\n  -> accelerator = Accelerator(mixed_precision="fp16")', SAFE),
     Rule("AMP210", "warning", "`BCELoss` / `binary_cross_entropy` under autocast",
          "CUDA autocast raises on BCELoss: use BCEWithLogitsLoss on logits.",
          "criterion = nn.BCELoss()", MANUAL),
@@ -177,6 +180,9 @@ RULES: List[Rule] = [
     Rule("AMP224", "warning", "checkpoint form not extended: save/load the GradScaler's state by hand",
          "A resumed run would restart the loss scale at 65536 and skip steps until it settles.",
          'torch.save(optimizer.state_dict(), path)  # a form ampify does not extend', MANUAL),
+    Rule("AMP225", "warning", "framework constructor called with `**kwargs`: its precision switch may be set there; not changed",
+         "ampify cannot see inside **kwargs; setting the switch beside them could clash with a value passed in.",
+         "trainer = Trainer(**config)", MANUAL, incomplete=True),
     Rule("AMP300", "error", "error: internal error in the apex transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP300 internal error in the torch-apex-amp transform (KeyError: ...); this file is left unchanged", MANUAL),

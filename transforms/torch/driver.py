@@ -97,6 +97,11 @@ class TorchConversion(abc.ABC):
         """Does the module name torch (so that new code can be spelled)?"""
         return self.structure.imports.uses("torch")
 
+    def framework_switch(self) -> Optional[TransformResult]:
+        """A framework that owns the training loop, handled by the backend (its own switch set);
+        None: no such framework here, or the backend leaves it (reported as not applicable)."""
+        return None
+
     def prepare(self) -> None:
         """Called once before the first unit is planned (fresh names, say)."""
 
@@ -145,6 +150,9 @@ class TorchConversion(abc.ABC):
 
     def run(self) -> TransformResult:
         s = self.structure
+        switched = self.framework_switch()
+        if switched is not None:
+            return switched
         if not self.imports_torch():
             return self._without_torch_import()
         if s.hand_written_mixed_precision is not None and (s.backwards or s.steps):

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Set
 import libcst as cst
 
 from ampify.options import Options
-from ampify.transforms.base import Transform, TransformResult, UnitContext
+from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.torch import screen as torch_screen
@@ -30,6 +30,13 @@ from ampify.transforms.torch.checkpoints import CheckpointWriter
 from ampify.transforms.torch.device_choice import DeviceChoice
 from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConversion
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
+from ampify.transforms.torch.framework_switches import (
+    CONSTRUCTOR_NAMES,
+    describe,
+    framework_switch_sites,
+    may_use_a_framework_switch,
+    switch_keyword,
+)
 from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, pair_helper_backwards
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.normalize import converted_in_shape
@@ -132,12 +139,12 @@ class TorchNativeAmp(Transform):
     description = "Add torch.autocast and torch.amp.GradScaler to PyTorch training steps."
 
     def may_apply(self, source: bytes, options: Options) -> bool:
-        return options.backend == "native" and may_concern_torch_training(source)
+        return options.backend == "native" and (may_concern_torch_training(source) or may_use_a_framework_switch(source))
 
     screened_out_reason = torch_screen.SCREENED_OUT_REASON
 
     def screen(self, facts: SourceFacts, options: Options) -> bool:
-        return torch_screen.may_concern_torch_training_code(facts)
+        return torch_screen.may_concern_torch_training_code(facts) or bool(facts.call_names & CONSTRUCTOR_NAMES)
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
         return options.backend == "native" and concerns_torch(imports)
@@ -181,6 +188,27 @@ class NativeConversion(TorchConversion):
         self.scaled_backwards: Set[int] = set()
 
     # ---- the driver's steps -------------------------------------------------------------------
+
+    def framework_switch(self) -> Optional[TransformResult]:
+        """Accelerate, Lightning or the Hugging Face Trainer own the loop: set their switch."""
+        sites = framework_switch_sites(self.module, self.imports)
+        if not sites:
+            return None
+        for site in sites:
+            if site.action == "set":
+                keyword, value = switch_keyword(site, self.options.dtype)
+                self.edits.add_keyword(site.call, keyword, value)
+                self.info("AMP209", describe(site, keyword, value), site.call)
+            elif site.action == "unknown":
+                self.warn("AMP225", describe(site), site.call)
+        if any(site.action == "set" for site in sites):
+            return self.result(Verdict.CONVERTED, module=apply_edits(self.module, self.edits))
+        if any(site.action == "unknown" for site in sites):
+            return self.result(Verdict.UNCONVERTED, "the framework's precision may be set in **kwargs; see the warning")
+        kept = sites[0]
+        if _turns_precision_off(kept.existing):
+            return self.result(Verdict.NOT_APPLICABLE, describe(kept) + " (float32, by the script's choice)")
+        return self.result(Verdict.ALREADY_MIXED_PRECISION, describe(kept))
 
     def prepare(self) -> None:
         self.scaler_name = self.structure.fresh_name("scaler", "grad_scaler", "amp_scaler")
@@ -465,6 +493,12 @@ class NativeConversion(TorchConversion):
 
 
 # ---- small helpers --------------------------------------------------------------------------
+
+
+def _turns_precision_off(existing: str) -> bool:
+    """`mixed_precision="no"`, `precision=32`, `fp16=False`: the script chose float32."""
+    values = [part.split("=", 1)[1].strip().strip("'\"") for part in existing.split(", ") if "=" in part]
+    return bool(values) and all(value in ("no", "32", "32-true", "64", "64-true", "False", "None") for value in values)
 
 
 def _scaled_backward(call: cst.Call, reference: str) -> cst.Call:
