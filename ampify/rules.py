@@ -183,6 +183,14 @@ RULES: List[Rule] = [
     Rule("AMP225", "warning", "framework constructor called with `**kwargs`: its precision switch may be set there; not changed",
          "ampify cannot see inside **kwargs; setting the switch beside them could clash with a value passed in.",
          "trainer = Trainer(**config)", MANUAL, incomplete=True),
+    Rule("AMP226", "warning", "parameters updated by hand (no optimizer) with float16: GradScaler cannot be used; not converted",
+         "GradScaler unscales and steps an optimizer; a hand-written update has none. bfloat16 needs no loss scaling.",
+         "loss.backward()\nfor p in model.parameters():\n    p.data.add_(p.grad, alpha=-lr)", MANUAL, incomplete=True),
+    Rule("AMP230", "info", "gradient penalty scaled: `autograd.grad` of `scaler.scale(outputs)`, gradients divided by `scaler.get_scale()`",
+         "A penalty's float16 gradients underflow unscaled; PyTorch's AMP examples scale the outputs and unscale the gradients.",
+         "g = torch.autograd.grad(outputs=d_out, inputs=x, create_graph=True)[0]\n"
+         "  -> g = torch.autograd.grad(outputs=scaler.scale(d_out), inputs=x, create_graph=True)[0]\n"
+         "     g = g / scaler.get_scale()", REVIEW),
     Rule("AMP300", "error", "error: internal error in the apex transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP300 internal error in the torch-apex-amp transform (KeyError: ...); this file is left unchanged", MANUAL),

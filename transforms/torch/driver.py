@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -102,6 +102,15 @@ class TorchConversion(abc.ABC):
         None: no such framework here, or the backend leaves it (reported as not applicable)."""
         return None
 
+    def plan_manual_updates(self) -> Tuple[List[Any], Set[int]]:
+        """Plans for backward() calls whose parameters are updated by hand (no optimizer), and
+        the ids of the backward calls the backend has dealt with (planned or reported)."""
+        return [], set()
+
+    def claimed_hazards(self) -> Set[int]:
+        """Ids of hazard nodes the backend converts itself (not reported, not blocking)."""
+        return set()
+
     def prepare(self) -> None:
         """Called once before the first unit is planned (fresh names, say)."""
 
@@ -177,10 +186,11 @@ class TorchConversion(abc.ABC):
         if blocked:
             return self.result(Verdict.UNCONVERTED, self.rules.blocked_reason)
         self.prepare()
+        plans, claimed = self.plan_manual_updates()
         code, message = self.rules.unpaired_backward
         for backward in s.unpaired_backwards:
-            self.warn(code, message.format(followed=helper_refusal_note(s, backward)), backward.call)
-        plans = []
+            if id(backward.call) not in claimed:
+                self.warn(code, message.format(followed=helper_refusal_note(s, backward)), backward.call)
         code, message = self.rules.unit_refused
         for unit in s.units:
             state = self.snapshot()
@@ -221,7 +231,10 @@ class TorchConversion(abc.ABC):
         s = self.structure
         sigmoids = [h for h in s.hazards if h.kind is HazardKind.SIGMOID]
         blocked = False
+        claimed = self.claimed_hazards()
         for hazard in s.hazards:
+            if id(hazard.node) in claimed:
+                continue
             rule = self.rules.hazards.get(hazard.kind)
             if rule is None or (rule.float16_only and not self.scaling) or (rule.in_training_only and not has_training):
                 continue

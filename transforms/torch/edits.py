@@ -9,7 +9,7 @@ rest of the file keeps its formatting and comments byte for byte.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -70,9 +70,10 @@ class StatementEdits:
         """Replace one call expression."""
         self.calls[id(call)] = new
 
-    def add_parameter(self, function: cst.FunctionDef, name: str) -> None:
-        """Add a required parameter (keyword-only where a positional one cannot go)."""
-        self.parameters[id(function)] = name
+    def add_parameter(self, function: cst.FunctionDef, name: str, default: Optional[str] = None) -> None:
+        """Add a parameter, required unless `default` is given (keyword-only where a positional
+        one cannot go)."""
+        self.parameters[id(function)] = (name, default)
 
     def add_keyword(self, call: cst.Call, keyword: str, value: str) -> None:
         """Append `keyword=value` to a call (once, however often it is asked for)."""
@@ -184,16 +185,22 @@ class _EditApplier(cst.CSTTransformer):
         return updated_node
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
-        name = self.edits.parameters.get(id(original_node))
-        if name is None:
+        planned = self.edits.parameters.get(id(original_node))
+        if planned is None:
             return updated_node
+        name, default = planned
         params = updated_node.params
         new = cst.Param(cst.Name(name))
+        if default is not None:
+            new = new.with_changes(
+                default=cst.parse_expression(default),
+                equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+            )
         positional = list(params.posonly_params) + list(params.params)
         needs_keyword_only = (
             params.star_arg is not cst.MaybeSentinel.DEFAULT
             or params.kwonly_params
-            or any(p.default is not None for p in positional)
+            or (default is None and any(p.default is not None for p in positional))
         )
         if needs_keyword_only:
             star = params.star_arg

@@ -37,8 +37,10 @@ from ampify.transforms.torch.framework_switches import (
     may_use_a_framework_switch,
     switch_keyword,
 )
+from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_sites, sites_of_unit, write_penalty
 from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, pair_helper_backwards
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
+from ampify.transforms.torch.manual_updates import backwards_of, manual_update_units
 from ampify.transforms.torch.normalize import converted_in_shape
 from ampify.transforms.torch.scaler_calls import ScalerCallPlanner
 from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
@@ -182,6 +184,8 @@ class NativeConversion(TorchConversion):
         self.placement = ScalerPlacement(structure, self.scaler_name, context.project, context.display)
         #: the device expression each created GradScaler got, by the statement it follows
         self.scaler_devices: Dict[int, str] = {}
+        #: gradient penalties that can be scaled, by id of their autograd.grad call (float16 only)
+        self.penalties: Optional[Dict[int, PenaltySite]] = None
         #: modules of other files already edited for a unit of this module (one edit per module)
         self.companion_keys: Set[str] = set()
         #: ids of backward() calls already rewritten (a helper's backward is reached from several units)
@@ -209,6 +213,35 @@ class NativeConversion(TorchConversion):
         if _turns_precision_off(kept.existing):
             return self.result(Verdict.NOT_APPLICABLE, describe(kept) + " (float32, by the script's choice)")
         return self.result(Verdict.ALREADY_MIXED_PRECISION, describe(kept))
+
+    def claimed_hazards(self) -> Set[int]:
+        """Gradient penalties this backend scales (see gradient_penalty.py), with float16 only."""
+        if not self.scaling:
+            return set()
+        if self.penalties is None:
+            self.penalties = penalty_sites(self.structure, self.structure.fresh_name("scaler", "grad_scaler", "amp_scaler"))
+        return set(self.penalties)
+
+    def plan_manual_updates(self):
+        """Parameters updated by hand: autocast only with bfloat16; float16 is refused (AMP226)."""
+        units = manual_update_units(self.structure)
+        plans = []
+        for unit in backwards_of(units):
+            node = unit.backwards[0].call
+            if self.scaling:
+                self.warn(
+                    "AMP226",
+                    "the parameters are updated by hand after this backward() (no optimizer): GradScaler needs an "
+                    "optimizer to step, so float16 loss scaling cannot be added; use --dtype bfloat16 (no loss "
+                    "scaling needed: ampify then puts the forward pass under autocast), or use a torch.optim optimizer",
+                    node,
+                )
+                continue
+            try:
+                plans.append(UnitPlan(unit, self.scaler_name, self.regions.autocast_regions(unit)))
+            except Unconvertible as problem:
+                self.warn("AMP215", f"{problem}; this training step was left unconverted", problem.node or node)
+        return plans, set(units)
 
     def prepare(self) -> None:
         self.scaler_name = self.structure.fresh_name("scaler", "grad_scaler", "amp_scaler")
@@ -367,6 +400,15 @@ class NativeConversion(TorchConversion):
         if not self.scaling:
             return
         reference = plan.reference
+        for site in sites_of_unit(s, unit, self.penalties or {}):
+            write_penalty(self.edits, site, unit, s, reference, self.scaler_name, self.module.config_for_parsing.default_indent)
+            where = f" in {site.helper.name.value}()" if site.helper is not None else ""
+            self.info(
+                "AMP230",
+                f"gradient penalty{where}: torch.autograd.grad now differentiates {reference}.scale(...) and "
+                f"{site.target} is divided by {reference}.get_scale() (the PyTorch AMP recipe)",
+                site.call,
+            )
         for backward in unit.backwards:
             if backward.delegation is not None:
                 # the real backward() runs in a helper method, maybe reached by several calls
@@ -430,7 +472,10 @@ class NativeConversion(TorchConversion):
         """A helper named like a gradient penalty (`compute_gradient_penalty(D, real, fake)`),
         defined elsewhere: if it calls torch.autograd.grad(create_graph=True), float16 loss
         scaling needs it to scale its outputs by hand, which ampify cannot see from here."""
+        converted_helpers = {id(c) for site in (self.penalties or {}).values() for c in site.helper_calls}
         for call in statements.calls_within(statement):
+            if id(call) in converted_helpers:
+                continue
             func = call.func
             called = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
             if "penalty" in called.lower():

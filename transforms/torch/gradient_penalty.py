@@ -1,0 +1,122 @@
+"""Gradient penalties under float16 loss scaling (WGAN-GP, R1), as PyTorch's AMP examples do it:
+the penalty's gradients are taken of the *scaled* outputs, then divided by the scale.
+
+    gradients = torch.autograd.grad(outputs=scaler.scale(d_out), inputs=x, create_graph=True)[0]
+    gradients = gradients / scaler.get_scale()
+
+Without it the penalty's float16 gradients underflow (or the penalty is computed from gradients
+the scaler never sees). Converted where the grad call is a plain assignment
+(`g = autograd.grad(...)[0]` or `grads = autograd.grad(...)`), in a converted training step or
+in a module-level helper of the file (`compute_gradient_penalty(D, real, fake)`) whose every use
+is a direct call: the helper gets a `scaler=None` parameter (None keeps its float32 behaviour for
+any caller that does not pass one) and the step passes its scaler. Anything else stays a hazard
+(AMP212) and blocks the file as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import libcst as cst
+
+from ampify.transforms.torch import statements as statements
+from ampify.transforms.torch.training_loop import HazardKind, TrainingStructure, TrainingUnit
+
+
+@dataclass
+class PenaltySite:
+    """One `torch.autograd.grad(..., create_graph=True)` that can be scaled."""
+
+    call: cst.Call
+    statement: cst.SimpleStatementLine
+    target: str
+    #: `autograd.grad(...)[0]`: one tensor; else the tuple of gradients
+    indexed: bool
+    outputs: cst.Arg
+    #: the module-level helper holding it, or None when it sits in the step's own function
+    helper: Optional[cst.FunctionDef] = None
+    helper_calls: List[cst.Call] = field(default_factory=list)
+
+
+def penalty_sites(s: TrainingStructure, scaler_name: str) -> Dict[int, PenaltySite]:
+    """The create_graph hazards that can be scaled, by id of their call."""
+    sites = {}
+    for hazard in s.hazards:
+        if hazard.kind is not HazardKind.CREATE_GRAPH:
+            continue
+        site = _site(s, hazard.node, scaler_name)
+        if site is not None:
+            sites[id(hazard.node)] = site
+    return sites
+
+
+def _site(s: TrainingStructure, call: cst.Call, scaler_name: str) -> Optional[PenaltySite]:
+    statement = s.statement_of(call)
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    assign = statement.body[0]
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+        return None
+    value = assign.value
+    indexed = (
+        isinstance(value, cst.Subscript) and value.value is call and len(value.slice) == 1
+        and isinstance(value.slice[0].slice, cst.Index) and isinstance(value.slice[0].slice.value, cst.Integer)
+        and value.slice[0].slice.value.value == "0"
+    )
+    if value is not call and not indexed:
+        return None
+    outputs = next((a for a in call.args if a.keyword is not None and a.keyword.value == "outputs"), None)
+    if outputs is None and call.args and call.args[0].keyword is None and not call.args[0].star:
+        outputs = call.args[0]
+    if outputs is None:
+        return None
+    site = PenaltySite(call, statement, assign.targets[0].target.value, indexed, outputs)
+    scope = s.scope_of(statement)
+    if isinstance(scope, cst.FunctionDef) and s.class_of(scope) is None and not _is_a_unit_scope(s, scope):
+        # a module-level helper: every use must be a direct call, and the parameter name free
+        from ampify.transforms.torch.scaler_placement import _calls_of_function
+
+        calls, other_uses = _calls_of_function(s, scope)
+        parameters = {p.name.value for p in statements.all_params(scope)}
+        if other_uses or not calls or scaler_name in parameters or scope.params.star_kwarg is not None:
+            return None
+        site.helper, site.helper_calls = scope, calls
+    return site
+
+
+def _is_a_unit_scope(s: TrainingStructure, scope) -> bool:
+    return any(unit.scope is scope for unit in s.units)
+
+
+def sites_of_unit(s: TrainingStructure, unit: TrainingUnit, sites: Dict[int, PenaltySite]) -> List[PenaltySite]:
+    """The penalties this unit computes: in its own body, or through helper calls in it."""
+    found = []
+    for site in sites.values():
+        if site.helper is None:
+            if s.contains(unit.owner, site.statement):
+                found.append(site)
+        elif any(s.contains(unit.owner, call) for call in site.helper_calls):
+            found.append(site)
+    return found
+
+
+def write_penalty(edits, site: PenaltySite, unit: TrainingUnit, s: TrainingStructure, reference: str,
+                  scaler_name: str, indent: str) -> None:
+    """Scale the outputs, unscale the gradients; for a helper, its new parameter and the calls."""
+    outputs = statements.code_of(site.outputs.value)
+    unscale = (f"{site.target} = {site.target} / {{s}}.get_scale()" if site.indexed
+               else f"{site.target} = tuple(g / {{s}}.get_scale() for g in {site.target})")
+    if site.helper is None:
+        scaled = cst.parse_expression(f"{reference}.scale({outputs})")
+        edits.insert_after(site.statement, unscale.format(s=reference))
+    else:
+        plain = outputs if isinstance(site.outputs.value, (cst.Name, cst.Attribute)) else f"({outputs})"
+        scaled = cst.parse_expression(f"{scaler_name}.scale({outputs}) if {scaler_name} is not None else {plain}")
+        edits.insert_after(site.statement, f"if {scaler_name} is not None:\n{indent}" + unscale.format(s=scaler_name))
+        edits.add_parameter(site.helper, scaler_name, default="None")
+        for call in site.helper_calls:
+            if s.contains(unit.owner, call):
+                edits.add_keyword(call, scaler_name, reference)
+    arguments = [a.with_changes(value=scaled) if a is site.outputs else a for a in site.call.args]
+    edits.replace_call(site.call, site.call.with_changes(args=arguments))

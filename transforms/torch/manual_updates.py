@@ -1,0 +1,77 @@
+"""Training steps that update the parameters by hand, with no optimizer
+(`p.data.add_(p.grad, alpha=-lr)`, `p -= lr * p.grad` under `torch.no_grad()`).
+
+GradScaler steps an optimizer; without one there is nothing to hand the scaled gradients to, so
+float16 is refused (with that reason, suggesting bfloat16). bfloat16 needs no loss scaling: the
+forward pass and loss go under autocast and the update stays as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import libcst as cst
+
+from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.torch.training_loop import TrainingStructure, TrainingUnit, loop_body_owners
+
+def manual_update_units(s: TrainingStructure) -> Dict[int, TrainingUnit]:
+    """Units (no steps) for backward() calls with no optimizer step whose loop updates the
+    parameters from their gradients by hand, by id of the backward call."""
+    units: Dict[int, TrainingUnit] = {}
+    by_owner: Dict[int, TrainingUnit] = {}
+    for backward in s.unpaired_backwards:
+        if backward.delegation is not None:
+            continue
+        owner = loop_body_owners(s, backward.call, backward.scope)[0]
+        after = s.line(backward.call)
+        updates = [
+            read for read in s.grad_reads
+            if s.contains(owner, read.node) and s.line(read.statement) > after and _updates_a_parameter(read.statement)
+        ]
+        if not updates:
+            continue
+        unit = by_owner.get(id(owner))
+        if unit is None:
+            unit = by_owner[id(owner)] = TrainingUnit(owner, backward.scope, s.class_of(backward.scope))
+        unit.backwards.append(backward)
+        units[id(backward.call)] = unit
+    return units
+
+
+def _updates_a_parameter(statement: cst.CSTNode) -> bool:
+    """Does this statement (holding a `.grad` read) write a tensor other than a gradient?"""
+    found = False
+
+    class _Writes(cst.CSTVisitor):
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            nonlocal found
+            target = dotted_name(node.target) or ""
+            if not target.endswith(".grad") and isinstance(node.operator, (cst.SubtractAssign, cst.AddAssign)):
+                found = True
+
+        def visit_Assign(self, node: cst.Assign) -> None:
+            nonlocal found
+            if any((dotted_name(t.target) or "").endswith(".data") for t in node.targets):
+                found = True
+
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            func = node.func
+            if isinstance(func, cst.Attribute) and func.attr.value in ("add_", "sub_", "copy_", "addcmul_", "addcdiv_"):
+                receiver = dotted_name(func.value) or ""
+                if not receiver.endswith(".grad") and not receiver.endswith(".grad.data"):
+                    found = True
+
+    walk(statement, _Writes())
+    return found
+
+
+def backwards_of(units: Dict[int, TrainingUnit]) -> List[TrainingUnit]:
+    """Each unit once, in order of first backward."""
+    seen: List[TrainingUnit] = []
+    for unit in units.values():
+        if all(unit is not other for other in seen):
+            seen.append(unit)
+    return seen
