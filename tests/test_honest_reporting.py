@@ -39,7 +39,7 @@ def run_ampify(*args):
     ("tf1/session_before_optimizer", "AMP113"),
     ("tf1/exec_a2c_optimizer_after_gradients", "AMP110"),
     ("tf1/delegating_optimizer_class", "AMP116"),
-    ("torch_native/convertible_and_manual_loops", "AMP220"),
+    ("torch_native/convertible_and_manual_loops", "AMP226"),
 ])
 def test_a_conversion_that_cannot_take_full_effect_is_changed_incomplete_and_exits_1(tmp_path, case, code):
     source = FIXTURES / f"{case}.in.py"

@@ -18,7 +18,7 @@ from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.training_loop import BackwardCall, Block, TrainingStructure, TrainingUnit, Unconvertible
 
 #: reductions allowed on the loss inside `<loss>.backward()` (`loss.mean().backward()`)
-_LOSS_REDUCTIONS = {"mean", "sum", "float", "squeeze", "view", "reshape", "double"}
+LOSS_REDUCTIONS = {"mean", "sum", "float", "squeeze", "view", "reshape", "double"}
 
 
 class AutocastPlanner:
@@ -235,7 +235,7 @@ class AutocastPlanner:
             return set()
         for call in statements.calls_within(loss):
             method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
-            if method not in _LOSS_REDUCTIONS:
+            if method not in LOSS_REDUCTIONS:
                 raise Unconvertible(
                     "the loss is computed inside the backward() call itself; assign it to a variable first",
                     backward.call,

@@ -24,7 +24,10 @@ def manual_update_units(s: TrainingStructure) -> Dict[int, TrainingUnit]:
     for backward in s.unpaired_backwards:
         if backward.delegation is not None:
             continue
-        owner = loop_body_owners(s, backward.call, backward.scope)[0]
+        owners = loop_body_owners(s, backward.call, backward.scope)
+        if not owners:
+            continue  # inside a lambda or a nested def: no iteration to follow
+        owner = owners[0]
         after = s.line(backward.call)
         updates = [
             read for read in s.grad_reads

@@ -132,6 +132,10 @@ TENSOR_ARITHMETIC_CALLS = DATA_PREPARATION_CALLS | {
     "sum", "mean", "cat", "stack", "log", "exp", "pow", "mul", "add", "sub", "div", "neg", "abs",
     "norm", "max", "min", "clamp", "gather", "masked_select", "log_softmax", "softmax", "sqrt",
     "insert", "extend", "sort", "reversed", "sorted", "round", "sign", "prod", "std", "var",
+    # shape and elementwise tensor methods: `rewards.t()`, `probs.flatten()` run no model
+    "t", "transpose", "flatten", "expand", "expand_as", "repeat", "type_as", "tolist", "numpy",
+    "sigmoid", "tanh", "relu", "square", "reciprocal", "log1p", "floor", "ceil", "argmax", "argmin",
+    "topk", "index_select", "narrow", "select", "unbind", "clamp_min", "clamp_max", "sum_to_size",
 }
 
 #: dtypes whose finfo limits overflow float16 (`torch.finfo(torch.float32).min` as a mask value)

@@ -24,6 +24,7 @@ from typing import Callable, List, Optional, Set, Union
 import libcst as cst
 
 from ampify.transforms.base import TransformResult, Verdict
+from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
 
 #: calls that make a statement part of a training step's structure
@@ -101,7 +102,7 @@ class _Normalize(cst.CSTTransformer):
         if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"):
             return [line]
         receiver = call.func.value
-        if not isinstance(receiver, cst.Call):
+        if not isinstance(receiver, cst.Call) or _reduces_a_name(receiver):
             return [line]
         self.changed = True
         name = self._fresh()
@@ -141,6 +142,14 @@ class _Normalize(cst.CSTTransformer):
 
     def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
         return updated_node.with_changes(body=self._expanded(updated_node.body))
+
+
+def _reduces_a_name(node: cst.BaseExpression) -> bool:
+    """`loss.mean()`, `output.sum()`, `self.loss.float().mean()`: the analysis follows these as
+    they are (the loss is the name), so they are not rebound."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in LOSS_REDUCTIONS:
+        node = node.func.value
+    return isinstance(node, (cst.Name, cst.Attribute))
 
 
 def normalize_training_statements(module: cst.Module) -> cst.Module:
