@@ -191,6 +191,10 @@ RULES: List[Rule] = [
          "g = torch.autograd.grad(outputs=d_out, inputs=x, create_graph=True)[0]\n"
          "  -> g = torch.autograd.grad(outputs=scaler.scale(d_out), inputs=x, create_graph=True)[0]\n"
          "     g = g / scaler.get_scale()", REVIEW),
+    Rule("AMP231", "info", "BCE after a Sigmoid fused: the model's final `nn.Sigmoid()` dropped, `nn.BCEWithLogitsLoss`, `torch.sigmoid` where the output is read as a probability",
+         "Autocast and apex refuse BCELoss; BCEWithLogitsLoss on logits is the same loss, computed stably. Done only when every use of the output is followed.",
+         "nn.Sequential(..., nn.Sigmoid()); criterion = nn.BCELoss(); D_x = output.mean().item()\n"
+         "  -> nn.Sequential(...,); criterion = nn.BCEWithLogitsLoss(); D_x = torch.sigmoid(output).mean().item()", REVIEW),
     Rule("AMP300", "error", "error: internal error in the apex transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP300 internal error in the torch-apex-amp transform (KeyError: ...); this file is left unchanged", MANUAL),

@@ -50,6 +50,8 @@ EXPECTED_CALLS = {
     "compound_statements": {"step": 5, "update": 5, "scale": 5, "load_state_dict": 0},
     # 3 iterations: critic and generator steps; scale() for both losses and the penalty's outputs
     "wgan_gp": {"step": 6, "update": 3, "scale": 9, "load_state_dict": 0},
+    # 3 iterations: D and G steps, three scaled backward calls; the Sigmoid fused into the loss
+    "dcgan_bce_sigmoid": {"step": 6, "update": 3, "scale": 9, "load_state_dict": 0},
 }
 
 
@@ -162,3 +164,24 @@ def test_hand_written_sgd_trains_under_bfloat16_autocast_and_float16_is_refused(
     assert len(full) == len(reduced) == 4
     for converted, original in zip(reduced, full):
         assert converted == pytest.approx(original, rel=2e-2), (reduced, full)
+
+
+def test_bce_after_sigmoid_fused_computes_the_same_fp32_losses_and_probabilities(tmp_path):
+    """Before any mixed precision: the fused script (no Sigmoid, BCEWithLogitsLoss, torch.sigmoid
+    where D(x) is logged) trains exactly as the original does, to 1e-6."""
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
+
+    module = cst.parse_module((SCRIPTS / "dcgan_bce_sigmoid.py").read_text())
+    fused, fusion = fuse_bce_after_sigmoid(module, ImportMap.from_module(module))
+    assert "nn.Sigmoid()" not in fused.code and "BCEWithLogitsLoss()" in fused.code
+    assert fused.code.count("torch.sigmoid(output)") == 2 and len(fusion.wrapped) == 2
+    script = tmp_path / "fused.py"
+    script.write_text(fused.code)
+    original = run_script(str(SCRIPTS / "dcgan_bce_sigmoid.py")).script_globals
+    same = run_script(str(script)).script_globals
+    assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
+    for (dx, dgz), (odx, odgz) in zip(same["PROBABILITIES"], original["PROBABILITIES"]):
+        assert dx == pytest.approx(odx, abs=1e-6) and dgz == pytest.approx(odgz, abs=1e-6)

@@ -142,7 +142,7 @@ class TorchApexAmp(Transform):
             pair_helper_backwards(structure)
             return ApexConversion(structure, options, context).run()
 
-        return converted_in_shape(module, convert)
+        return converted_in_shape(module, convert, imports)
 
 
 class ApexConversion(TorchConversion):

@@ -159,7 +159,7 @@ class TorchNativeAmp(Transform):
             pair_helper_backwards(structure)
             return NativeConversion(structure, imports, options, context).run()
 
-        return converted_in_shape(module, convert)
+        return converted_in_shape(module, convert, imports)
 
 
 class NativeConversion(TorchConversion):

@@ -23,7 +23,9 @@ from typing import Callable, List, Optional, Set, Union
 
 import libcst as cst
 
+from ampify.findings import Finding, Severity
 from ampify.transforms.base import TransformResult, Verdict
+from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
 
@@ -190,9 +192,28 @@ class LineMap:
         )
 
 
-def converted_in_shape(module: cst.Module, convert: Callable[[cst.Module], TransformResult]) -> TransformResult:
+def converted_in_shape(
+    module: cst.Module, convert: Callable[[cst.Module], TransformResult], imports=None
+) -> TransformResult:
     """Run `convert` on the normalized module. Its rewrite is kept only when it converted; the
-    findings always name the lines of `module` as it was."""
+    findings always name the lines of `module` as it was. With `imports`, a BCE loss after a
+    model's Sigmoid is fused first (bce_logits.py), when that lets the module convert."""
+    result = _converted_in_shape(module, convert)
+    if imports is not None and any(f.code in _BCE_REFUSALS for f in result.findings):
+        # only files the BCE hazard stopped pay for the attempt
+        fused = fuse_bce_after_sigmoid(module, imports)
+        if fused is not None:
+            fused_result = _converted_in_shape(fused[0], convert)
+            if fused_result.verdict is Verdict.CONVERTED:
+                return _with_fusion(module, fused[0], fused[1], fused_result)
+    return result
+
+
+#: the BCE warnings of the two backends
+_BCE_REFUSALS = ("AMP210", "AMP310")
+
+
+def _converted_in_shape(module: cst.Module, convert: Callable[[cst.Module], TransformResult]) -> TransformResult:
     normalized = normalize_training_statements(module)
     if normalized is module:
         return convert(module)
@@ -204,4 +225,20 @@ def converted_in_shape(module: cst.Module, convert: Callable[[cst.Module], Trans
     )
     if result.verdict is not Verdict.CONVERTED:
         result.module = module
+    return result
+
+
+def _with_fusion(original: cst.Module, fused: cst.Module, fusion, result: TransformResult) -> TransformResult:
+    lines = LineMap(original.code, fused.code)
+    findings = [replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings]
+    wrapped = sorted(set(fusion.wrapped))
+    where = f"; torch.sigmoid(...) added where its output is read as a probability (line{'s' if len(wrapped) != 1 else ''} " \
+        + ", ".join(map(str, wrapped)) + ")" if wrapped else ""
+    findings.append(Finding(
+        "AMP231",
+        f"BCE after a Sigmoid fused: nn.Sigmoid() at line {fusion.sigmoid_line} dropped from the model, the criterion at "
+        f"line {fusion.criterion_line} is nn.BCEWithLogitsLoss (the same loss, computed from logits){where}",
+        fusion.criterion_line, 0, Severity.INFO,
+    ))
+    result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
     return result
