@@ -16,8 +16,9 @@ import libcst as cst
 
 from ampify.options import Options
 from ampify.transforms.base import CallSite, CompanionChange, ProjectFacts
-from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.torch import statements as statements
+from ampify.transforms.torch.caller_threading import call_and_passed_optimizers
 from ampify.transforms.torch.edits import apply_edits
 from ampify.transforms.torch.training_loop import TrainingStructure, TrainingUnit, Unconvertible, analyze_training
 
@@ -68,22 +69,7 @@ def plan_caller(
     setup = None
     calls = []
     for site in sites:
-        call = next(
-            (c for c in statements.calls_within(s.module)
-             if (dotted_name(c.func) or "").split(".")[-1] == function.name.value and s.line(c) == site.line),
-            None,
-        )
-        if call is None:
-            raise Unconvertible(f"the call of {function.name.value}() at {display}:{site.line} could not be found again")
-        passed = []
-        for receiver in receivers:
-            argument = statements.argument_for(call, receiver, positions)
-            name = dotted_name(argument) if argument is not None else None
-            if name is None or "." in name:
-                raise Unconvertible(
-                    f"the call of {function.name.value}() at {display}:{site.line} does not pass {receiver} as a plain variable"
-                )
-            passed.append(name)
+        call, passed = call_and_passed_optimizers(s, site, function.name.value, positions, receivers)
         found = conversion.setups.setup_of_passed_optimizers(passed, s.scope_of(call), call)
         if setup is not None and found.construction_statements != setup.construction_statements:
             raise Unconvertible(

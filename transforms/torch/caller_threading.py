@@ -10,7 +10,7 @@ cannot be followed raises Unconvertible with the reason, and neither module chan
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
@@ -90,25 +90,14 @@ def thread_scaler_into_caller(
     homes: List[ScalerHome] = []
     calls = []
     for site in sites:
-        call = _call_at(s, site, function_name)
-        if call is None:
-            raise Unconvertible(f"the call of {function_name}() at {display}:{site.line} could not be found again")
+        call, passed = call_and_passed_optimizers(s, site, function_name, positions, receivers)
         scope = s.scope_of(call)
-        passed = []
-        for receiver in receivers:
-            argument = statements.argument_for(call, receiver, positions)
-            name = dotted_name(argument) if argument is not None else None
-            if name is None or "." in name:
-                raise Unconvertible(
-                    f"the call of {function_name}() at {display}:{site.line} does not pass {receiver} as a plain variable"
-                )
-            bindings = s.bindings_visible(name, scope)
-            if any(b.kind == "parameter" for b in bindings):
+        for name in passed:
+            if any(b.kind == "parameter" for b in s.bindings_visible(name, scope)):
                 raise Unconvertible(
                     f"the caller at {display}:{site.line} receives the optimizer as a parameter too; ampify follows "
                     "one level of calls across files"
                 )
-            passed.append(name)
         if any(arg.keyword is not None and arg.keyword.value == keyword for arg in call.args):
             raise Unconvertible(f"the call at {display}:{site.line} already passes {keyword}=")
         homes.append(placement._variable_home(passed, scope, s.statement_of(call), call))
@@ -146,12 +135,29 @@ def thread_scaler_into_caller(
     return CallerPlan(change, found_device)
 
 
-def _call_at(s, site: CallSite, function_name: str) -> Optional[cst.Call]:
-    for call in statements.calls_within(s.module):
-        name = dotted_name(call.func)
-        if name is not None and name.split(".")[-1] == function_name and s.line(call) == site.line:
-            return call
-    return None
+def call_and_passed_optimizers(
+    s, site: CallSite, function_name: str, positions: Dict[str, int], receivers: Sequence[str]
+) -> Tuple[cst.Call, List[str]]:
+    """The call of the step function at `site`, found again in the parsed module, and the plain
+    variable it passes for each optimizer parameter; Unconvertible when either is not there."""
+    display = site.display
+    call = next(
+        (c for c in statements.calls_within(s.module)
+         if (dotted_name(c.func) or "").split(".")[-1] == function_name and s.line(c) == site.line),
+        None,
+    )
+    if call is None:
+        raise Unconvertible(f"the call of {function_name}() at {display}:{site.line} could not be found again")
+    passed = []
+    for receiver in receivers:
+        argument = statements.argument_for(call, receiver, positions)
+        name = dotted_name(argument) if argument is not None else None
+        if name is None or "." in name:
+            raise Unconvertible(
+                f"the call of {function_name}() at {display}:{site.line} does not pass {receiver} as a plain variable"
+            )
+        passed.append(name)
+    return call, passed
 
 
 def _reference_in(s, homes: Sequence[ScalerHome], scope: Scope, line: int) -> Optional[str]:
