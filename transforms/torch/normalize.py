@@ -157,9 +157,44 @@ def _reduces_a_name(node: cst.BaseExpression) -> bool:
 def normalize_training_statements(module: cst.Module) -> cst.Module:
     """The module with its training statements in the shape above; the same object when nothing
     needed it (the common case: a cheap check, no rebuild)."""
+    if not _needs_reshaping(module):
+        return module  # a read-only walk (cheap) instead of a transform (about a parse)
     transformer = _Normalize(_names_in(module))
     normalized = module.visit(transformer)
     return normalized if transformer.changed else module
+
+
+def _needs_reshaping(module: cst.Module) -> bool:
+    """Is there a statement the transformer would touch? The same tests, read-only."""
+    found = False
+
+    class _Finder(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> Optional[bool]:
+            nonlocal found
+            if len(node.body) > 1 and _holds_training_call(node):
+                found = True
+            elif len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and _backward_of_a_call(node.body[0].value):
+                found = True
+            return not found
+
+        def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> Optional[bool]:
+            nonlocal found
+            if _holds_training_call(node):
+                found = True
+            return False
+
+        def visit_Expr(self, node: cst.Expr) -> Optional[bool]:
+            return False  # expressions hold no statements
+
+    walk(module, _Finder())
+    return found
+
+
+def _backward_of_a_call(value: cst.BaseExpression) -> bool:
+    return (
+        isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "backward"
+        and isinstance(value.func.value, cst.Call) and not _reduces_a_name(value.func.value)
+    )
 
 
 _LINE_MENTION = re.compile(r"\b(lines? )(\d+(?:-\d+)?)")
@@ -195,9 +230,10 @@ class LineMap:
 def converted_in_shape(
     module: cst.Module, convert: Callable[[cst.Module], TransformResult], imports=None
 ) -> TransformResult:
-    """Run `convert` on the normalized module. Its rewrite is kept only when it converted; the
-    findings always name the lines of `module` as it was. With `imports`, a BCE loss after a
-    model's Sigmoid is fused first (bce_logits.py), when that lets the module convert."""
+    """Run `convert` on the module, and on its reshaped form where a refused step may convert
+    that way (see `_converted_in_shape`); findings always name the lines of `module` as it was.
+    With `imports`, a BCE loss after a model's Sigmoid is fused (bce_logits.py) when the BCE
+    warning stopped the module and the fused module converts."""
     result = _converted_in_shape(module, convert)
     if imports is not None and any(f.code in _BCE_REFUSALS for f in result.findings):
         # only files the BCE hazard stopped pay for the attempt
@@ -213,19 +249,34 @@ def converted_in_shape(
 _BCE_REFUSALS = ("AMP210", "AMP310")
 
 
+#: findings that say a training step (or a backward) was refused: a reshape may change those
+_REFUSALS = ("AMP215", "AMP220", "AMP317", "AMP316")
+
+
+def _refusals(result: TransformResult) -> int:
+    return sum(1 for f in result.findings if f.code in _REFUSALS)
+
+
 def _converted_in_shape(module: cst.Module, convert: Callable[[cst.Module], TransformResult]) -> TransformResult:
+    """The module as it is first; reshaped only when a step was refused and a statement could be
+    reshaped, and then kept only when the reshaped module converts with fewer refusals."""
+    result = convert(module)
+    if not _refusals(result) or not _needs_reshaping(module):
+        return result
     normalized = normalize_training_statements(module)
     if normalized is module:
-        return convert(module)
-    result = convert(normalized)
+        return result
+    shaped = convert(normalized)
+    if shaped.verdict is not Verdict.CONVERTED or (
+        result.verdict is Verdict.CONVERTED and _refusals(shaped) >= _refusals(result)
+    ):
+        return result
     lines = LineMap(module.code, normalized.code)
-    result.findings = sorted(
-        (replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings),
+    shaped.findings = sorted(
+        (replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in shaped.findings),
         key=lambda f: (f.line, f.column, f.code),
     )
-    if result.verdict is not Verdict.CONVERTED:
-        result.module = module
-    return result
+    return shaped
 
 
 def _with_fusion(original: cst.Module, fused: cst.Module, fusion, result: TransformResult) -> TransformResult:
