@@ -117,3 +117,19 @@ def test_torch_autocast_only_in_evaluation_is_not_amp_training():
     probe = _torch_probe({"bfloat16": 3, "float32": 3}, {"float32": 5})
     _, judgement = judge(detect.TORCH, _facts(probe))
     assert judgement.status == "not_active" and "backward pass ran all 5 ops in float32" in judgement.reason
+
+
+def test_apex_float16_backward_outside_scale_loss_is_not_active():
+    probe = _torch_probe({"float16": 3}, {"float16": 5})
+    probe["apex"] = {"initialized": True, "opt_level": "O1", "scale_loss_calls": 0}
+    _, judgement = judge(detect.APEX, _facts(probe))
+    assert judgement.status == "not_active" and "no backward pass went through amp.scale_loss" in judgement.reason
+    probe["apex"].update(scale_loss_calls=2, loss_scale=65536.0)
+    _, judgement = judge(detect.APEX, _facts(probe))
+    assert judgement.status == "verified" and judgement.verdict.endswith("amp.scale_loss scaled 2 losses")
+    assert judgement.evidence["apex_loss_scale"] == 65536.0
+    # bfloat16 needs no loss scale: apex's bf16 levels run without scale_loss
+    probe = _torch_probe({"bfloat16": 3}, {"bfloat16": 5})
+    probe["apex"] = {"initialized": True, "opt_level": "O4", "scale_loss_calls": 0}
+    _, judgement = judge(detect.APEX, _facts(probe))
+    assert judgement.status == "verified"

@@ -171,6 +171,19 @@ def _float16_without_loss_scaling(probe: Dict[str, Any], backward: Dict[str, int
             "silently; add a GradScaler, or use bfloat16")
 
 
+def _apex_float16_without_scale_loss(apex_probe: Dict[str, Any], backward: Dict[str, int], steps: int) -> Optional[str]:
+    """apex scales a loss only inside `with amp.scale_loss(loss, optimizer) as scaled:`; a plain
+    `loss.backward()` after amp.initialize runs the float16 backward pass unscaled (and, at O2,
+    never copies the gradients to the float32 master weights)."""
+    if "scale_loss_calls" not in apex_probe or apex_probe["scale_loss_calls"] or not steps:
+        return None
+    if not backward.get("float16"):
+        return None
+    return ("apex amp.initialize ran, but no backward pass went through amp.scale_loss (a plain loss.backward() "
+            "is missing `with amp.scale_loss(loss, optimizer) as scaled_loss: scaled_loss.backward()`): the float16 "
+            "backward pass ran unscaled, and small gradients underflow silently")
+
+
 def judge_torch(facts: RunFacts, apex: bool = False) -> Judgement:
     """Native torch AMP or apex: matmul/conv ops must have run in float16/bfloat16."""
     probe = facts.probe.get("torch", {})
@@ -201,6 +214,11 @@ def judge_torch(facts: RunFacts, apex: bool = False) -> Judgement:
         reason = "; ".join(silent) + ": the script silently ran in float32"
         return Judgement(NOT_ACTIVE, evidence, "not active: %s" % reason, reason)
     unscaled = _float16_without_loss_scaling(probe, backward, steps, apex)
+    if apex:
+        evidence["apex_scale_loss_calls"] = apex_probe.get("scale_loss_calls")
+        if "loss_scale" in apex_probe:
+            evidence["apex_loss_scale"] = apex_probe["loss_scale"]
+        unscaled = _apex_float16_without_scale_loss(apex_probe, backward, steps)
     if unscaled and not facts.failed:
         evidence["scaler_scale_calls"] = probe.get("scaler_scale_calls", 0)
         return Judgement(NOT_ACTIVE, evidence, "not active: %s" % unscaled, unscaled)
@@ -214,6 +232,9 @@ def judge_torch(facts: RunFacts, apex: bool = False) -> Judgement:
             reduced, total, "/".join(dtypes), reduced_fwd, reduced_bwd, _plural(steps, "optimizer step"))
         if apex:
             verdict += ", apex amp %s" % (evidence["apex_opt_level"] or "")
+            calls = evidence["apex_scale_loss_calls"]
+            if calls:
+                verdict += ", amp.scale_loss scaled %d loss%s" % (calls, "" if calls == 1 else "es")
         return Judgement(VERIFIED, evidence, verdict.rstrip())
     if "torch" in facts.probe and probe.get("op_counter") != "active" and not facts.failed:
         errors = "; ".join(probe.get("probe_errors", [])) or "unknown reason"

@@ -163,18 +163,42 @@ def on_torch_imported(torch):
             evidence.setdefault("probe_errors", []).append("%s: %r" % (install.__name__, error))
 
 
+def _loss_scale_of(amp_module, loss_id):
+    """The loss scale apex's scaler `loss_id` holds now, or None where apex keeps it elsewhere."""
+    try:
+        return float(amp_module._amp_state.loss_scalers[loss_id].loss_scale())
+    except Exception:
+        return None
+
+
 def on_apex_amp_imported(amp_module):
-    """Record that `apex.amp.initialize` returned: O1's banner alone proves nothing."""
+    """Record that `apex.amp.initialize` returned (O1's banner alone proves nothing) and every
+    loss that `amp.scale_loss` scaled: float16 backward passes outside it are unscaled."""
     evidence = common.section("apex")
-    original = amp_module.initialize
+    evidence["scale_loss_calls"] = 0
+    original_initialize = amp_module.initialize
 
     def initialize(*args, **kwargs):
-        result = original(*args, **kwargs)
+        result = original_initialize(*args, **kwargs)
         evidence["initialized"] = True
         evidence["opt_level"] = kwargs.get("opt_level", "O1")
         return result
 
     amp_module.initialize = initialize
+    original_scale_loss = getattr(amp_module, "scale_loss", None)
+    if original_scale_loss is None:
+        return
+
+    def scale_loss(loss, optimizers, loss_id=0, *args, **kwargs):
+        # apex's scale_loss is a generator-based context manager: count the entries that run
+        manager = original_scale_loss(loss, optimizers, loss_id, *args, **kwargs)
+        evidence["scale_loss_calls"] += 1
+        scale = _loss_scale_of(amp_module, loss_id)
+        if scale is not None:
+            evidence["loss_scale"] = scale
+        return manager
+
+    amp_module.scale_loss = scale_loss
 
 
 def install():
