@@ -96,6 +96,7 @@ def rewrite(
     no_tf_ignore_performance: bool = typer.Option(
         False, _DECLARED["tf_ignore_performance"].flag, help=_DECLARED["tf_ignore_performance"].help
     ),
+    no_migrate: bool = typer.Option(False, _DECLARED["migrate"].flag, help=_DECLARED["migrate"].help),
     select: List[str] = typer.Option([], "--select", metavar="CODES", help="Report only these rule codes or prefixes (AMP1, AMP213); comma-separated or repeated."),
     ignore: List[str] = typer.Option([], "--ignore", metavar="CODES", help="Do not report these rule codes or prefixes; an ignored warning no longer makes a conversion incomplete."),
     verify: List[Path] = typer.Option([], "--verify", metavar="SCRIPT", help="After rewriting, run `ampify verify` on SCRIPT; repeatable."),
@@ -114,6 +115,7 @@ def rewrite(
                 "dtype": _value(dtype),
                 "apex_opt_level": _value(opt_level),
                 "tf_ignore_performance": no_tf_ignore_performance,
+                "migrate": no_migrate,
             },
             config.target_options,
         )

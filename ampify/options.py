@@ -23,6 +23,8 @@ class Options:
     tf_ignore_performance: bool = True
     # apex: the opt_level passed to amp.initialize.
     apex_opt_level: str = "O1"
+    # Migrate deprecated mixed precision APIs (torch.cuda.amp / torch.cpu.amp) to torch.amp.
+    migrate: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -27,6 +27,7 @@ TARGETS = {
     "AMP1": "tf1",
     "AMP2": "torch-native",
     "AMP3": "torch-apex",
+    "AMP4": "torch-migrate",
 }
 
 
@@ -65,6 +66,11 @@ RULES: List[Rule] = [
     Rule("AMP103", "info", "`tf.gradients` feeding `apply_gradients` rewritten to the optimizer's `compute_gradients` (loss-scaled)",
          "Only the wrapped optimizer's compute_gradients scales the loss; tf.gradients results underflow in float16.",
          "grads = tf.gradients(loss, tvars)\n  -> grads = [g for g, _ in opt.compute_gradients(loss, var_list=tvars)]", REVIEW),
+    Rule("AMP104", "info", "NGC-only `TF_ENABLE_AUTO_MIXED_PRECISION=1` removed; the optimizers are wrapped with the graph rewrite instead",
+         "Only NVIDIA's NGC builds of TensorFlow 1.x read the switch: upstream TensorFlow trains such a script in float32. "
+         "The wrapper works in both builds; removing the switch keeps an NGC run from getting two loss scales.",
+         'os.environ["TF_ENABLE_AUTO_MIXED_PRECISION"] = "1"\nopt = tf.train.AdamOptimizer(1e-3)\n'
+         "  -> opt = tf.compat.v1.train.experimental.enable_mixed_precision_graph_rewrite(tf.train.AdamOptimizer(1e-3))", REVIEW),
     Rule("AMP110", "warning", "`tf.gradients` reaches `apply_gradients` in a form that cannot be rewritten safely, or is handed to other code with the optimizer",
          "Gradients that bypass the wrapper's compute_gradients are never loss-scaled: float16 gradients underflow silently.",
          "variable_mgr.append_apply_gradients_ops(state, opt, tf.gradients(loss, params), ops)", MANUAL, incomplete=True),
@@ -102,6 +108,10 @@ RULES: List[Rule] = [
     Rule("AMP121", "info", "`tf` bound only by a star import (`from ops import *`) and used as TF1 (`tf.train.*Optimizer`): taken as TensorFlow, `import tensorflow` added above the star import",
          "Without an import of its own the file looked like no TensorFlow code at all, and stayed float32 silently.",
          "from ops import *\n  -> import tensorflow\n     from ops import *", REVIEW),
+    Rule("AMP122", "warning", "NGC-only `TF_ENABLE_AUTO_MIXED_PRECISION` set conditionally, or with no optimizer here to wrap: upstream TensorFlow ignores it",
+         "Outside NVIDIA's NGC containers the script trains in float32 while its author believes it is mixed precision; "
+         "ampify cannot tell from a flag when mixed precision is meant, so the file is left as it is.",
+         "os.environ['TF_ENABLE_AUTO_MIXED_PRECISION'] = '1' if args.amp else '0'", MANUAL),
     Rule("AMP200", "error", "error: internal error in the PyTorch native transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP200 internal error in the torch-native-amp transform (RecursionError: ...); this file is left unchanged", MANUAL),
@@ -257,6 +267,20 @@ RULES: List[Rule] = [
     Rule("AMP324", "warning", "an optimizer step with no `backward()` in this file: the backward pass runs elsewhere",
          "amp.scale_loss must wrap the backward that feeds this step, which this file cannot see.",
          "engine.backward_pass(loss)\noptimizer.step()", MANUAL, incomplete=True),
+    Rule("AMP400", "error", "error: internal error in the migration transform; the file is left unchanged",
+         "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
+         "AMP400 internal error in the torch-amp-migration transform (KeyError: ...); this file is left unchanged", MANUAL),
+    Rule("AMP401", "info", "deprecated `torch.cuda.amp` / `torch.cpu.amp` callable migrated to `torch.amp` (device first, old positional arguments by name)",
+         "torch warns FutureWarning for torch.cuda.amp.autocast, GradScaler, custom_fwd and custom_bwd (and the torch.cpu.amp "
+         "ones); torch.amp takes the device first, so old positional arguments are passed by name, never shifted.",
+         "torch.cuda.amp.autocast(True, torch.bfloat16)\n  -> torch.amp.autocast(\"cuda\", enabled=True, dtype=torch.bfloat16)", SAFE),
+    Rule("AMP402", "info", "import of the deprecated module rewritten (`from torch.cuda.amp import ...` -> `from torch.amp import ...`)",
+         "Every import form is rewritten with its uses, so no deprecated import is left behind and no name goes unbound.",
+         "from torch.cuda import amp\n  -> from torch import amp", SAFE),
+    Rule("AMP410", "warning", "deprecated `torch.cuda.amp` use with no exact `torch.amp` equivalent; the file is left as it is",
+         "The new callables need the device as an argument, which a value reference (`ac = torch.cuda.amp.autocast`), "
+         "a fallback definition for old torch, or *args cannot receive exactly; a file is never half migrated.",
+         "amp_autocast = torch.cuda.amp.autocast if args.amp else contextlib.nullcontext", MANUAL),
 ]
 
 BY_CODE: Dict[str, Rule] = {rule.code: rule for rule in RULES}

@@ -112,7 +112,8 @@ def test_already_mixed_precision_file_still_warns_about_tf_gradients():
     assert "without loss scaling" in conversion.findings[0].message
 
 
-def test_ngc_env_var_counts_as_mixed_precision_without_warnings():
+def test_ngc_env_var_is_replaced_by_the_upstream_wrapper():
+    """Upstream TensorFlow ignores the NGC switch: the file is float32 code, converted as such."""
     conversion = convert(
         """\
         import os
@@ -121,8 +122,21 @@ def test_ngc_env_var_counts_as_mixed_precision_without_warnings():
         opt = tf.train.AdamOptimizer(0.1)
         """
     )
+    assert conversion.status is FileStatus.CHANGED
+    assert codes(conversion) == ["AMP104", "AMP102", "AMP101"]
+    assert "TF_ENABLE_AUTO_MIXED_PRECISION" not in conversion.converted
+
+
+def test_ngc_env_var_next_to_the_wrapper_stays_already_mixed_precision():
+    conversion = convert(
+        """\
+        import os
+        os.environ['TF_ENABLE_AUTO_MIXED_PRECISION'] = '1'
+        import tensorflow as tf
+        opt = tf.compat.v1.train.experimental.enable_mixed_precision_graph_rewrite(tf.train.AdamOptimizer(0.1))
+        """
+    )
     assert conversion.status is FileStatus.ALREADY_MIXED_PRECISION
-    assert codes(conversion) == []
 
 
 def test_dict_mixing_keras_and_tf1_classes_is_not_wrapped():

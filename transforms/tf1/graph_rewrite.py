@@ -29,7 +29,13 @@ from ampify.transforms.tf1.module_header import (
     choose_wrapper_spelling,
     wrapper_callee_for,
 )
-from ampify.transforms.tf1.names import IGNORE_PERFORMANCE_ENV, MAY_APPLY_MARKERS, normalise_tf_name
+from ampify.transforms.tf1.names import (
+    IGNORE_PERFORMANCE_ENV,
+    MAY_APPLY_MARKERS,
+    NGC_AUTO_MIXED_PRECISION_STRINGS,
+    normalise_tf_name,
+)
+from ampify.transforms.tf1.ngc_switch import ngc_switches, past_ngc_switches
 from ampify.transforms.tf1.optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
 from ampify.transforms.tf1.optimizer_hoist import StatementMove, move_statements
 from ampify.transforms.tf1.site_reports import SiteReports
@@ -71,6 +77,12 @@ class TF1GraphRewrite(Transform):
         if not imports.uses("tensorflow") and _tf_from_star_import(imports):
             rewrite = _GraphRewrite(module, imports.with_alias("tf", "tensorflow"), options)
             return _with_star_import_assumption(rewrite.run(), module)
+        switches = ngc_switches(module, imports)
+        if switches:
+            return past_ngc_switches(
+                module, switches, lambda: _GraphRewrite(module, imports, options, NGC_AUTO_MIXED_PRECISION_STRINGS).run(),
+                lambda: _GraphRewrite(module, imports, options).run(),
+            )
         return _GraphRewrite(module, imports, options).run()
 
 
@@ -146,7 +158,8 @@ def _warning(code: str, message: str, line: int, column: int) -> Finding:
 class _GraphRewrite:
     """One apply() of the transform on one module."""
 
-    def __init__(self, module: cst.Module, imports: ImportMap, options: Options):
+    def __init__(self, module: cst.Module, imports: ImportMap, options: Options,
+                 ignored_markers: frozenset = frozenset()):
         self.options = options
         self.imports = imports
         self.module = module
@@ -154,7 +167,8 @@ class _GraphRewrite:
         # computed on first use: a module with nothing to report never pays for it
         self.positions = Positions(module)
         self.classifier = OptimizerClassifier(self.module, self.resolve)
-        self.survey: ModuleSurvey = survey_module(self.module, self.positions, self.resolve, self.classifier)
+        self.survey: ModuleSurvey = survey_module(
+            self.module, self.positions, self.resolve, self.classifier, ignored_markers)
         self.findings: List[Finding] = []
 
     def resolve(self, node: cst.CSTNode):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -254,8 +254,13 @@ class _Surveyor(cst.CSTVisitor):
     here are short and each records one kind of fact.
     """
 
-    def __init__(self, positions: Positions, resolve: Resolver, classifier: OptimizerClassifier) -> None:
+    def __init__(
+        self, positions: Positions, resolve: Resolver, classifier: OptimizerClassifier,
+        ignored_strings: FrozenSet[str] = frozenset(),
+    ) -> None:
         self.positions = positions
+        #: marker strings to read past (the NGC switch, when it is being migrated)
+        self.ignored_strings = ignored_strings
         self.resolve_name = resolve
         self.classifier = classifier
         self.survey = ModuleSurvey()
@@ -402,7 +407,7 @@ class _Surveyor(cst.CSTVisitor):
             position = self._position(node).start
             self.survey.optimizer_class_strings.append((value, position.line, position.column))
             self.survey.tf1_style = True
-        if value in MIXED_PRECISION_STRINGS:
+        if value in MIXED_PRECISION_STRINGS and value not in self.ignored_strings:
             self._mark_mixed_precision(value, node)
             if value in NGC_AUTO_MIXED_PRECISION_STRINGS:
                 self.survey.ngc_auto_mixed_precision = True
@@ -643,10 +648,12 @@ class _Surveyor(cst.CSTVisitor):
 
 
 def survey_module(
-    module: cst.Module, positions: Positions, resolve: Resolver, classifier: OptimizerClassifier
+    module: cst.Module, positions: Positions, resolve: Resolver, classifier: OptimizerClassifier,
+    ignored_strings: FrozenSet[str] = frozenset(),
 ) -> ModuleSurvey:
-    """Walk the module once and record what the TF1 graph rewrite needs to decide."""
-    surveyor = _Surveyor(positions, resolve, classifier)
+    """Walk the module once and record what the TF1 graph rewrite needs to decide;
+    `ignored_strings` are mixed precision marker strings not to take as markers."""
+    surveyor = _Surveyor(positions, resolve, classifier, ignored_strings)
     surveyor.survey.positions = positions
     walk(module, surveyor)
     return surveyor.survey

@@ -1,0 +1,1 @@
+"""Migrations of deprecated mixed precision code to the current APIs."""
