@@ -7,6 +7,7 @@ call with a string.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple, Union
@@ -63,6 +64,7 @@ def convert_source(
             raise ConversionError(describe_python_error(python_error)) from None  # the message users know
         raise
     imports = _with_project_star_imports(ImportMap.from_module(module), context)
+    context = dataclasses.replace(context, source=source if isinstance(source, bytes) else source.encode("utf-8"))
     results: List[TransformResult] = []
     for index, transform in enumerate(transforms):
         if not transform.concerns(imports, options):
@@ -79,7 +81,11 @@ def convert_source(
             if index + 1 < len(transforms):
                 # Analyses key nodes by identity (positions, parents), which needs a tree with
                 # no shared nodes: hand the next transform a freshly parsed one.
-                module = cst.parse_module(module.bytes)
+                new_bytes = module.bytes
+                module = cst.parse_module(new_bytes)
+                context = dataclasses.replace(context, source=new_bytes)
+            else:
+                context = dataclasses.replace(context, source=b"")  # not generated: unknown
             imports = _with_project_star_imports(ImportMap.from_module(module), context)
 
     findings = sorted(

@@ -95,6 +95,9 @@ class UnitContext:
 
     display: str = "<source>"
     project: Optional[ProjectFacts] = None
+    #: the bytes the module handed to `apply` was parsed from (b"" when unknown), for byte
+    #: tests that would otherwise regenerate the module's code
+    source: bytes = b""
 
 
 class Transform(abc.ABC):

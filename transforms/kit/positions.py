@@ -52,6 +52,13 @@ class Positions:
         except KeyError:
             return default
 
+    def compute_all(self) -> "Positions":
+        """Generate every range now: one pass, for a caller about to ask about several nodes
+        spread over the module (each partial run would regenerate the code before its node)."""
+        if not self._complete:
+            self._generate(stop_at=None)
+        return self
+
     def _generate(self, stop_at: Optional[int]) -> None:
         """Generate the module's code, recording ranges; with `stop_at`, stop once that node's
         range is known (a file's one finding near the top costs a fraction of the module)."""

@@ -23,6 +23,7 @@ the change, so the diff stays small):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
@@ -64,6 +65,29 @@ MIGRATABLE: Dict[str, Dict[str, Signature]] = {
                        "custom_bwd": _CUSTOM_BWD},
     "torch.cpu.amp": {"autocast": _AUTOCAST, "GradScaler": _GRAD_SCALER},
 }
+
+
+#: the callables both APIs share, by name
+AMP_CALLABLES = frozenset({"autocast", "GradScaler", "custom_fwd", "custom_bwd"})
+
+_ATTRIBUTE_CHAIN = re.compile(rb"\b(?:cuda|cpu)\s*\.\s*amp\b")
+_CURRENT_API_CHAIN = re.compile(rb"\bamp\s*\.\s*(?:autocast|GradScaler|custom_fwd|custom_bwd)\b")
+
+
+def may_have_deprecated_uses(source: bytes, imports: ImportMap) -> bool:
+    """Without a walk: can the module name torch.cuda.amp / torch.cpu.amp at all? Through an
+    import of it, of its members or of torch.cuda / torch.cpu, or as `<torch>.cuda.amp`."""
+    for qualified in imports.aliases.values():
+        if deprecated_module_of(qualified) is not None or qualified in PARENT_MODULES:
+            return True
+    return "torch" in imports.aliases.values() and _ATTRIBUTE_CHAIN.search(source) is not None
+
+
+def uses_current_api(source: bytes, imports: ImportMap) -> bool:
+    """Without a walk: does the module import from torch.amp, or spell `<torch>.amp.autocast`...?"""
+    if any(q == "torch.amp" or q.startswith("torch.amp.") for q in imports.aliases.values()):
+        return True
+    return "torch" in imports.aliases.values() and _CURRENT_API_CHAIN.search(source) is not None
 
 
 def may_use_deprecated_amp(source: bytes) -> bool:
@@ -152,6 +176,8 @@ class MigrationPlan:
     needs_import_torch: bool = False
     #: the module already uses the current API (torch.amp.*)
     uses_current_api: bool = False
+    #: ids of every node on the way to a planned edit (a rewrite need not descend elsewhere)
+    paths: Set[int] = field(default_factory=set)
 
 
 def _is_migratable_member(module: str, member: str) -> bool:
@@ -168,6 +194,8 @@ class _Survey(cst.CSTVisitor):
         #: (reference, qualified name, its ancestors nearest first)
         self.references: List[Tuple[cst.CSTNode, str, Tuple[cst.CSTNode, ...]]] = []
         self.import_nodes: List[cst.CSTNode] = []
+        #: ids of the nodes on the way from the module to every reference and import
+        self.paths: Set[int] = set()
         #: references to the current API (torch.amp.*, as the migration writes it)
         self.current_api_uses = 0
         #: names bound by something other than an import (def, class, assignment, parameter...)
@@ -176,6 +204,7 @@ class _Survey(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, (cst.Import, cst.ImportFrom)):
             self.import_nodes.append(node)
+            self._on_path(node)
             return False
         parent = self.stack[-1] if self.stack else None
         if isinstance(node, (cst.Name, cst.Attribute)):
@@ -201,6 +230,12 @@ class _Survey(cst.CSTVisitor):
                 self.current_api_uses += 1
             return
         self.references.append((node, qualified, tuple(reversed(self.stack[-5:]))))
+        self._on_path(node)
+
+    def _on_path(self, node: cst.CSTNode) -> None:
+        """Remember the node and its ancestors: the rewrite descends only into those."""
+        self.paths.add(id(node))
+        self.paths.update(id(ancestor) for ancestor in self.stack)
 
     @staticmethod
     def _is_expression_name(node: cst.Name, parent: Optional[cst.CSTNode]) -> bool:
@@ -271,6 +306,7 @@ def plan_migration(module: cst.Module, imports: ImportMap, torch_aliases: Set[st
     for node in survey.import_nodes:
         _plan_import(plan, node)
     plan.uses_current_api = survey.current_api_uses > 0
+    plan.paths = survey.paths
     return plan
 
 

@@ -18,15 +18,18 @@ from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.migrate.deprecated_torch_amp import (
+    AMP_CALLABLES,
     DEPRECATED_MODULES,
     PARENT_MODULES,
     ImportEdit,
     MigrationPlan,
     Use,
     bare_decorator_call,
+    may_have_deprecated_uses,
     may_use_deprecated_amp,
     plan_migration,
     rewritten_call,
+    uses_current_api,
 )
 from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
 
@@ -45,20 +48,32 @@ class TorchAmpMigration(Transform):
         return options.migrate and may_use_deprecated_amp(source)
 
     def screen(self, facts: SourceFacts, options: Options) -> bool:
-        # "amp" alone: a migrated file (torch.amp) is screened in too, to be called "already"
-        return (facts.imports("torch") or facts.star_import) and "amp" in facts.identifiers
+        # a migrated file (torch.amp.autocast(...)) is screened in too, to be called "already"
+        identifiers = facts.identifiers
+        return (
+            (facts.imports("torch") or facts.star_import) and "amp" in identifiers
+            and ("cuda" in identifiers or "cpu" in identifiers or not identifiers.isdisjoint(AMP_CALLABLES))
+        )
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
         return options.migrate and imports.uses("torch")
 
     def apply(self, module: cst.Module, imports: ImportMap, options: Options,
               context: UnitContext = UnitContext()) -> TransformResult:
+        source = context.source or module.bytes
+        if not may_have_deprecated_uses(source, imports):
+            # no walk: most files that name `amp` use torch.amp, or something else called amp
+            if uses_current_api(source, imports):
+                return TransformResult(module, Verdict.ALREADY_MIXED_PRECISION, reason="uses torch.amp")
+            return TransformResult(module, Verdict.NOTHING_TO_DO)
         plan = plan_migration(module, imports, module_level_aliases(module, "torch"))
         if not plan.uses and not plan.imports and not plan.obstacles:
             if plan.uses_current_api:
                 return TransformResult(module, Verdict.ALREADY_MIXED_PRECISION, reason="uses torch.amp")
             return TransformResult(module, Verdict.NOTHING_TO_DO)
         positions = Positions(module)
+        if len(plan.uses) + len(plan.imports) + len(plan.obstacles) > 1:
+            positions.compute_all()
         if plan.obstacles:
             findings = [
                 Finding(NOT_MIGRATED, f"{obstacle.reason}; the deprecated API is left as it is in this file "
@@ -122,7 +137,14 @@ class _Rewriter(cst.CSTTransformer):
         self.calls: Dict[int, Use] = {id(use.call): use for use in plan.uses if use.call is not None}
         self.decorators: Dict[int, Use] = {id(use.decorator): use for use in plan.uses if use.decorator is not None}
         self.imports: Dict[int, ImportEdit] = {id(edit.node): edit for edit in plan.imports}
-        self.split_lines: Dict[int, List[cst.ImportFrom]] = {}
+        self.paths = plan.paths
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # only the statements that hold an edit are rebuilt (a 10 000-line module with one
+        # deprecated call costs a walk down to it, not a transform of the whole tree)
+        if id(node) not in self.paths:
+            return False
+        return super().on_visit(node)
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         return self.respelled.get(id(original_node), updated_node)
