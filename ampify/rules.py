@@ -277,10 +277,18 @@ RULES: List[Rule] = [
     Rule("AMP402", "info", "import of the deprecated module rewritten (`from torch.cuda.amp import ...` -> `from torch.amp import ...`)",
          "Every import form is rewritten with its uses, so no deprecated import is left behind and no name goes unbound.",
          "from torch.cuda import amp\n  -> from torch import amp", SAFE),
+    Rule("AMP403", "info", "apex amp migrated to torch.amp: `amp.initialize` / `amp.scale_loss` / `amp.master_params` / apex checkpoint state removed, then converted natively",
+         "apex.amp was removed from apex after release 25.05: such scripts no longer run on a current apex. apex is taken out "
+         "exactly and the native conversion adds autocast and a GradScaler with all its checks; the file changes only when both succeed.",
+         "with amp.scale_loss(loss, optimizer) as scaled_loss:\n    scaled_loss.backward()\n  -> scaler.scale(loss).backward()", REVIEW),
     Rule("AMP410", "warning", "deprecated `torch.cuda.amp` use with no exact `torch.amp` equivalent; the file is left as it is",
          "The new callables need the device as an argument, which a value reference (`ac = torch.cuda.amp.autocast`), "
          "a fallback definition for old torch, or *args cannot receive exactly; a file is never half migrated.",
          "amp_autocast = torch.cuda.amp.autocast if args.amp else contextlib.nullcontext", MANUAL),
+    Rule("AMP411", "warning", "apex amp not migrated to torch.amp (opt_level chosen at run time, O0/O3, apex behind a flag, other apex APIs, or the native conversion would be incomplete); the file stays on apex",
+         "torch.amp has one mixed precision mode (apex's O1) and no switch the migration could tie to apex's own; "
+         "a file is never half migrated.",
+         "model, optimizer = amp.initialize(model, optimizer, opt_level=args.opt_level)", MANUAL),
 ]
 
 BY_CODE: Dict[str, Rule] = {rule.code: rule for rule in RULES}

@@ -5,7 +5,7 @@ from ampify.transforms.migrate.torch_amp_migration import TorchAmpMigration
 
 MIGRATE_TARGET = Target(
     name="torch-migrate",
-    description="deprecated torch.cuda.amp / torch.cpu.amp rewritten to torch.amp",
+    description="deprecated torch.cuda.amp / torch.cpu.amp and apex amp rewritten to torch.amp",
     transform=TorchAmpMigration(),
     # on by default: a deprecated API is code to fix, and `--check` fails on it
     runs_when=lambda options: options.migrate,
@@ -14,7 +14,7 @@ MIGRATE_TARGET = Target(
             field="migrate",
             flag="--no-migrate",
             config_key="migrate",
-            help="Leave deprecated torch.cuda.amp / torch.cpu.amp code as it is (it is migrated to torch.amp by default).",
+            help="Leave deprecated torch.cuda.amp / torch.cpu.amp and apex amp code as it is (migrated to torch.amp by default).",
         ),
     ),
     rule_prefix="AMP4",

@@ -31,6 +31,8 @@ from ampify.transforms.migrate.deprecated_torch_amp import (
     rewritten_call,
     uses_current_api,
 )
+from ampify.transforms.migrate.apex_migration import migrate_apex
+from ampify.transforms.migrate.apex_removal import uses_apex_amp
 from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
 
 MIGRATED = "AMP401"
@@ -40,26 +42,33 @@ NOT_MIGRATED = "AMP410"
 
 class TorchAmpMigration(Transform):
     name = "torch-amp-migration"
-    description = "deprecated torch.cuda.amp / torch.cpu.amp -> torch.amp"
+    description = "deprecated torch.cuda.amp / torch.cpu.amp and apex amp -> torch.amp"
     internal_error_code = "AMP400"
     screened_out_reason = "no deprecated torch.cuda.amp / torch.cpu.amp use"
 
     def may_apply(self, source: bytes, options: Options) -> bool:
-        return options.migrate and may_use_deprecated_amp(source)
+        return options.migrate and (may_use_deprecated_amp(source) or (options.backend == "native" and b"apex" in source))
 
     def screen(self, facts: SourceFacts, options: Options) -> bool:
         # a migrated file (torch.amp.autocast(...)) is screened in too, to be called "already"
         identifiers = facts.identifiers
+        if options.backend == "native" and facts.imports("apex") and "amp" in identifiers:
+            return True
         return (
             (facts.imports("torch") or facts.star_import) and "amp" in identifiers
             and ("cuda" in identifiers or "cpu" in identifiers or not identifiers.isdisjoint(AMP_CALLABLES))
         )
 
     def concerns(self, imports: ImportMap, options: Options) -> bool:
-        return options.migrate and imports.uses("torch")
+        return options.migrate and (imports.uses("torch") or imports.uses("apex"))
 
     def apply(self, module: cst.Module, imports: ImportMap, options: Options,
               context: UnitContext = UnitContext()) -> TransformResult:
+        if options.backend == "native" and uses_apex_amp(imports):
+            # --backend apex asks for apex: only the native backend migrates away from it
+            migrated = migrate_apex(module, imports, options, context)
+            if migrated is not None:
+                return migrated
         source = context.source or module.bytes
         if not may_have_deprecated_uses(source, imports):
             # no walk: most files that name `amp` use torch.amp, or something else called amp

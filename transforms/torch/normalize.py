@@ -16,8 +16,6 @@ findings' line numbers back to the lines of the file as it was.
 
 from __future__ import annotations
 
-import difflib
-import re
 from dataclasses import replace
 from typing import Callable, List, Optional, Set, Union
 
@@ -28,6 +26,7 @@ from ampify.transforms.base import TransformResult, Verdict
 from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.line_map import LineMap
 
 #: calls that make a statement part of a training step's structure
 _TRAINING_CALLS = {"backward", "step", "zero_grad", "clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "unscale_"}
@@ -195,36 +194,6 @@ def _backward_of_a_call(value: cst.BaseExpression) -> bool:
         isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "backward"
         and isinstance(value.func.value, cst.Call) and not _reduces_a_name(value.func.value)
     )
-
-
-_LINE_MENTION = re.compile(r"\b(lines? )(\d+(?:-\d+)?)")
-
-
-class LineMap:
-    """Line numbers of the normalized module -> lines of the module as it was."""
-
-    def __init__(self, original: str, normalized: str) -> None:
-        old, new = original.splitlines(), normalized.splitlines()
-        self._map = {}
-        matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
-        for tag, a0, a1, b0, b1 in matcher.get_opcodes():
-            for offset, line in enumerate(range(b0, b1)):
-                if tag == "equal":
-                    self._map[line + 1] = a0 + offset + 1
-                else:
-                    self._map[line + 1] = min(a0 + offset, max(a1 - 1, a0)) + 1
-
-    def original_line(self, line: int) -> int:
-        return self._map.get(line, line) if line else line
-
-    def in_message(self, message: str) -> str:
-        """"(line 9)", "lines 9-10", "before line 12" in a message, as lines of the original.
-        A message about another file ("main.py:14 ...") keeps its numbers: they are that file's."""
-        if ".py:" in message:
-            return message
-        return _LINE_MENTION.sub(
-            lambda m: m.group(1) + "-".join(str(self.original_line(int(n))) for n in m.group(2).split("-")), message
-        )
 
 
 def converted_in_shape(

@@ -1,0 +1,81 @@
+"""Migrate NVIDIA apex amp to torch.amp: apex removed exactly (migrate/apex_removal.py), then the
+native conversion adds torch.autocast and a GradScaler with all its own checks.
+
+The file changes only when both halves succeed and the native conversion is complete; otherwise
+it stays on apex, with the reason (AMP411). Findings name the lines of the file as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional
+
+import libcst as cst
+
+from ampify.findings import Finding, Severity, incomplete_codes
+from ampify.options import Options
+from ampify.transforms.base import TransformResult, UnitContext, Verdict
+from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.line_map import LineMap
+from ampify.transforms.kit.positions import Positions
+from ampify.transforms.migrate.apex_removal import ApexRemover, plan_apex_removal
+from ampify.transforms.torch.native_amp import TorchNativeAmp
+
+APEX_REMOVED = "AMP403"
+APEX_NOT_MIGRATED = "AMP411"
+
+_NATIVE = TorchNativeAmp()
+
+
+def migrate_apex(module: cst.Module, imports: ImportMap, options: Options, context: UnitContext) -> Optional[TransformResult]:
+    """The migrated module, the reason it stays on apex, or None when apex amp is not used here
+    (apex imported for its fused optimizers or parallel modules only)."""
+    plan = plan_apex_removal(module, imports)
+    if not plan.edits and not plan.obstacles:
+        return None
+    positions = Positions(module).compute_all()
+    if plan.obstacles:
+        findings = [_not_migrated(positions, node, reason) for node, reason in plan.obstacles]
+        return TransformResult(module, Verdict.UNCONVERTED, findings,
+                               f"apex amp that cannot be migrated to torch.amp exactly (line {findings[0].line})")
+    without_apex = module.visit(ApexRemover(plan))
+    code = without_apex.code
+    reparsed = cst.parse_module(code)
+    native_context = dataclasses.replace(context, source=code.encode(reparsed.encoding))
+    native = _NATIVE.apply(reparsed, ImportMap.from_module(reparsed), options, native_context)
+    lines = LineMap(module.code, code)
+    native_findings = [
+        dataclasses.replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message))
+        for f in native.findings
+    ]
+    first_edit = min((positions.get(edit.node) for edit in plan.edits if positions.get(edit.node) is not None),
+                     key=lambda p: (p.start.line, p.start.column), default=None)
+    if native.verdict is not Verdict.CONVERTED or incomplete_codes(native.findings):
+        why = native.reason or next((f.message for f in native_findings if f.severity is Severity.WARNING), "")
+        finding = Finding(
+            APEX_NOT_MIGRATED,
+            "apex amp not migrated to torch.amp: with apex removed, the native conversion of this training code "
+            f"does not complete ({why or native.verdict.value}); the file stays on apex",
+            first_edit.start.line if first_edit else 0, first_edit.start.column if first_edit else 0, Severity.WARNING,
+        )
+        return TransformResult(module, Verdict.UNCONVERTED, [finding, *native_findings],
+                               "apex amp that the native conversion cannot replace")
+    notes: List[Finding] = []
+    for edit in plan.edits:
+        position = positions.get(edit.node)
+        what = edit.what
+        if plan.opt_level == "O2" and "initialize" in what:
+            what += ("; O2 migrated with O1's semantics: torch.amp keeps no float16 copy of the model, the model "
+                     "stays float32 and autocast picks each op's precision")
+        notes.append(Finding(APEX_REMOVED, f"apex amp -> torch.amp: {what}",
+                             position.start.line if position else 0, position.start.column if position else 0))
+    findings = sorted([*notes, *native_findings], key=lambda f: (f.line, f.column, f.code))
+    return TransformResult(native.module, Verdict.CONVERTED, findings, native.reason, native.companions)
+
+
+def _not_migrated(positions: Positions, node: cst.CSTNode, reason: str) -> Finding:
+    position = positions.get(node)
+    return Finding(
+        APEX_NOT_MIGRATED, f"{reason}; the file stays on apex amp (removed from apex after release 25.05)",
+        position.start.line if position else 0, position.start.column if position else 0, Severity.WARNING,
+    )
