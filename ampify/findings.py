@@ -31,13 +31,24 @@ class Finding:
     column: int = 0
     severity: Severity = Severity.INFO
 
+    @property
+    def shown_line(self) -> int:
+        """The line as people and tools read it: 1-based; a finding about the whole file is on line 1."""
+        return max(self.line, 1)
+
+    @property
+    def shown_column(self) -> int:
+        """The column as ruff, flake8 and TorchFix print it: 1-based (stored 0-based, as LibCST gives it)."""
+        return self.column + 1
+
     def render(self, path: str) -> str:
-        """`path:line:col: CODE message`, the form editors and CI logs understand."""
-        return f"{path}:{self.line}:{self.column}: {self.code} {self.message}"
+        """`path:line:col: CODE message`, the form editors and CI logs understand (1-based)."""
+        return f"{path}:{self.shown_line}:{self.shown_column}: {self.code} {self.message}"
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["severity"] = self.severity.value
+        data["line"], data["column"] = self.shown_line, self.shown_column  # 1-based, as printed
         return data
 
 
