@@ -26,7 +26,8 @@ from ampify.findings import FileResult, FileStatus
 from ampify.names import for_terminal
 from ampify.registry import declared_options, options_from
 from ampify.change_set import recover_change_sets
-from ampify.report import apply_selection, merge_change_sets, exit_code, render_file, render_summary, summarize, write_json_report
+from ampify.output_formats import FORMATS, render_github, render_json, render_markdown, write_json_report
+from ampify.report import apply_selection, merge_change_sets, exit_code, render_file, render_summary, summarize
 from ampify.rules import Selection, UnknownRule, render_list, render_rule, rule
 from ampify.runner import DEFAULT_FILE_TIMEOUT, Interrupted, default_jobs, run_tasks
 from ampify.source_io import remove_abandoned_temp_files
@@ -49,6 +50,7 @@ def _choices(field: str) -> type:
 _Backend = _choices("backend")
 _Dtype = _choices("dtype")
 _OptLevel = _choices("apex_opt_level")
+_OutputFormat = enum.Enum("_OutputFormat", {name: name for name in FORMATS}, type=str)
 
 
 def _value(choice) -> Optional[str]:
@@ -70,7 +72,10 @@ def _version(value: bool) -> None:
     "was converted incompletely; 2 usage error; 130/143/129 stopped by SIGINT/SIGTERM/SIGHUP."
 )
 def rewrite(
-    paths: List[Path] = typer.Argument(..., exists=True, metavar="PATH...", help="Files or folders to convert."),
+    paths: List[Path] = typer.Argument(
+        ..., metavar="PATH...",
+        help="Files or folders to convert; `-` reads one file from standard input and writes the result to standard output.",
+    ),
     diff: bool = typer.Option(False, "--diff", help="Print a unified diff; write nothing."),
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when any file would change."),
     exclude: List[str] = typer.Option([], "--exclude", metavar="GLOB", help="Skip paths matching GLOB (.gitignore syntax); repeatable."),
@@ -90,6 +95,15 @@ def rewrite(
         help="Rewrite a file that has other hard links in place (keeps the links; not atomic). Default: refuse it.",
     ),
     report: Optional[Path] = typer.Option(None, "--report", metavar="FILE.json", help="Write every result and finding as JSON."),
+    output_format: _OutputFormat = typer.Option(
+        "text", "--output-format",
+        help="How findings and statuses are printed: text (default), json (the --report document), github "
+        "(GitHub Actions annotations), markdown (a review summary for a pull request).",
+    ),
+    stdin_filename: Optional[Path] = typer.Option(
+        None, "--stdin-filename", metavar="PATH",
+        help="With `-`: the file's name for messages, and where to look for [tool.ampify] and the repository.",
+    ),
     backend: Optional[_Backend] = typer.Option(None, _DECLARED["backend"].flag, help=_DECLARED["backend"].help),
     dtype: Optional[_Dtype] = typer.Option(None, _DECLARED["dtype"].flag, help=_DECLARED["dtype"].help),
     opt_level: Optional[_OptLevel] = typer.Option(None, _DECLARED["apex_opt_level"].flag, help=_DECLARED["apex_opt_level"].help),
@@ -104,8 +118,18 @@ def rewrite(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print only problems and the summary."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
 ) -> None:
+    reading_stdin = [str(p) for p in paths] == ["-"]
+    if not reading_stdin:
+        for path in paths:
+            if str(path) == "-":
+                _usage_error("`-` (standard input) cannot be combined with other paths")
+            if not path.exists() and not path.is_symlink():
+                _usage_error(f"Invalid value for 'PATH...': Path {for_terminal(str(path))!r} does not exist.")
+    elif stdin_filename is None:
+        stdin_filename = Path("<stdin>")
     try:
-        config = load_config(paths)
+        config = load_config([stdin_filename.parent if stdin_filename.parent.exists() else Path(".")]
+                             if reading_stdin else paths)
     except ConfigError as error:
         _usage_error(str(error))
     try:
@@ -129,6 +153,14 @@ def rewrite(
         _usage_error(f"--select/--ignore: {error}")
     if verify and (diff or check):
         _usage_error("--verify runs the rewritten script, so it cannot be combined with --diff or --check")
+    output_format = output_format.value
+    if diff and output_format in ("json", "markdown"):
+        _usage_error(f"--diff prints a patch on standard output, so it cannot be combined with --output-format {output_format}")
+    if reading_stdin:
+        from ampify.stdin_mode import convert_stdin
+
+        mode = Mode.DIFF if diff else Mode.CHECK if check else Mode.WRITE
+        raise typer.Exit(convert_stdin(stdin_filename, options, mode, selection))
     if report is not None:
         _check_report_folder(report)
 
@@ -147,7 +179,7 @@ def rewrite(
     results: List[FileResult] = [FileResult(path, FileStatus.SKIPPED, reason) for path, reason in found.skipped]
 
     # In --diff mode stdout carries nothing but the patch; everything else goes to stderr.
-    out = sys.stderr if diff else sys.stdout
+    out = sys.stderr if diff or output_format in ("json", "markdown") else sys.stdout
     workers, capped = worker_count(jobs or config.jobs, force_jobs)
     if capped and not quiet:
         print(f"ampify: -j {jobs or config.jobs} capped at {workers}, the CPU count "
@@ -169,6 +201,8 @@ def rewrite(
     for result in results:
         if result.diff:
             sys.stdout.write(result.diff)
+        if output_format != "text":
+            continue
         lines = render_file(result, verbose, problems_only=quiet)
         for line in lines:
             print(line, file=sys.stderr if result.status is FileStatus.FAILED else out)
@@ -181,7 +215,18 @@ def rewrite(
             file=out,
         )
     _report_abandoned_temp_files(found.abandoned_temp_files, mode, out)
-    print(render_summary(summary, wrote=mode is Mode.WRITE, interrupted=interrupted), file=out)
+    wrote = mode is Mode.WRITE
+    if output_format == "text":
+        print(render_summary(summary, wrote=wrote, interrupted=interrupted), file=out)
+    elif output_format == "github":
+        print(render_github(results, summary, wrote, interrupted))
+    else:
+        # standard output carries the document alone; the summary line goes to standard error
+        print(render_summary(summary, wrote=wrote, interrupted=interrupted), file=sys.stderr)
+        if output_format == "json":
+            print(render_json(results, summary, options, mode.value, interrupted))
+        else:
+            sys.stdout.write(render_markdown(results, summary, wrote, interrupted))
     report_failed = False
     if report is not None:
         try:

@@ -60,7 +60,7 @@ class FileStatus(str, enum.Enum):
     CHANGED_INCOMPLETE = "changed, incomplete"
     ALREADY_MIXED_PRECISION = "already mixed precision"
     NOT_APPLICABLE = "not applicable"
-    UNCONVERTED = "unconverted"  # training code found, but it could not be converted safely
+    UNCONVERTED = "not converted"  # training code found, but it could not be converted safely (the summary's word)
     SKIPPED = "skipped"
     FAILED = "failed"
 

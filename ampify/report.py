@@ -1,17 +1,13 @@
-"""Render results for people (terminal lines, closing summary) and machines (JSON)."""
+"""Render results for people: terminal lines and the closing summary (other formats: output_formats.py)."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Dict, Iterable, List
 
-from ampify import __version__
 from ampify.findings import FileResult, FileStatus, Finding, Severity, incomplete_codes
 from ampify.names import for_terminal
-from ampify.options import Options
 from ampify.rules import Selection
 
 #: statuses that get a line of their own even without --verbose
@@ -134,23 +130,3 @@ def render_summary(summary: Summary, wrote: bool, interrupted: bool = False) -> 
     text += f"; {summary.changes} change{'s' if summary.changes != 1 else ''}"
     text += f", {summary.warnings} warning{'s' if summary.warnings != 1 else ''}"
     return text
-
-
-def write_json_report(
-    path: Path, results: List[FileResult], summary: Summary, options: Options, mode: str, interrupted: bool
-) -> None:
-    """Every file's result and every finding, for CI dashboards and scripts."""
-    document = {
-        "ampify_version": __version__,
-        "mode": mode,
-        "interrupted": interrupted,
-        "options": asdict(options),
-        "summary": {
-            "scanned": summary.scanned,
-            **summary.by_status,
-            "changes": summary.changes,
-            "warnings": summary.warnings,
-        },
-        "files": [r.to_json() for r in sorted(results, key=lambda r: r.path)],
-    }
-    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

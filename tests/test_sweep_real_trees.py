@@ -36,7 +36,7 @@ TRAINING_LIKE = 20
 #: files above this size are left out of the sample (CI time budget: LibCST parses ~0.2 MB/s)
 MAX_SAMPLED_BYTES = 60_000
 TRAINING_MARKERS = (b".backward(", b".minimize(", b"apply_gradients", b"GradScaler", b"autocast(", b".step(")
-ALLOWED = {"changed", "changed, incomplete", "already mixed precision", "not applicable", "unconverted", "skipped", "failed"}
+ALLOWED = {"changed", "changed, incomplete", "already mixed precision", "not applicable", "not converted", "skipped", "failed"}
 #: reasons a file may legitimately fail: the input itself is not Python 3 or not readable
 INPUT_FAULTS = (
     "not valid Python 3", "cannot decode", "too deeply nested", "not a regular file", "cannot read",

@@ -34,7 +34,7 @@ def test_an_analysis_that_raises_leaves_the_file_unchanged_with_the_internal_err
 
     monkeypatch.setattr(torch_native_amp, "analyze_training", broken)
     conversion = convert_source("import torch\nfor x in data:\n    loss = model(x)\n    loss.backward()\n    opt.step()\n")
-    assert conversion.converted is None and conversion.status.value == "unconverted"
+    assert conversion.converted is None and conversion.status.value == "not converted"
     assert [(f.code, f.severity) for f in conversion.findings] == [("AMP200", Severity.ERROR)]
     assert "RecursionError: deep" in conversion.findings[0].message
 
