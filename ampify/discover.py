@@ -17,6 +17,14 @@ from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
 import pathspec
 
+#: pathspec's name for .gitignore patterns: "gitignore" in newer releases, "gitwildmatch" (deprecated there,
+#: with a DeprecationWarning) before
+try:
+    pathspec.PathSpec.from_lines("gitignore", [])
+    _GITIGNORE_PATTERNS = "gitignore"
+except (LookupError, ValueError):
+    _GITIGNORE_PATTERNS = "gitwildmatch"
+
 from ampify.source_io import TEMP_SUFFIX, is_abandoned_temp_file
 
 #: folders never walked into (the user can still name a file inside one explicitly)
@@ -52,7 +60,7 @@ def discover(
     paths: Sequence[Path], excludes: Sequence[str] = (), respect_gitignore: bool = True
 ) -> Discovery:
     """The files under `paths`, in a stable order, with the ones skipped and why."""
-    exclude_spec = pathspec.PathSpec.from_lines("gitwildmatch", excludes) if excludes else None
+    exclude_spec = pathspec.PathSpec.from_lines(_GITIGNORE_PATTERNS, excludes) if excludes else None
     result = Discovery()
     seen: Set[Path] = set()
     for root in paths:

@@ -62,3 +62,17 @@ def test_unreadable_folder_is_passed_over(tmp_path):
     finally:
         locked.chmod(0o755)
     assert [os.path.relpath(c.display, tree) for c in found.candidates] == ["ok.py"]
+
+
+def test_exclude_patterns_raise_no_deprecation_warning_from_pathspec(tmp_path):
+    """pathspec deprecated its 'gitwildmatch' name; ampify asks for 'gitignore' where it exists."""
+    import warnings
+
+    from ampify.discover import discover as discover_paths
+
+    (tmp_path / "keep.py").write_text("x = 1\n")
+    (tmp_path / "drop.py").write_text("x = 1\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = discover_paths([tmp_path], ["drop.py"], respect_gitignore=False)
+    assert [c.path.name for c in found.candidates] == ["keep.py"]

@@ -26,6 +26,10 @@ def test_wheel_maps_transforms_under_ampify(tmp_path):
     for module in (ROOT / "transforms").rglob("*.py"):
         assert f"ampify/transforms/{module.relative_to(ROOT / 'transforms').as_posix()}" in names, module
     assert "ampify/verify/probes/_ampify_probe_main.py" in names
+    assert "ampify/py.typed" in names  # type checkers read ampify's annotations
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
+    assert "Classifier: Programming Language :: Python :: 3.11" in metadata
+    assert "Classifier: License :: OSI Approved :: Apache Software License" in metadata
     entry_points = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith("entry_points.txt"))
     ).decode()
