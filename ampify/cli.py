@@ -67,7 +67,8 @@ def _version(value: bool) -> None:
     help="Rewrite TensorFlow 1.x and PyTorch training scripts under PATH to train in automatic mixed "
     "precision.\n\n"
     "Other commands: `ampify verify SCRIPT [-- ARGS]` runs a rewritten script and proves that mixed precision "
-    "engaged (`ampify verify --help`); `ampify rules` lists the rule codes, `ampify rule CODE` explains one.\n\n"
+    "engaged (`ampify verify --help`); `ampify bench SCRIPT [-- ARGS]` times an fp32 script against its "
+    "conversion (`ampify bench --help`); `ampify rules` lists the rule codes, `ampify rule CODE` explains one.\n\n"
     "Exit codes: 0 nothing to do or all done; 1 changes needed (--check), a file failed, was not converted or "
     "was converted incompletely; 2 usage error; 130/143/129 stopped by SIGINT/SIGTERM/SIGHUP."
 )
@@ -366,6 +367,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         from ampify.verify.cli import main as verify_main
 
         sys.exit(verify_main(args[1:]))
+    if args and args[0] == "bench":  # a folder named bench is converted as `ampify ./bench`
+        from ampify.bench.cli import main as bench_main
+
+        sys.exit(bench_main(args[1:]))
     if args and args[0] in ("rules", "rule") and not Path(args[0]).exists():
         sys.exit(_rules_command(args[0], args[1:]))
     command = typer.main.get_command(app)

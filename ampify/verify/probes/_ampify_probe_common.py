@@ -12,9 +12,11 @@ import threading
 EVIDENCE_PATH_ENV = "_AMPIFY_PROBE_EVIDENCE"
 FULL_RUN_ENV = "_AMPIFY_PROBE_FULL"
 FRAMEWORK_ENV = "_AMPIFY_PROBE_FRAMEWORK"
+#: `ampify bench`: "WARMUP,STEPS": time optimizer steps, stop after WARMUP + STEPS of them
+BENCH_ENV = "_AMPIFY_PROBE_BENCH"
 
 evidence = {"probe": "ampify", "events": []}
-_settings = {"path": None, "full": False, "pid": os.getpid()}
+_settings = {"path": None, "full": False, "pid": os.getpid(), "bench": None}
 _write_lock = threading.RLock()  # re-entrant: the SIGTERM handler may interrupt a write
 
 
@@ -22,7 +24,16 @@ def configure_from_environment():
     """Read (and remove, so the script's own subprocesses never see them) the probe settings."""
     _settings["path"] = os.environ.pop(EVIDENCE_PATH_ENV, None)
     _settings["full"] = os.environ.pop(FULL_RUN_ENV, "0") == "1"
+    bench = os.environ.pop(BENCH_ENV, "")
+    if bench:
+        warmup, steps = (int(part) for part in bench.split(","))
+        _settings["bench"] = (warmup, steps)
     return os.environ.pop(FRAMEWORK_ENV, "")
+
+
+def bench_steps():
+    """(warm-up steps, measured steps) in an `ampify bench` run, else None."""
+    return _settings["bench"]
 
 
 def full_run():

@@ -151,12 +151,84 @@ def _install_step_hook(torch, evidence):
     register_optimizer_step_post_hook(after_step)
 
 
+def _install_bench_timing(torch, evidence):
+    """`ampify bench`: a timestamp after every optimizer step (after the device finished its
+    work), the loss of every measured step, and peak memory; the script stops after
+    WARMUP + STEPS steps. Nothing per op: the op counter would distort the timing."""
+    import time
+
+    warmup, steps = common.bench_steps()
+    times = evidence.setdefault("step_times", [])
+    losses = evidence.setdefault("losses", [])
+    cuda = bool(torch.cuda.is_available())
+    pending = {"scaled": False}
+
+    def synchronize():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def record_loss(value):
+        if len(times) >= warmup and len(losses) < steps:
+            try:
+                losses.append(float(value.detach().float()))
+            except Exception:
+                pass
+
+    original_backward = torch.Tensor.backward
+
+    def backward(self, *args, **kwargs):
+        if pending["scaled"]:
+            pending["scaled"] = False  # GradScaler.scale recorded the unscaled loss already
+        elif self.numel() == 1:
+            record_loss(self)
+        return original_backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = backward
+    scaler_class = torch.amp.grad_scaler.GradScaler
+    original_scale = scaler_class.scale
+
+    def scale(self, outputs, *args, **kwargs):
+        if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
+            record_loss(outputs)
+            pending["scaled"] = True
+        return original_scale(self, outputs, *args, **kwargs)
+
+    scaler_class.scale = scale
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def after_step(optimizer, args, kwargs):
+        if not common.in_verified_process():
+            return
+        synchronize()
+        times.append(time.perf_counter())
+        if len(times) >= warmup + steps:
+            evidence["cuda"] = cuda
+            if cuda:
+                evidence["peak_device_memory"] = int(torch.cuda.max_memory_allocated())
+                evidence["device_name"] = torch.cuda.get_device_name()
+            try:
+                import resource
+
+                evidence["peak_host_rss_kb"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+            except Exception:
+                pass
+            common.stop_script("bench: %d steps timed" % steps)
+
+    register_optimizer_step_post_hook(after_step)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+
+
 def on_torch_imported(torch):
-    """Install the op counter, the autocast/GradScaler recorders and the optimizer-step hook."""
+    """Install the op counter, the autocast/GradScaler recorders and the optimizer-step hook
+    (under `ampify bench`, the step timing alone)."""
     evidence = common.section("torch")
     evidence["version"] = getattr(torch, "__version__", "?")
     evidence["cuda_available"] = bool(torch.cuda.is_available())
-    for install in (_record_autocast, _record_grad_scaler, _count_loss_scaling, _install_step_hook, _install_op_counter):
+    installs = (_record_autocast, _record_grad_scaler, _count_loss_scaling, _install_step_hook, _install_op_counter)
+    if common.bench_steps() is not None:
+        installs = (_install_bench_timing,)
+    for install in installs:
         try:
             install(torch, evidence)
         except Exception as error:  # older torch without one of these APIs
