@@ -28,6 +28,7 @@ TARGETS = {
     "AMP2": "torch-native",
     "AMP3": "torch-apex",
     "AMP4": "torch-migrate",
+    "AMP5": "keras",
 }
 
 
@@ -267,6 +268,29 @@ RULES: List[Rule] = [
     Rule("AMP324", "warning", "an optimizer step with no `backward()` in this file: the backward pass runs elsewhere",
          "amp.scale_loss must wrap the backward that feeds this step, which this file cannot see.",
          "engine.backward_pass(loss)\noptimizer.step()", MANUAL, incomplete=True),
+    Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
+         "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
+         "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),
+    Rule("AMP501", "info", "Keras: `set_global_policy(\"mixed_float16\")` (or `mixed_bfloat16`) after the imports, before any model is built",
+         "A policy set after a model is built silently does nothing; compile then wraps the optimizer in a "
+         "LossScaleOptimizer by itself, so fit needs no more.",
+         'import keras\n  -> import keras\n     keras.mixed_precision.set_global_policy("mixed_float16")', SAFE),
+    Rule("AMP502", "info", "Keras: `dtype=\"float32\"` on the model's output layer",
+         "The Keras mixed precision guide keeps the model's outputs (and so the loss) in float32 for numeric stability.",
+         'layers.Dense(10, activation="softmax")\n  -> layers.Dense(10, activation="softmax", dtype="float32")', SAFE),
+    Rule("AMP510", "warning", "Keras: a custom `tf.GradientTape` training loop; not converted",
+         "A custom loop needs a LossScaleOptimizer and scaled gradients, spelled differently in Keras 2 and 3; a policy "
+         "alone would train float16 gradients unscaled.",
+         "with tf.GradientTape() as tape:\n    loss = loss_fn(y, model(x))", MANUAL),
+    Rule("AMP511", "warning", "Keras imported only inside functions: the policy cannot be set before the model is built; not converted",
+         "The policy call goes at the top of the module, where Keras must already be imported.",
+         "def main():\n    from tensorflow import keras", MANUAL),
+    Rule("AMP512", "warning", "Keras: the model's output layer is not found in this file (keras.applications, subclassed models, outputs built elsewhere): cast it to float32 by hand",
+         "The policy applies, but the outputs stay float16, which the Keras guide advises against for the loss.",
+         "model = tf.keras.applications.ResNet50(weights=None, classes=10)", MANUAL),
+    Rule("AMP513", "warning", "multi-backend Keras (before 2.4: `Convolution2D`, `np_utils`, `nb_epoch`...): no mixed precision API; not converted",
+         "Keras 2.4 and tf.keras in TensorFlow 2.4 add keras.mixed_precision; such a script must be ported first.",
+         "from keras.layers import Convolution2D\nmodel.fit(x, y, nb_epoch=10)", MANUAL),
     Rule("AMP400", "error", "error: internal error in the migration transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP400 internal error in the torch-amp-migration transform (KeyError: ...); this file is left unchanged", MANUAL),

@@ -23,6 +23,7 @@ SHOWN_BY_OTHER_TESTS = {
     "AMP200": "tests/test_rules.py",
     "AMP300": "tests/test_rules.py",
     "AMP400": "tests/test_rules.py",
+    "AMP500": "tests/test_rules.py",
 }
 
 
@@ -49,7 +50,7 @@ def test_every_code_emitted_is_catalogued_and_every_catalogued_code_is_emitted_b
 def test_each_rule_is_documented_whole():
     assert len({r.code for r in RULES}) == len(RULES), "a code appears twice"
     for rule in RULES:
-        assert re.fullmatch(r"AMP[0-4]\d\d", rule.code)
+        assert re.fullmatch(r"AMP[0-5]\d\d", rule.code)
         assert rule.summary and rule.why and rule.example and rule.fix in ("safe", "review", "manual")
         assert rule.severity in ("info", "warning", "error", "info or warning")
         if rule.incomplete:
@@ -128,6 +129,7 @@ SOURCES_FOR_TARGET = {
     "tf1-graph-rewrite": ("import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\n", "native"),
     "torch-native-amp": ("import torch\nfor x in data:\n    loss = model(x)\n    loss.backward()\n    opt.step()\n", "native"),
     "torch-apex-amp": ("import torch\nfor x in data:\n    loss = model(x)\n    loss.backward()\n    opt.step()\n", "apex"),
+    "keras-mixed-precision": ("import keras\nmodel = keras.Sequential([keras.layers.Dense(1)])\nmodel.compile(loss='mse')\n", "native"),
     "torch-amp-migration": ("import torch\nwith torch.cuda.amp.autocast():\n    loss = model(x)\n", "native"),
 }
 

@@ -17,6 +17,10 @@ from ampify.verify.targets import VERIFY_TARGETS
 ROOT = Path(__file__).resolve().parent.parent
 
 
+#: targets whose scripts `ampify verify` cannot judge yet (README, "Limits worth knowing")
+NOT_VERIFIED_YET = {"keras"}
+
+
 def test_every_target_is_declared_whole():
     fixture_groups = {path.name for path in (ROOT / "fixtures").iterdir() if path.is_dir()}
     for target in TARGETS:
@@ -26,6 +30,10 @@ def test_every_target_is_declared_whole():
         assert target.fixtures in fixture_groups, f"{target.name}: fixtures/{target.fixtures} is missing"
         assert list((ROOT / "fixtures" / target.fixtures).glob("*.in.py")), target.name
         verify = VERIFY_TARGETS[target.verify]
+        if target.verify == "unknown":
+            # no verify evidence of its own yet (Keras): verify decides such scripts by what they import
+            assert target.name in NOT_VERIFIED_YET, target.name
+            continue
         assert (PROBE_DIRECTORY / f"{verify.probe}.py").is_file(), f"{target.name}: probe {verify.probe} missing"
     # every fixtures folder but verify's scripts and the golden repositories belongs to a target
     assert fixture_groups - {t.fixtures for t in TARGETS} == {"verify", "repositories"}
@@ -34,7 +42,7 @@ def test_every_target_is_declared_whole():
 def test_the_backend_option_picks_one_pytorch_target():
     for backend in ("native", "apex"):
         names = {t.name for t in TARGETS if t.runs_when(Options(backend=backend))}
-        assert names == {"tf1", "torch-migrate", f"torch-{backend}"}
+        assert names == {"tf1", "keras", "torch-migrate", f"torch-{backend}"}
         assert [t.transform for t in TARGETS if t.runs_when(Options(backend=backend))] == transforms_for(Options(backend=backend))
 
 

@@ -1,0 +1,1 @@
+"""TensorFlow 2 / Keras: mixed precision policies (compile/fit scripts)."""

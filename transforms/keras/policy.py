@@ -1,0 +1,231 @@
+"""Keras compile/fit scripts: a mixed precision policy set before the model is built, the model's
+output in float32.
+
+    keras.mixed_precision.set_global_policy("mixed_float16")   after the module's imports
+    layers.Dense(10, activation="softmax", dtype="float32")    the output layer of each model
+
+`compile` wraps the optimizer in a LossScaleOptimizer by itself under mixed_float16 (Keras 2
+and 3 alike), so `fit` needs nothing more. A policy set after a model is built silently does
+nothing, so the call goes right after the imports at the top of the module, before any code.
+
+Refused with the reason: a custom GradientTape loop (its loss scaling differs between Keras 2 and
+3: not written yet), Keras imported only inside functions, TF1 graph code (the TF1 target's).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import List, Optional
+
+import libcst as cst
+
+from ampify.findings import Finding, Severity
+from ampify.options import Options
+from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
+from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.positions import Positions
+from ampify.transforms.kit.source_facts import SourceFacts
+from ampify.transforms.keras.survey import KERAS_ROOTS, keras_root_of, survey_keras
+
+POLICY_SET = "AMP501"
+OUTPUT_FLOAT32 = "AMP502"
+CUSTOM_LOOP = "AMP510"
+NO_MODULE_KERAS = "AMP511"
+OUTPUT_NOT_FOUND = "AMP512"
+LEGACY_KERAS = "AMP513"
+
+#: names only multi-backend Keras (before 2.4) has: no mixed precision API there
+_LEGACY_KERAS = re.compile(rb"\b(?:Convolution[123]D|np_utils|visualize_util|nb_epoch|MaxoutDense|TimeDistributedDense|"
+                           rb"AtrousConvolution[12]D|keras\.layers\.merge|from keras\.layers import[^\n]*\bMerge\b)")
+
+_NOT_KERAS = "no Keras model trained with compile/fit"
+
+
+class KerasMixedPrecision(Transform):
+    name = "keras-mixed-precision"
+    description = "Keras compile/fit scripts: set_global_policy before the model is built, float32 outputs"
+    internal_error_code = "AMP500"
+    screened_out_reason = _NOT_KERAS
+
+    def may_apply(self, source: bytes, options: Options) -> bool:
+        return b"keras" in source and (b"compile" in source or b"GradientTape" in source)
+
+    def screen(self, facts: SourceFacts, options: Options) -> bool:
+        keras = facts.imports("keras") or facts.imports("tf_keras") or "keras" in facts.identifiers
+        return keras and ("compile" in facts.call_names or "GradientTape" in facts.identifiers)
+
+    def concerns(self, imports: ImportMap, options: Options) -> bool:
+        return any(keras_root_of(q) for q in imports.aliases.values()) or imports.uses("tensorflow")
+
+    def apply(self, module: cst.Module, imports: ImportMap, options: Options,
+              context: UnitContext = UnitContext()) -> TransformResult:
+        survey = survey_keras(module, imports)
+        custom_loop = survey.gradient_tape is not None and survey.apply_gradients
+        if not custom_loop and (not survey.compile_calls or not (survey.models or survey.subclassed_models)):
+            return TransformResult(module, Verdict.NOT_APPLICABLE, reason=_NOT_KERAS)
+        if survey.tf1_marker is not None:
+            return TransformResult(module, Verdict.NOT_APPLICABLE, reason="TF1 graph code: the TF1 target's")
+        if survey.mixed_precision is not None:
+            return TransformResult(module, Verdict.ALREADY_MIXED_PRECISION,
+                                   reason=f"uses {survey.mixed_precision[0]}")
+        positions = Positions(module)
+        if survey.gradient_tape is not None:
+            return self._refuse(module, positions, survey.gradient_tape, CUSTOM_LOOP,
+                                "a custom tf.GradientTape training loop: it needs a LossScaleOptimizer and scaled "
+                                "gradients (Keras 3: optimizer.scale_loss; Keras 2: get_scaled_loss / "
+                                "get_unscaled_gradients), which ampify does not write yet; not converted",
+                                "custom GradientTape loop")
+        source = context.source or module.bytes
+        legacy = _LEGACY_KERAS.search(source)
+        if legacy is not None:
+            return self._refuse(module, positions, survey.compile_calls[0], LEGACY_KERAS,
+                                f"multi-backend Keras (it uses {legacy.group(0).decode()}, gone since Keras 2.4): it has "
+                                "no mixed precision API, which Keras 2.4 / tf.keras in TensorFlow 2.4 add; port the script "
+                                "to tf.keras or Keras 3 first; not converted", "multi-backend Keras")
+        found = _policy_spelling(module, imports)
+        if found is None:
+            return self._refuse(module, positions, survey.compile_calls[0], NO_MODULE_KERAS,
+                                "Keras is not imported at module level: the policy must be set before the model is "
+                                "built, at the top of the module; not converted", "Keras imported only in functions")
+        spelling, binding_index, import_line = found
+        insert_at = _after_imports(module, binding_index)
+        policy_name = "mixed_bfloat16" if options.dtype == "bfloat16" else "mixed_float16"
+        statement = cst.parse_statement(f'{spelling}.set_global_policy("{policy_name}")\n')
+        findings = [Finding(POLICY_SET, f'{spelling}.set_global_policy("{policy_name}") after the '
+                            "imports, before any model is built (a policy set later does nothing; the API needs Keras >= 2.4 "
+                            "or TensorFlow >= 2.4); compile wraps the optimizer in a LossScaleOptimizer by itself" + (" (mixed_bfloat16 needs no loss scale)"
+                                                                            if policy_name == "mixed_bfloat16" else ""),
+                            *_line_after(positions, module, insert_at))]
+        outputs = _output_layers(survey)
+        edits = {}
+        for build, layer in outputs:
+            if layer is None:
+                findings.append(Finding(OUTPUT_NOT_FOUND, f"{build.reason or 'the output layer is not found'}; the "
+                                        "model's output stays in the policy's float16: cast it to float32 (an Activation('linear', "
+                                        "dtype='float32') after it) for a stable loss", *_place(positions, build.call),
+                                        Severity.WARNING))
+                continue
+            if any(arg.keyword is not None and arg.keyword.value == "dtype" for arg in layer.args):
+                continue  # the author chose its dtype
+            edits[id(layer)] = layer
+            findings.append(Finding(OUTPUT_FLOAT32, 'dtype="float32" on the model\'s output layer (outputs and loss '
+                                    "in float32, as the Keras mixed precision guide recommends)",
+                                    *_place(positions, layer)))
+        for klass in survey.subclassed_models:
+            findings.append(Finding(OUTPUT_NOT_FOUND, f"subclassed model {klass.name.value}: cast the output of call() "
+                                    "to float32 (tf.cast or an Activation('linear', dtype='float32') layer)",
+                                    *_place(positions, klass), Severity.WARNING))
+        new_module = module.visit(_AddFloat32(edits)) if edits else module
+        body = list(new_module.body)
+        body.insert(insert_at, statement)
+        if import_line is not None:
+            body.insert(insert_at, cst.parse_statement(import_line))
+        new_module = new_module.with_changes(body=body)
+        findings.sort(key=lambda f: (f.line, f.column, f.code))
+        return TransformResult(new_module, Verdict.CONVERTED, findings)
+
+    @staticmethod
+    def _refuse(module, positions, node, code, message, reason) -> TransformResult:
+        finding = Finding(code, message, *_place(positions, node), Severity.WARNING)
+        return TransformResult(module, Verdict.UNCONVERTED, [finding], reason)
+
+
+def _place(positions: Positions, node: cst.CSTNode):
+    position = positions.get(node)
+    return (position.start.line, position.start.column) if position else (0, 0)
+
+
+def _top_level_imports(module: cst.Module):
+    """(body index, ImportMap of that statement) for every module-level import statement."""
+    for index, statement in enumerate(module.body):
+        if isinstance(statement, cst.SimpleStatementLine) and any(
+                isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body):
+            yield index, ImportMap.from_module(cst.Module(body=[statement]))
+
+
+def _policy_spelling(module: cst.Module, imports: ImportMap):
+    """(the callee's module: `keras.mixed_precision`, `tf.keras.mixed_precision`, `mixed_precision`...,
+    the body index of the import it needs, an import statement to add or None), or None when only
+    functions import Keras."""
+    candidates = []
+    for index, statement_imports in _top_level_imports(module):
+        for local, qualified in statement_imports.aliases.items():
+            if qualified in KERAS_ROOTS:
+                candidates.append((0, index, f"{local}.mixed_precision", None))
+            elif qualified == "tensorflow":
+                candidates.append((1, index, f"{local}.keras.mixed_precision", None))
+            elif keras_root_of(qualified) and "mixed_precision" not in imports.aliases:
+                # `from tensorflow.keras.layers import Dense` only: import the API beside it
+                root = keras_root_of(qualified)
+                candidates.append((2, index, "mixed_precision", f"from {root} import mixed_precision\n"))
+    if not candidates:
+        return None
+    _, index, spelling, import_line = sorted(candidates)[0]
+    return spelling, index, import_line
+
+
+def _after_imports(module: cst.Module, binding_index: int) -> int:
+    """Index in the module body after its leading docstring, `from __future__` and imports, and
+    after the import that binds Keras's name."""
+    index = 0
+    for position, statement in enumerate(module.body):
+        if isinstance(statement, cst.SimpleStatementLine) and all(
+                isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body):
+            index = position + 1
+            continue
+        if position == 0 and isinstance(statement, cst.SimpleStatementLine) and isinstance(
+                statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.SimpleString):
+            index = 1
+            continue
+        break
+    if binding_index >= index:
+        # Keras is imported after some code: go after that import and the imports that follow it
+        index = binding_index + 1
+        while index < len(module.body) and isinstance(module.body[index], cst.SimpleStatementLine) and all(
+                isinstance(small, (cst.Import, cst.ImportFrom)) for small in module.body[index].body):
+            index += 1
+    return index
+
+
+def _line_after(positions: Positions, module: cst.Module, index: int):
+    if index == 0 or index > len(module.body):
+        return 1, 0
+    position = positions.get(module.body[index - 1])
+    return (position.end.line, 0) if position else (0, 0)
+
+
+def _output_layers(survey) -> List:
+    result = []
+    receivers = list(survey.last_added)
+    for build in survey.models:
+        layer: Optional[cst.Call] = build.output_layer
+        if layer is None and build.kind == "Sequential" and len(receivers) == 1 and not [
+                b for b in survey.models if b is not build and b.kind == "Sequential"]:
+            layer = survey.last_added[receivers[0]]
+            build.reason = ""
+        result.append((build, layer))
+    return result
+
+
+class _AddFloat32(cst.CSTTransformer):
+    def __init__(self, layers) -> None:
+        super().__init__()
+        self.layers = layers
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if id(original_node) not in self.layers:
+            return updated_node
+        args = list(updated_node.args)
+        # the call's own quote style: `activation='softmax'` gets `dtype='float32'`
+        quote = next((arg.value.quote for arg in args if isinstance(arg.value, cst.SimpleString)
+                      and arg.value.quote in ("'", '"')), '"')
+        dtype = cst.Arg(cst.SimpleString(f"{quote}float32{quote}"), keyword=cst.Name("dtype"),
+                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+        if args:
+            last = args[-1]
+            if isinstance(last.comma, cst.Comma):  # a trailing comma (one argument per line): keep the layout
+                args.append(dtype.with_changes(comma=last.comma))
+                return updated_node.with_changes(args=args)
+            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args.append(dtype)
+        return updated_node.with_changes(args=args)
