@@ -77,7 +77,7 @@ class TF1GraphRewrite(Transform):
         if not imports.uses("tensorflow") and _tf_from_star_import(imports):
             rewrite = _GraphRewrite(module, imports.with_alias("tf", "tensorflow"), options)
             return _with_star_import_assumption(rewrite.run(), module)
-        switches = ngc_switches(module, imports)
+        switches = ngc_switches(module, imports, context.source)
         if switches:
             return past_ngc_switches(
                 module, switches, lambda: _GraphRewrite(module, imports, options, NGC_AUTO_MIXED_PRECISION_STRINGS).run(),

@@ -91,9 +91,11 @@ class _Finder(cst.CSTVisitor):
         return None
 
 
-def ngc_switches(module: cst.Module, imports: ImportMap) -> List[NgcSwitch]:
-    """Every appearance of the NGC switch's name, with its statement where it is removable."""
-    if not any(name.encode() in module.bytes for name in NGC_AUTO_MIXED_PRECISION_STRINGS):
+def ngc_switches(module: cst.Module, imports: ImportMap, source: bytes = b"") -> List[NgcSwitch]:
+    """Every appearance of the NGC switch's name, with its statement where it is removable.
+    `source`: the bytes the module was parsed from (generating them again costs half a parse)."""
+    source = source or module.bytes
+    if b"TF_ENABLE_AUTO_MIXED_PRECISION" not in source:
         return []
     finder = _Finder(imports)
     walk(module, finder)
