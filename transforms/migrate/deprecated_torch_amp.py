@@ -178,6 +178,8 @@ class MigrationPlan:
     uses_current_api: bool = False
     #: ids of every node on the way to a planned edit (a rewrite need not descend elsewhere)
     paths: Set[int] = field(default_factory=set)
+    #: the reference or import that comes last in the source
+    last_node: Optional[cst.CSTNode] = None
 
 
 def _is_migratable_member(module: str, member: str) -> bool:
@@ -196,6 +198,8 @@ class _Survey(cst.CSTVisitor):
         self.import_nodes: List[cst.CSTNode] = []
         #: ids of the nodes on the way from the module to every reference and import
         self.paths: Set[int] = set()
+        #: the last of them in source order (its position, asked first, gives all the others)
+        self.last_on_path: Optional[cst.CSTNode] = None
         #: references to the current API (torch.amp.*, as the migration writes it)
         self.current_api_uses = 0
         #: names bound by something other than an import (def, class, assignment, parameter...)
@@ -234,6 +238,7 @@ class _Survey(cst.CSTVisitor):
 
     def _on_path(self, node: cst.CSTNode) -> None:
         """Remember the node and its ancestors: the rewrite descends only into those."""
+        self.last_on_path = node
         self.paths.add(id(node))
         self.paths.update(id(ancestor) for ancestor in self.stack)
 
@@ -307,6 +312,7 @@ def plan_migration(module: cst.Module, imports: ImportMap, torch_aliases: Set[st
         _plan_import(plan, node)
     plan.uses_current_api = survey.current_api_uses > 0
     plan.paths = survey.paths
+    plan.last_node = survey.last_on_path
     return plan
 
 

@@ -81,8 +81,9 @@ class TorchAmpMigration(Transform):
                 return TransformResult(module, Verdict.ALREADY_MIXED_PRECISION, reason="uses torch.amp")
             return TransformResult(module, Verdict.NOTHING_TO_DO)
         positions = Positions(module)
-        if len(plan.uses) + len(plan.imports) + len(plan.obstacles) > 1:
-            positions.compute_all()
+        if plan.last_node is not None:
+            # code generated only up to the last node reported: every earlier position comes with it
+            positions.get(plan.last_node)
         if plan.obstacles:
             findings = [
                 Finding(NOT_MIGRATED, f"{obstacle.reason}; the deprecated API is left as it is in this file "
