@@ -278,10 +278,14 @@ RULES: List[Rule] = [
     Rule("AMP502", "info", "Keras: `dtype=\"float32\"` on the model's output layer",
          "The Keras mixed precision guide keeps the model's outputs (and so the loss) in float32 for numeric stability.",
          'layers.Dense(10, activation="softmax")\n  -> layers.Dense(10, activation="softmax", dtype="float32")', SAFE),
-    Rule("AMP510", "warning", "Keras: a custom `tf.GradientTape` training loop; not converted",
-         "A custom loop needs a LossScaleOptimizer and scaled gradients, spelled differently in Keras 2 and 3; a policy "
-         "alone would train float16 gradients unscaled.",
-         "with tf.GradientTape() as tape:\n    loss = loss_fn(y, model(x))", MANUAL),
+    Rule("AMP503", "info", "Keras custom loop: the optimizer wrapped in a `LossScaleOptimizer`, the loss scaled inside the tape, the gradients unscaled (Keras 2) before `apply_gradients`",
+         "Keras 3 scales with `scale_loss` and unscales in apply_gradients; Keras 2 needs get_scaled_loss and "
+         "get_unscaled_gradients. Where the imports cannot tell which Keras runs, the form that works on both is written.",
+         "grads = tape.gradient(loss, vars)\n  -> (inside the tape) scaled_loss = opt.scale_loss(loss) if hasattr(opt, \"scale_loss\") "
+         "else opt.get_scaled_loss(loss)\n     grads = tape.gradient(scaled_loss, vars)", REVIEW),
+    Rule("AMP510", "warning", "Keras: a custom `tf.GradientTape` loop in a shape ampify cannot scale (the reason follows); not converted",
+         "A custom loop needs a LossScaleOptimizer and a scaled loss; a policy alone would train float16 gradients unscaled.",
+         "optimizer = make_optimizer()  # built in another module", MANUAL),
     Rule("AMP511", "warning", "Keras imported only inside functions: the policy cannot be set before the model is built; not converted",
          "The policy call goes at the top of the module, where Keras must already be imported.",
          "def main():\n    from tensorflow import keras", MANUAL),

@@ -25,10 +25,13 @@ from ampify.transforms.base import Transform, TransformResult, UnitContext, Verd
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
+from ampify.transforms.keras.custom_loops import EITHER, KERAS_2, KERAS_3, LoopPlan, LoopRewriter, plan_custom_loops, wrap_tape_check
 from ampify.transforms.keras.survey import KERAS_ROOTS, keras_root_of, survey_keras
+from ampify.transforms.kit.fast_walk import walk
 
 POLICY_SET = "AMP501"
 OUTPUT_FLOAT32 = "AMP502"
+SCALED_LOOP = "AMP503"
 CUSTOM_LOOP = "AMP510"
 NO_MODULE_KERAS = "AMP511"
 OUTPUT_NOT_FOUND = "AMP512"
@@ -69,22 +72,26 @@ class KerasMixedPrecision(Transform):
             return TransformResult(module, Verdict.ALREADY_MIXED_PRECISION,
                                    reason=f"uses {survey.mixed_precision[0]}")
         positions = Positions(module)
-        if survey.gradient_tape is not None:
-            return self._refuse(module, positions, survey.gradient_tape, CUSTOM_LOOP,
-                                "a custom tf.GradientTape training loop: it needs a LossScaleOptimizer and scaled "
-                                "gradients (Keras 3: optimizer.scale_loss; Keras 2: get_scaled_loss / "
-                                "get_unscaled_gradients), which ampify does not write yet; not converted",
-                                "custom GradientTape loop")
+        loops: Optional[LoopPlan] = None
+        if survey.gradient_tape is not None and options.dtype != "bfloat16":
+            loops = plan_custom_loops(module, imports, survey.roots)
+            problem = loops.obstacle[1] if loops.obstacle else wrap_tape_check(loops)
+            if problem is not None:
+                node = loops.obstacle[0] if loops.obstacle else survey.gradient_tape
+                return self._refuse(module, positions, node, CUSTOM_LOOP,
+                                    f"a custom tf.GradientTape training loop that ampify cannot scale: {problem}; it needs "
+                                    "a LossScaleOptimizer and a scaled loss (Keras 3: optimizer.scale_loss; Keras 2: "
+                                    "get_scaled_loss / get_unscaled_gradients); not converted", "custom GradientTape loop")
         source = context.source or module.bytes
         legacy = _LEGACY_KERAS.search(source)
         if legacy is not None:
-            return self._refuse(module, positions, survey.compile_calls[0], LEGACY_KERAS,
+            return self._refuse(module, positions, _first_training_node(survey), LEGACY_KERAS,
                                 f"multi-backend Keras (it uses {legacy.group(0).decode()}, gone since Keras 2.4): it has "
                                 "no mixed precision API, which Keras 2.4 / tf.keras in TensorFlow 2.4 add; port the script "
                                 "to tf.keras or Keras 3 first; not converted", "multi-backend Keras")
         found = _policy_spelling(module, imports)
         if found is None:
-            return self._refuse(module, positions, survey.compile_calls[0], NO_MODULE_KERAS,
+            return self._refuse(module, positions, _first_training_node(survey), NO_MODULE_KERAS,
                                 "Keras is not imported at module level: the policy must be set before the model is "
                                 "built, at the top of the module; not converted", "Keras imported only in functions")
         spelling, binding_index, import_line = found
@@ -93,8 +100,9 @@ class KerasMixedPrecision(Transform):
         statement = cst.parse_statement(f'{spelling}.set_global_policy("{policy_name}")\n')
         findings = [Finding(POLICY_SET, f'{spelling}.set_global_policy("{policy_name}") after the '
                             "imports, before any model is built (a policy set later does nothing; the API needs Keras >= 2.4 "
-                            "or TensorFlow >= 2.4); compile wraps the optimizer in a LossScaleOptimizer by itself" + (" (mixed_bfloat16 needs no loss scale)"
-                                                                            if policy_name == "mixed_bfloat16" else ""),
+                            "or TensorFlow >= 2.4)" + ("; compile wraps the optimizer in a LossScaleOptimizer by itself"
+                                                        if survey.compile_calls and policy_name == "mixed_float16" else "")
+                            + (" (mixed_bfloat16 needs no loss scale)" if policy_name == "mixed_bfloat16" else ""),
                             *_line_after(positions, module, insert_at))]
         outputs = _output_layers(survey)
         edits = {}
@@ -115,7 +123,16 @@ class KerasMixedPrecision(Transform):
             findings.append(Finding(OUTPUT_NOT_FOUND, f"subclassed model {klass.name.value}: cast the output of call() "
                                     "to float32 (tf.cast or an Activation('linear', dtype='float32') layer)",
                                     *_place(positions, klass), Severity.WARNING))
-        new_module = module.visit(_AddFloat32(edits)) if edits else module
+        if loops is not None:
+            for step in loops.steps:
+                findings.append(Finding(SCALED_LOOP, f"custom loop: {step.optimizer} wrapped in a LossScaleOptimizer, "
+                                        f"`{step.loss}` scaled inside the tape and the gradients unscaled before "
+                                        f"apply_gradients ({_API_WORDS[loops.api]})", *_place(positions, step.gradient_call)))
+        elif survey.gradient_tape is not None:
+            findings.append(Finding(SCALED_LOOP, "custom loop: mixed_bfloat16 needs no loss scaling, the tape and the "
+                                    "optimizer stay as they are", *_place(positions, survey.gradient_tape)))
+        taken = set(_all_names(module))
+        new_module = module.visit(_Writer(loops or LoopPlan(), spelling, taken, edits))
         body = list(new_module.body)
         body.insert(insert_at, statement)
         if import_line is not None:
@@ -207,14 +224,40 @@ def _output_layers(survey) -> List:
     return result
 
 
-class _AddFloat32(cst.CSTTransformer):
-    def __init__(self, layers) -> None:
-        super().__init__()
+_API_WORDS = {
+    KERAS_2: "Keras 2 API, as `import tf_keras` is",
+    KERAS_3: "Keras 3 API",
+    EITHER: "written for Keras 2 and 3 alike, chosen by the optimizer's own methods: the imports cannot tell which "
+            "Keras runs",
+}
+
+
+def _first_training_node(survey) -> cst.CSTNode:
+    return survey.compile_calls[0] if survey.compile_calls else survey.gradient_tape
+
+
+def _all_names(module: cst.Module):
+    names = set()
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            names.add(node.value)
+
+    walk(module, _Names())
+    return names
+
+
+class _Writer(LoopRewriter):
+    """The loop rewrites and `dtype="float32"` on the output layers, in one pass (edits are keyed
+    by the identity of the nodes of the module as it was)."""
+
+    def __init__(self, loops, spelling, taken, layers) -> None:
+        super().__init__(loops, spelling, taken)
         self.layers = layers
 
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if id(original_node) not in self.layers:
-            return updated_node
+            return super().leave_Call(original_node, updated_node)
         args = list(updated_node.args)
         # the call's own quote style: `activation='softmax'` gets `dtype='float32'`
         quote = next((arg.value.quote for arg in args if isinstance(arg.value, cst.SimpleString)

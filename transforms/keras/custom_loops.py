@@ -1,0 +1,232 @@
+"""Keras custom training loops: loss scaling around a `tf.GradientTape` step.
+
+    optimizer = keras.optimizers.Adam(1e-3)
+      -> optimizer = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x))
+        scaled_loss = <scaled by the optimizer>          # added: the scaling must be taped
+    grads = tape.gradient(scaled_loss, model.trainable_variables)
+    <unscaled in Keras 2>                                 # added
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+Keras 3's LossScaleOptimizer has `scale_loss` and unscales in `apply_gradients`; Keras 2's has
+`get_scaled_loss` / `get_unscaled_gradients` and does not. `import tf_keras` is Keras 2; `import
+keras` and `tf.keras` are Keras 3 today but Keras 2 in older environments (and `tf.keras` with
+TF_USE_LEGACY_KERAS=1), and the imports cannot tell: there the form that works on both is written,
+choosing by the optimizer's own methods (`hasattr`), and the finding says so.
+
+Only this shape is converted: a tape bound by `with tf.GradientTape() as tape:`, one
+`grads = tape.gradient(loss, variables)` of a name the tape's block assigns, and
+`optimizer.apply_gradients(...)` of those gradients, where `optimizer` is built once in this file
+by a Keras optimizer class. Anything else is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set, Tuple
+
+import libcst as cst
+
+from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.keras.survey import keras_member, keras_root_of
+
+KERAS_3 = "keras 3"
+KERAS_2 = "keras 2"
+EITHER = "either"
+
+
+@dataclass
+class LoopStep:
+    tape_block: cst.With
+    loss: str
+    gradient_call: cst.Call
+    gradient_statement: cst.SimpleStatementLine
+    grads: str
+    optimizer: str
+    constructor: cst.Call
+
+
+@dataclass
+class LoopPlan:
+    steps: List[LoopStep] = field(default_factory=list)
+    obstacle: Optional[Tuple[cst.CSTNode, str]] = None
+    api: str = EITHER
+
+
+class _Collector(cst.CSTVisitor):
+    def __init__(self, imports: ImportMap) -> None:
+        super().__init__()
+        self.imports = imports
+        self.stack: List[cst.CSTNode] = []
+        self.tapes: Dict[str, cst.With] = {}
+        self.gradient_calls: List[Tuple[cst.Call, Tuple[cst.CSTNode, ...]]] = []
+        self.apply_calls: List[cst.Call] = []
+        self.constructors: Dict[str, List[cst.Call]] = {}
+        self.names: Set[str] = set()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.Name):
+            self.names.add(node.value)
+        if isinstance(node, cst.With):
+            for item in node.items:
+                if (isinstance(item.item, cst.Call) and (self.imports.resolve(item.item.func) or "").endswith("GradientTape")
+                        and item.asname is not None and isinstance(item.asname.name, cst.Name)):
+                    self.tapes[item.asname.name.value] = node
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            if node.func.attr.value == "gradient":
+                self.gradient_calls.append((node, tuple(reversed(self.stack))))
+            elif node.func.attr.value == "apply_gradients":
+                self.apply_calls.append(node)
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call):
+            qualified = self.imports.resolve(node.value.func)
+            target = dotted_name(node.targets[0].target)
+            if target and keras_root_of(qualified) and keras_member(qualified).startswith("optimizers."):
+                self.constructors.setdefault(target, []).append(node.value)
+        self.stack.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if self.stack and self.stack[-1] is original_node:
+            self.stack.pop()
+
+
+def _assigned_names(block: cst.BaseSuite) -> Set[str]:
+    names: Set[str] = set()
+
+    class _Targets(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            if isinstance(node.target, cst.Name):
+                names.add(node.target.value)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if isinstance(node.target, cst.Name):
+                names.add(node.target.value)
+
+    walk(block, _Targets())
+    return names
+
+
+def plan_custom_loops(module: cst.Module, imports: ImportMap, roots: List[str]) -> LoopPlan:
+    collector = _Collector(imports)
+    walk(module, collector)
+    plan = LoopPlan(api=KERAS_2 if roots == ["tf_keras"] else EITHER)
+    used_optimizers: Set[str] = set()
+    for call, ancestors in collector.gradient_calls:
+        tape = dotted_name(call.func.value)
+        if tape not in collector.tapes:
+            continue  # not a GradientTape's gradient (or a tape bound another way: reported below)
+        block = collector.tapes[tape]
+        statement = ancestors[1] if len(ancestors) > 1 else None
+        if any(ancestor is block for ancestor in ancestors):
+            plan.obstacle = (call, "tape.gradient is called inside the tape's own `with` block")
+            return plan
+        assign = ancestors[0] if ancestors else None
+        positional = [arg.value for arg in call.args if arg.keyword is None]
+        if not (isinstance(assign, cst.Assign) and assign.value is call and len(assign.targets) == 1
+                and isinstance(assign.targets[0].target, cst.Name) and isinstance(statement, cst.SimpleStatementLine)
+                and positional and isinstance(positional[0], cst.Name)):
+            plan.obstacle = (call, "`grads = tape.gradient(loss, variables)` is not in its plain form")
+            return plan
+        loss, grads = positional[0].value, assign.targets[0].target.value
+        if loss not in _assigned_names(block.body):
+            plan.obstacle = (call, f"the loss `{loss}` is not computed inside the tape's `with` block")
+            return plan
+        applying = [c for c in collector.apply_calls if grads in _names_in(c)]
+        if len(applying) != 1 or not isinstance(applying[0].func, cst.Attribute):
+            plan.obstacle = (call, f"the gradients `{grads}` do not reach exactly one optimizer.apply_gradients")
+            return plan
+        optimizer = dotted_name(applying[0].func.value)
+        constructors = collector.constructors.get(optimizer or "", [])
+        if len(constructors) != 1:
+            plan.obstacle = (applying[0], f"the optimizer `{optimizer}` is not built once in this file by a Keras "
+                                          "optimizer class (it needs a LossScaleOptimizer around it)")
+            return plan
+        plan.steps.append(LoopStep(block, loss, call, statement, grads, optimizer, constructors[0]))
+        used_optimizers.add(optimizer)
+    if not plan.steps:
+        plan.obstacle = (module, "no `tape.gradient(...)` of a `with tf.GradientTape() as tape:` block")
+    elif len(plan.steps) != len(collector.apply_calls):
+        plan.obstacle = (plan.steps[0].gradient_call, "an apply_gradients call whose gradients ampify cannot follow")
+    return plan
+
+
+def _names_in(node: cst.CSTNode) -> Set[str]:
+    found: Set[str] = set()
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.add(name.value)
+
+    walk(node, _Names())
+    return found
+
+
+def fresh_name(taken: Set[str], base: str) -> str:
+    name, counter = base, 2
+    while name in taken:
+        name, counter = f"{base}_{counter}", counter + 1
+    return name
+
+
+class LoopRewriter(cst.CSTTransformer):
+    """Writes a LoopPlan: the wrapped optimizers, the taped scaling, the unscaling."""
+
+    def __init__(self, plan: LoopPlan, mixed_precision: str, taken: Set[str]) -> None:
+        super().__init__()
+        self.plan = plan
+        self.mixed_precision = mixed_precision  # "keras.mixed_precision", "mixed_precision"...
+        self.scaled: Dict[int, str] = {}
+        for step in plan.steps:
+            name = fresh_name(taken, "scaled_loss")
+            taken.add(name)
+            self.scaled[id(step.tape_block)] = name
+        self.by_block = {id(s.tape_block): s for s in plan.steps}
+        self.by_gradient = {id(s.gradient_call): s for s in plan.steps}
+        self.by_statement = {id(s.gradient_statement): s for s in plan.steps}
+        self.constructors = {id(s.constructor) for s in plan.steps}
+
+    def _scale_expression(self, step: LoopStep) -> str:
+        if self.plan.api == KERAS_2:
+            return f"{step.optimizer}.get_scaled_loss({step.loss})"
+        if self.plan.api == KERAS_3:
+            return f"{step.optimizer}.scale_loss({step.loss})"
+        return (f'{step.optimizer}.scale_loss({step.loss}) if hasattr({step.optimizer}, "scale_loss") '
+                f"else {step.optimizer}.get_scaled_loss({step.loss})")
+
+    def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
+        step = self.by_block.get(id(original_node))
+        if step is None or not isinstance(updated_node.body, cst.IndentedBlock):
+            return updated_node
+        line = cst.parse_statement(f"{self.scaled[id(original_node)]} = {self._scale_expression(step)}\n")
+        return updated_node.with_changes(body=updated_node.body.with_changes(body=[*updated_node.body.body, line]))
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        step = self.by_gradient.get(id(original_node))
+        if step is not None:
+            args = list(updated_node.args)
+            args[0] = args[0].with_changes(value=cst.Name(self.scaled[id(step.tape_block)]))
+            return updated_node.with_changes(args=args)
+        if id(original_node) in self.constructors:
+            return cst.Call(cst.parse_expression(f"{self.mixed_precision}.LossScaleOptimizer"),
+                            args=[cst.Arg(updated_node)])
+        return updated_node
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        step = self.by_statement.get(id(original_node))
+        if step is None or self.plan.api == KERAS_3:
+            return updated_node
+        unscale = f"{step.grads} = {step.optimizer}.get_unscaled_gradients({step.grads})\n"
+        if self.plan.api == EITHER:
+            unscale = (f'if hasattr({step.optimizer}, "get_unscaled_gradients"):  # Keras 2; Keras 3 unscales in '
+                       f"apply_gradients\n    {unscale}")
+        return cst.FlattenSentinel([updated_node, cst.parse_statement(unscale)])
+
+
+def wrap_tape_check(plan: LoopPlan) -> Optional[str]:
+    """A short reason when the plan cannot be written, else None."""
+    for step in plan.steps:
+        if not isinstance(step.tape_block.body, cst.IndentedBlock):
+            return "a one-line `with tf.GradientTape() as tape:` block"
+    return None
