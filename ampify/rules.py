@@ -283,6 +283,11 @@ RULES: List[Rule] = [
          "get_unscaled_gradients. Where the imports cannot tell which Keras runs, the form that works on both is written.",
          "grads = tape.gradient(loss, vars)\n  -> (inside the tape) scaled_loss = opt.scale_loss(loss) if hasattr(opt, \"scale_loss\") "
          "else opt.get_scaled_loss(loss)\n     grads = tape.gradient(scaled_loss, vars)", REVIEW),
+    Rule("AMP504", "info", "Keras: the experimental mixed precision API (TF 2.1-2.3) migrated to the current one (`set_policy` -> `set_global_policy`, `experimental.` dropped)",
+         "tf.keras.mixed_precision.experimental is gone from current TensorFlow and from Keras 3: such scripts fail at "
+         "import or at the first call.",
+         "from tensorflow.keras.mixed_precision import experimental as mixed_precision\n"
+         "  -> from tensorflow.keras import mixed_precision", SAFE),
     Rule("AMP510", "warning", "Keras: a custom `tf.GradientTape` loop in a shape ampify cannot scale (the reason follows); not converted",
          "A custom loop needs a LossScaleOptimizer and a scaled loss; a policy alone would train float16 gradients unscaled.",
          "optimizer = make_optimizer()  # built in another module", MANUAL),
@@ -295,6 +300,9 @@ RULES: List[Rule] = [
     Rule("AMP513", "warning", "multi-backend Keras (before 2.4: `Convolution2D`, `np_utils`, `nb_epoch`...): no mixed precision API; not converted",
          "Keras 2.4 and tf.keras in TensorFlow 2.4 add keras.mixed_precision; such a script must be ported first.",
          "from keras.layers import Convolution2D\nmodel.fit(x, y, nb_epoch=10)", MANUAL),
+    Rule("AMP514", "warning", "Keras: experimental mixed precision API with no current equivalent both Kerases take (a static loss scale, LossScale objects, a Policy with its own loss scale); left as it is",
+         "Keras 2 spells a static scale dynamic=False, initial_scale=N; Keras 3's LossScaleOptimizer is dynamic only.",
+         "tf.keras.mixed_precision.experimental.LossScaleOptimizer(opt, 1024)", MANUAL),
     Rule("AMP400", "error", "error: internal error in the migration transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP400 internal error in the torch-amp-migration transform (KeyError: ...); this file is left unchanged", MANUAL),

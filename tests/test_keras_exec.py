@@ -65,3 +65,19 @@ def test_converted_custom_loop_scales_the_loss_and_trains(tmp_path, env):
     assert math.isfinite(last) and last < first / 2, (first, last)  # it trains, the scale taken back out
     # within float16 tolerance of what the float32 loop reached
     assert abs(last - float(original["last"][0])) < 0.25 * float(original["first"][0])
+
+
+@pytest.mark.parametrize("env", [{}, {"TF_USE_LEGACY_KERAS": "1"}], ids=["keras3", "keras2"])
+def test_experimental_api_script_runs_once_migrated(tmp_path, env):
+    script = FIXTURES / "exec_experimental_api.py"
+    before = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, **env))
+    assert before.returncode != 0  # the experimental API is gone from TensorFlow 2.21
+    conversion = convert_source(script.read_bytes(), filename=script.name)
+    assert conversion.status is FileStatus.CHANGED, (conversion.reason, conversion.findings)
+    migrated = tmp_path / script.name
+    migrated.write_bytes(conversion.converted)
+    seen = _run(migrated, **env)
+    assert seen["policy"] == ["mixed_float16"]
+    assert seen["optimizer"][0].startswith("LossScaleOptimizer")
+    assert math.isfinite(float(seen["loss"][0]))

@@ -26,12 +26,15 @@ from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.keras.custom_loops import EITHER, KERAS_2, KERAS_3, LoopPlan, LoopRewriter, plan_custom_loops, wrap_tape_check
+from ampify.transforms.keras.experimental_api import ExperimentalRewriter, plan_experimental_migration
 from ampify.transforms.keras.survey import KERAS_ROOTS, keras_root_of, survey_keras
 from ampify.transforms.kit.fast_walk import walk
 
 POLICY_SET = "AMP501"
 OUTPUT_FLOAT32 = "AMP502"
 SCALED_LOOP = "AMP503"
+EXPERIMENTAL_MIGRATED = "AMP504"
+EXPERIMENTAL_NOT_MIGRATED = "AMP514"
 CUSTOM_LOOP = "AMP510"
 NO_MODULE_KERAS = "AMP511"
 OUTPUT_NOT_FOUND = "AMP512"
@@ -69,6 +72,9 @@ class KerasMixedPrecision(Transform):
         if survey.tf1_marker is not None:
             return TransformResult(module, Verdict.NOT_APPLICABLE, reason="TF1 graph code: the TF1 target's")
         if survey.mixed_precision is not None:
+            experimental = plan_experimental_migration(module, imports)
+            if experimental is not None:
+                return _migrated_experimental_api(module, experimental)
             return TransformResult(module, Verdict.ALREADY_MIXED_PRECISION,
                                    reason=f"uses {survey.mixed_precision[0]}")
         positions = Positions(module)
@@ -230,6 +236,20 @@ _API_WORDS = {
     EITHER: "written for Keras 2 and 3 alike, chosen by the optimizer's own methods: the imports cannot tell which "
             "Keras runs",
 }
+
+
+def _migrated_experimental_api(module: cst.Module, plan) -> TransformResult:
+    """TF 2.1-2.3's mixed_precision.experimental rewritten to the current API (all or nothing)."""
+    positions = Positions(module)
+    if plan.obstacle is not None:
+        node, reason = plan.obstacle
+        finding = Finding(EXPERIMENTAL_NOT_MIGRATED, f"{reason}; the experimental API (gone from current TensorFlow "
+                          "and Keras 3) is left as it is", *_place(positions, node), Severity.WARNING)
+        return TransformResult(module, Verdict.UNCONVERTED, [finding], "experimental mixed precision API")
+    findings = [Finding(EXPERIMENTAL_MIGRATED, f"experimental mixed precision API migrated: {what}",
+                        *_place(positions, node)) for node, what in plan.done]
+    findings.sort(key=lambda f: (f.line, f.column, f.code))
+    return TransformResult(module.visit(ExperimentalRewriter(plan)), Verdict.CONVERTED, findings)
 
 
 def _first_training_node(survey) -> cst.CSTNode:

@@ -73,7 +73,8 @@ class KerasSurvey:
 
 
 #: what sets mixed precision up (reading `global_policy()` does not)
-MIXED_PRECISION_SETTERS = frozenset({"set_global_policy", "set_policy", "Policy", "DTypePolicy", "LossScaleOptimizer"})
+MIXED_PRECISION_SETTERS = frozenset({"set_global_policy", "set_policy", "Policy", "DTypePolicy", "LossScaleOptimizer",
+                                     "experimental"})
 
 
 def _sets_mixed_precision(qualified: str) -> bool:
