@@ -73,9 +73,10 @@ def test_last_traceback_line_takes_the_last_of_chained_tracebacks():
          detect.TF1),
         ("import numpy\n# import torch\n", detect.UNKNOWN),
         # TF2 / Keras code is not TF1: verify must not run it with TF_USE_LEGACY_KERAS=1
-        ("import tensorflow as tf\nmodel = tf.keras.Sequential([])\nmodel.fit(x, y)\n", detect.UNKNOWN),
-        ("import tensorflow as tf\nimport keras\nmodel = keras.Sequential([])\n", detect.UNKNOWN),
-        ("import tensorflow as tf\nwith tf.GradientTape() as tape:\n    pass\n", detect.UNKNOWN),
+        ("import tensorflow as tf\nmodel = tf.keras.Sequential([])\nmodel.fit(x, y)\n", detect.KERAS),
+        ("import tensorflow as tf\nimport keras\nmodel = keras.Sequential([])\n", detect.KERAS),
+        ("import tensorflow as tf\nwith tf.GradientTape() as tape:\n    pass\n", detect.KERAS),
+        ("import keras\nmodel = keras.Sequential([])\n", detect.KERAS),
         # Keras-backed TF1 code stays TF1
         ("import tensorflow as tf\nx = tf.placeholder(tf.float32)\ny = tf.keras.layers.Dense(3)(x)\n", detect.TF1),
     ],

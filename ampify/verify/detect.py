@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 TF1 = "tf1"
+KERAS = "keras"
 TORCH = "torch"
 APEX = "apex"
 UNKNOWN = "unknown"
@@ -28,13 +29,16 @@ _TF1_MARKERS = re.compile(
 _KERAS_MARKERS = re.compile(r"^\s*(?:import\s+(?:tf_)?keras\b|from\s+(?:tf_)?keras\b|from\s+tensorflow\s+import\s+keras\b)|\.keras\.|GradientTape", re.MULTILINE)
 
 
+_KERAS_IMPORT = re.compile(r"^\s*(?:import\s+(?:tf_)?keras\b|from\s+(?:tf_)?keras(?:\.\w+)*\s+import\b)", re.MULTILINE)
+
+
 def read_script_text(script: Path) -> str:
     """The script's text; undecodable bytes are replaced, since only import lines matter here."""
     return Path(script).read_bytes().decode("utf-8", errors="replace")
 
 
 def detect_backend(text: str) -> str:
-    """Return "apex", "torch", "tf1" or "unknown" for a script's source text.
+    """Return "apex", "torch", "tf1", "keras" or "unknown" for a script's source text.
 
     apex wins over torch (an apex script imports both); a script importing both TensorFlow and
     torch is taken as TF1 only when it calls the TF1 graph rewrite; a TensorFlow script that uses
@@ -45,8 +49,10 @@ def detect_backend(text: str) -> str:
         return APEX
     if TF1 in imports and (TORCH not in imports or _TF1_REWRITE_USE.search(text)):
         if _KERAS_MARKERS.search(text) and not _TF1_MARKERS.search(text):
-            return UNKNOWN  # TF2/Keras: decided by what the run shows, never run as TF1
+            return KERAS  # TF2/Keras: never run as TF1 (TF_USE_LEGACY_KERAS would swap its Keras)
         return TF1
+    if TORCH not in imports and _KERAS_IMPORT.search(text):
+        return KERAS
     if TORCH in imports:
         return TORCH
     return UNKNOWN

@@ -252,3 +252,34 @@ def judge_torch(facts: RunFacts, apex: bool = False) -> Judgement:
     else:
         reason = "0/%d matmul/conv ops ran in float16/bfloat16 (no autocast region around the forward pass)" % total
     return failed_or_not_active(facts, evidence, reason)
+
+
+def judge_keras(facts: RunFacts) -> Judgement:
+    """Keras: a mixed policy when the first training step ran, the model's layers computing in it,
+    and for float16 a LossScaleOptimizer (compile adds it; a custom loop must)."""
+    probe = facts.probe.get("keras", {})
+    layers = probe.get("layers", [])
+    policy = probe.get("policy") or probe.get("policy_at_fit")
+    evidence = {"policy": policy, "optimizer": probe.get("optimizer"), "layers": layers,
+                "keras_version": probe.get("version"), "training_steps": probe.get("steps", 0)}
+    reduced = [name for name, dtype in layers if dtype in REDUCED_DTYPES]
+    if "keras" not in facts.probe:
+        return failed_or_not_active(facts, evidence, "the script never imported Keras")
+    if not probe.get("steps"):
+        return failed_or_not_active(facts, evidence, "no optimizer step ran (no fit or apply_gradients)")
+    if not (policy or "").startswith("mixed_"):
+        reason = ("the dtype policy is %s when training starts: set keras.mixed_precision.set_global_policy("
+                  "'mixed_float16') before the model is built" % (policy or "unknown"))
+        return failed_or_not_active(facts, evidence, reason)
+    if layers and not reduced:
+        reason = ("the policy is %s but all %d layers with weights compute in float32: the policy was set after the "
+                  "model was built (a late policy does nothing)" % (policy, len(layers)))
+        return failed_or_not_active(facts, evidence, reason)
+    if policy == "mixed_float16" and not str(probe.get("optimizer", "")).startswith("LossScaleOptimizer"):
+        reason = ("mixed_float16 training with a %s that is no LossScaleOptimizer: float16 gradients are not "
+                  "loss-scaled and can underflow silently" % probe.get("optimizer"))
+        return failed_or_not_active(facts, evidence, reason)
+    where = ("%d/%d layers with weights compute in %s" % (len(reduced), len(layers), policy.replace("mixed_", ""))
+             if layers else "custom loop")
+    verdict = "verified: policy %s, %s, optimizer %s" % (policy, where, probe.get("optimizer"))
+    return Judgement(VERIFIED, evidence, verdict)

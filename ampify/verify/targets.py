@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Tuple
 
 from ampify.verify import detect
-from ampify.verify.judge import Judgement, RunFacts, failed_or_not_active, judge_tf1, judge_torch
+from ampify.verify.judge import Judgement, RunFacts, failed_or_not_active, judge_keras, judge_tf1, judge_torch
 
 LEGACY_KERAS_NOTE = (
     "ran with TF_USE_LEGACY_KERAS=1: TF1 code needs Keras 2 (tf-keras) on TensorFlow >= 2.16; "
@@ -23,7 +23,7 @@ class VerifyTarget:
 
     name: str  # what verify/detect.py returns for its scripts
     framework: str  # as reported: "tensorflow", "torch"
-    backend: str  # as reported: "tf1_graph_rewrite", "torch_native", "apex"
+    backend: str  # as reported: "tf1_graph_rewrite", "keras_policy", "torch_native", "apex"
     #: the probe module (under probes/) that records this target's evidence
     probe: str
     judge: Callable[[RunFacts], Judgement]
@@ -46,6 +46,7 @@ VERIFY_TARGETS: Dict[str, VerifyTarget] = {
             # `tf.keras` is Keras 3 unless this is set, and `tf.layers.dense` fails there.
             environment=(("TF_USE_LEGACY_KERAS", "1", LEGACY_KERAS_NOTE),),
         ),
+        VerifyTarget(detect.KERAS, "tensorflow", "keras_policy", "_ampify_probe_keras", judge_keras),
         VerifyTarget(detect.TORCH, "torch", "torch_native", "_ampify_probe_torch", judge_torch),
         VerifyTarget(
             detect.APEX, "torch", "apex", "_ampify_probe_torch",
@@ -61,6 +62,8 @@ def judge(backend: str, facts: RunFacts) -> Tuple[str, Judgement]:
     if backend == detect.UNKNOWN:
         if facts.probe.get("tf1", {}).get("sessions"):
             backend = detect.TF1
+        elif facts.probe.get("keras", {}).get("steps"):
+            backend = detect.KERAS
         elif "torch" in facts.probe:
             backend = detect.TORCH
         elif "tf1" in facts.probe:

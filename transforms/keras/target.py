@@ -12,6 +12,6 @@ KERAS_TARGET = Target(
     # `--dtype bfloat16` picks mixed_bfloat16, as it picks bfloat16 autocast for PyTorch
     options=tuple(option for option in NATIVE_TARGET.options if option.field == "dtype"),
     rule_prefix="AMP5",
-    verify="unknown",
+    verify="keras",
     fixtures="keras",
 )

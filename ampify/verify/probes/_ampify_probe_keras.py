@@ -1,0 +1,81 @@
+"""Keras probe (Keras 3 and Keras 2 / tf_keras): the dtype policy, the layers' compute dtypes and
+the optimizer at the first training step, then stop.
+
+Stdlib only at import time; it touches Keras only once the script has imported it.
+"""
+import _ampify_probe_common as common
+
+_seen = {"stopped": False}
+
+
+def _policy_name(keras_module):
+    try:
+        return str(keras_module.mixed_precision.global_policy().name)
+    except Exception:
+        return "?"
+
+
+def _record_model(evidence, model, keras_module):
+    layers = []
+    for layer in getattr(model, "layers", []) or []:
+        try:
+            if layer.weights:
+                layers.append([str(layer.name), str(layer.compute_dtype)])
+        except Exception:
+            continue
+    evidence["layers"] = layers
+    evidence["policy_at_fit"] = _policy_name(keras_module)
+
+
+def _on_first_step(evidence, optimizer, keras_module):
+    if _seen["stopped"] or not common.in_verified_process():
+        return
+    _seen["stopped"] = True
+    evidence["policy"] = _policy_name(keras_module)
+    evidence["optimizer"] = type(optimizer).__name__
+    evidence["steps"] = 1
+    common.stop_when_allowed("keras optimizer step")
+
+
+def _patch(cls, name, make):
+    original = getattr(cls, name, None)
+    if original is None or getattr(original, "_ampify_probe", False):
+        return
+    wrapper = make(original)
+    wrapper._ampify_probe = True
+    setattr(cls, name, wrapper)
+
+
+def on_keras_imported(keras_module, section):
+    evidence = common.section(section)
+    evidence["version"] = str(getattr(keras_module, "__version__", "?"))
+
+    def make_fit(original):
+        def fit(self, *args, **kwargs):
+            _record_model(evidence, self, keras_module)
+            return original(self, *args, **kwargs)
+        return fit
+
+    def make_apply(original):
+        def apply_gradients(self, *args, **kwargs):
+            _on_first_step(evidence, self, keras_module)
+            return original(self, *args, **kwargs)
+        return apply_gradients
+
+    try:
+        _patch(keras_module.Model, "fit", make_fit)
+        classes = [keras_module.optimizers.Optimizer]
+        scaler = getattr(keras_module.mixed_precision, "LossScaleOptimizer", None)
+        if scaler is not None:
+            classes.insert(0, scaler)  # the outer optimizer's call comes first
+        for cls in classes:
+            for name in ("apply_gradients", "apply"):
+                if name in cls.__dict__ or cls is classes[-1]:
+                    _patch(cls, name, make_apply)
+    except Exception as error:  # a Keras without one of these: say so, never break the script
+        evidence.setdefault("probe_errors", []).append(repr(error))
+
+
+def install():
+    common.hooks.watch("keras", lambda module: on_keras_imported(module, "keras"))
+    common.hooks.watch("tf_keras", lambda module: on_keras_imported(module, "keras"))
