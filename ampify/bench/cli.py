@@ -5,6 +5,7 @@ from typing import List, Optional
 
 import typer
 
+from ampify.subcommand import run_with_script_args
 from ampify.bench.hardware import expectations, query_device
 from ampify.bench.report import render_json, render_svg, render_text
 from ampify.bench.runner import BenchError, bench_script
@@ -52,15 +53,4 @@ def bench(
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run `ampify bench` with `argv` (everything after `--` goes to the script); return the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    script_args: List[str] = []
-    if "--" in argv:
-        split = argv.index("--")
-        argv, script_args = argv[:split], argv[split + 1:]
-    command = typer.main.get_command(app)
-    try:
-        command.main(args=argv, prog_name="ampify bench", standalone_mode=True, obj={"script_args": script_args})
-    except SystemExit as exit_request:
-        code = exit_request.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
+    return run_with_script_args(app, argv, "ampify bench")

@@ -4,6 +4,7 @@ from typing import List, Optional
 
 import typer
 
+from ampify.subcommand import run_with_script_args
 from ampify.verify.report import combined_exit_code, render_outputs, render_results, render_rich_table
 from ampify.verify.runner import verify_script
 
@@ -44,15 +45,4 @@ def verify(
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run `ampify verify` with `argv` (everything after `--` goes to the scripts); return the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    script_args: List[str] = []
-    if "--" in argv:
-        split = argv.index("--")
-        argv, script_args = argv[:split], argv[split + 1:]
-    command = typer.main.get_command(app)
-    try:
-        command.main(args=argv, prog_name="ampify verify", standalone_mode=True, obj={"script_args": script_args})
-    except SystemExit as exit_request:  # typer ends with sys.exit; the caller wants the code back
-        code = exit_request.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
+    return run_with_script_args(app, argv, "ampify verify")

@@ -133,7 +133,7 @@ def plan_custom_loops(module: cst.Module, imports: ImportMap, roots: List[str]) 
         if loss not in _assigned_names(block.body):
             plan.obstacle = (call, f"the loss `{loss}` is not computed inside the tape's `with` block")
             return plan
-        applying = [c for c in collector.apply_calls if grads in _names_in(c)]
+        applying = [c for c in collector.apply_calls if grads in names_in(c)]
         if len(applying) != 1 or not isinstance(applying[0].func, cst.Attribute):
             plan.obstacle = (call, f"the gradients `{grads}` do not reach exactly one optimizer.apply_gradients")
             return plan
@@ -152,7 +152,8 @@ def plan_custom_loops(module: cst.Module, imports: ImportMap, roots: List[str]) 
     return plan
 
 
-def _names_in(node: cst.CSTNode) -> Set[str]:
+def names_in(node: cst.CSTNode) -> Set[str]:
+    """Every Name in `node` (for fresh names and to follow a value by name)."""
     found: Set[str] = set()
 
     class _Names(cst.CSTVisitor):

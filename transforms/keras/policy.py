@@ -25,10 +25,18 @@ from ampify.transforms.base import Transform, TransformResult, UnitContext, Verd
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
-from ampify.transforms.keras.custom_loops import EITHER, KERAS_2, KERAS_3, LoopPlan, LoopRewriter, plan_custom_loops, wrap_tape_check
+from ampify.transforms.keras.custom_loops import (
+    EITHER,
+    KERAS_2,
+    KERAS_3,
+    LoopPlan,
+    LoopRewriter,
+    names_in,
+    plan_custom_loops,
+    wrap_tape_check,
+)
 from ampify.transforms.keras.experimental_api import ExperimentalRewriter, plan_experimental_migration
 from ampify.transforms.keras.survey import KERAS_ROOTS, keras_root_of, survey_keras
-from ampify.transforms.kit.fast_walk import walk
 
 POLICY_SET = "AMP501"
 OUTPUT_FLOAT32 = "AMP502"
@@ -137,7 +145,7 @@ class KerasMixedPrecision(Transform):
         elif survey.gradient_tape is not None:
             findings.append(Finding(SCALED_LOOP, "custom loop: mixed_bfloat16 needs no loss scaling, the tape and the "
                                     "optimizer stay as they are", *_place(positions, survey.gradient_tape)))
-        taken = set(_all_names(module))
+        taken = names_in(module)
         new_module = module.visit(_Writer(loops or LoopPlan(), spelling, taken, edits))
         body = list(new_module.body)
         body.insert(insert_at, statement)
@@ -254,17 +262,6 @@ def _migrated_experimental_api(module: cst.Module, plan) -> TransformResult:
 
 def _first_training_node(survey) -> cst.CSTNode:
     return survey.compile_calls[0] if survey.compile_calls else survey.gradient_tape
-
-
-def _all_names(module: cst.Module):
-    names = set()
-
-    class _Names(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            names.add(node.value)
-
-    walk(module, _Names())
-    return names
 
 
 class _Writer(LoopRewriter):
