@@ -87,7 +87,7 @@ class KerasMixedPrecision(Transform):
                                    reason=f"uses {survey.mixed_precision[0]}")
         positions = Positions(module)
         loops: Optional[LoopPlan] = None
-        if survey.gradient_tape is not None and options.dtype != "bfloat16":
+        if custom_loop and options.dtype != "bfloat16":
             loops = plan_custom_loops(module, imports, survey.roots)
             problem = loops.obstacle[1] if loops.obstacle else wrap_tape_check(loops)
             if problem is not None:
@@ -142,7 +142,7 @@ class KerasMixedPrecision(Transform):
                 findings.append(Finding(SCALED_LOOP, f"custom loop: {step.optimizer} wrapped in a LossScaleOptimizer, "
                                         f"`{step.loss}` scaled inside the tape and the gradients unscaled before "
                                         f"apply_gradients ({_API_WORDS[loops.api]})", *_place(positions, step.gradient_call)))
-        elif survey.gradient_tape is not None:
+        elif custom_loop:
             findings.append(Finding(SCALED_LOOP, "custom loop: mixed_bfloat16 needs no loss scaling, the tape and the "
                                     "optimizer stay as they are", *_place(positions, survey.gradient_tape)))
         taken = names_in(module)
