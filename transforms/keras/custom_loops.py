@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.module_names import fresh_name, names_in
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.keras.survey import keras_member, keras_root_of
 
@@ -150,25 +151,6 @@ def plan_custom_loops(module: cst.Module, imports: ImportMap, roots: List[str]) 
     elif len(plan.steps) != len(collector.apply_calls):
         plan.obstacle = (plan.steps[0].gradient_call, "an apply_gradients call whose gradients ampify cannot follow")
     return plan
-
-
-def names_in(node: cst.CSTNode) -> Set[str]:
-    """Every Name in `node` (for fresh names and to follow a value by name)."""
-    found: Set[str] = set()
-
-    class _Names(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.add(name.value)
-
-    walk(node, _Names())
-    return found
-
-
-def fresh_name(taken: Set[str], base: str) -> str:
-    name, counter = base, 2
-    while name in taken:
-        name, counter = f"{base}_{counter}", counter + 1
-    return name
 
 
 class LoopRewriter(cst.CSTTransformer):

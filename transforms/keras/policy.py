@@ -22,7 +22,9 @@ import libcst as cst
 from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
+from ampify.transforms.kit.arguments import with_keyword
 from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.module_names import after_imports, names_in, top_level_imports
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.keras.custom_loops import (
@@ -31,7 +33,6 @@ from ampify.transforms.keras.custom_loops import (
     KERAS_3,
     LoopPlan,
     LoopRewriter,
-    names_in,
     plan_custom_loops,
     wrap_tape_check,
 )
@@ -109,7 +110,7 @@ class KerasMixedPrecision(Transform):
                                 "Keras is not imported at module level: the policy must be set before the model is "
                                 "built, at the top of the module; not converted", "Keras imported only in functions")
         spelling, binding_index, import_line = found
-        insert_at = _after_imports(module, binding_index)
+        insert_at = after_imports(module, binding_index)
         policy_name = "mixed_bfloat16" if options.dtype == "bfloat16" else "mixed_float16"
         statement = cst.parse_statement(f'{spelling}.set_global_policy("{policy_name}")\n')
         findings = [Finding(POLICY_SET, f'{spelling}.set_global_policy("{policy_name}") after the '
@@ -166,20 +167,12 @@ def _place(positions: Positions, node: cst.CSTNode):
     return (position.start.line, position.start.column) if position else (0, 0)
 
 
-def _top_level_imports(module: cst.Module):
-    """(body index, ImportMap of that statement) for every module-level import statement."""
-    for index, statement in enumerate(module.body):
-        if isinstance(statement, cst.SimpleStatementLine) and any(
-                isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body):
-            yield index, ImportMap.from_module(cst.Module(body=[statement]))
-
-
 def _policy_spelling(module: cst.Module, imports: ImportMap):
     """(the callee's module: `keras.mixed_precision`, `tf.keras.mixed_precision`, `mixed_precision`...,
     the body index of the import it needs, an import statement to add or None), or None when only
     functions import Keras."""
     candidates = []
-    for index, statement_imports in _top_level_imports(module):
+    for index, statement_imports in top_level_imports(module):
         for local, qualified in statement_imports.aliases.items():
             if qualified in KERAS_ROOTS:
                 candidates.append((0, index, f"{local}.mixed_precision", None))
@@ -193,29 +186,6 @@ def _policy_spelling(module: cst.Module, imports: ImportMap):
         return None
     _, index, spelling, import_line = sorted(candidates)[0]
     return spelling, index, import_line
-
-
-def _after_imports(module: cst.Module, binding_index: int) -> int:
-    """Index in the module body after its leading docstring, `from __future__` and imports, and
-    after the import that binds Keras's name."""
-    index = 0
-    for position, statement in enumerate(module.body):
-        if isinstance(statement, cst.SimpleStatementLine) and all(
-                isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body):
-            index = position + 1
-            continue
-        if position == 0 and isinstance(statement, cst.SimpleStatementLine) and isinstance(
-                statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.SimpleString):
-            index = 1
-            continue
-        break
-    if binding_index >= index:
-        # Keras is imported after some code: go after that import and the imports that follow it
-        index = binding_index + 1
-        while index < len(module.body) and isinstance(module.body[index], cst.SimpleStatementLine) and all(
-                isinstance(small, (cst.Import, cst.ImportFrom)) for small in module.body[index].body):
-            index += 1
-    return index
 
 
 def _line_after(positions: Positions, module: cst.Module, index: int):
@@ -275,17 +245,7 @@ class _Writer(LoopRewriter):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if id(original_node) not in self.layers:
             return super().leave_Call(original_node, updated_node)
-        args = list(updated_node.args)
         # the call's own quote style: `activation='softmax'` gets `dtype='float32'`
-        quote = next((arg.value.quote for arg in args if isinstance(arg.value, cst.SimpleString)
+        quote = next((arg.value.quote for arg in updated_node.args if isinstance(arg.value, cst.SimpleString)
                       and arg.value.quote in ("'", '"')), '"')
-        dtype = cst.Arg(cst.SimpleString(f"{quote}float32{quote}"), keyword=cst.Name("dtype"),
-                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-        if args:
-            last = args[-1]
-            if isinstance(last.comma, cst.Comma):  # a trailing comma (one argument per line): keep the layout
-                args.append(dtype.with_changes(comma=last.comma))
-                return updated_node.with_changes(args=args)
-            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        args.append(dtype)
-        return updated_node.with_changes(args=args)
+        return with_keyword(updated_node, "dtype", cst.SimpleString(f"{quote}float32{quote}"))
