@@ -64,7 +64,7 @@ def _version(value: bool) -> None:
 
 
 @app.command(
-    help="Rewrite TensorFlow 1.x, TF2/Keras and PyTorch training scripts under PATH to train in automatic mixed "
+    help="Rewrite TensorFlow 1.x, TF2/Keras, PyTorch and MXNet Gluon training scripts under PATH to train in automatic mixed "
     "precision.\n\n"
     "Other commands: `ampify verify SCRIPT [-- ARGS]` runs a rewritten script and proves that mixed precision "
     "engaged (`ampify verify --help`); `ampify bench SCRIPT [-- ARGS]` times an fp32 script against its "

@@ -144,7 +144,7 @@ def _agreeing_with_warnings(status: FileStatus, reason: str, findings: List[Find
     return status, reason
 
 
-NO_TRAINING_CODE = "no TensorFlow or PyTorch training code"
+NO_TRAINING_CODE = "no TensorFlow, PyTorch or MXNet training code"
 
 
 def transforms_that_may_apply(raw: bytes, options: Options) -> List[Transform]:

@@ -6,13 +6,14 @@ from typing import Any, Dict, List, Mapping
 
 from ampify.options import Options
 from ampify.transforms.base import Target, TargetOption, Transform
+from ampify.transforms.gluon.target import GLUON_TARGET
 from ampify.transforms.keras.target import KERAS_TARGET
 from ampify.transforms.migrate.target import MIGRATE_TARGET
 from ampify.transforms.tf1.target import TF1_TARGET
 from ampify.transforms.torch.target import APEX_TARGET, NATIVE_TARGET
 
 #: every target ampify has; a new target is a folder under transforms/ and one entry here
-TARGETS: List[Target] = [TF1_TARGET, KERAS_TARGET, MIGRATE_TARGET, NATIVE_TARGET, APEX_TARGET]
+TARGETS: List[Target] = [TF1_TARGET, KERAS_TARGET, MIGRATE_TARGET, NATIVE_TARGET, APEX_TARGET, GLUON_TARGET]
 
 #: every transform ampify has, whatever the options
 ALL_TRANSFORMS: List[Transform] = [target.transform for target in TARGETS]

@@ -6,7 +6,8 @@ looks like before and after, and whether ampify's fix is safe to apply unreviewe
 `--select` / `--ignore`, and which warnings leave a conversion "changed, incomplete".
 
 Code policy (as TorchFix's README states its own): `AMP0xx` the engine (files, I/O), `AMP1xx` the
-TF1 graph rewrite, `AMP2xx` PyTorch native AMP, `AMP3xx` apex. Within a target `x0x` are changes
+TF1 graph rewrite, `AMP2xx` PyTorch native AMP, `AMP3xx` apex, `AMP4xx` migrations, `AMP5xx` Keras,
+`AMP6xx` MXNet Gluon. Within a target `x0x` are changes
 made (info), `x1x` and up are patterns left alone or unsafe (warnings), `x00` an internal error.
 A code keeps its meaning once released; a code split in two keeps the old number for the first
 meaning and the change is listed in CHANGELOG.md.
@@ -29,6 +30,7 @@ TARGETS = {
     "AMP3": "torch-apex",
     "AMP4": "torch-migrate",
     "AMP5": "keras",
+    "AMP6": "gluon",
 }
 
 
@@ -303,6 +305,42 @@ RULES: List[Rule] = [
     Rule("AMP514", "warning", "Keras: experimental mixed precision API with no current equivalent both Kerases take (a static loss scale, LossScale objects, a Policy with its own loss scale); left as it is",
          "Keras 2 spells a static scale dynamic=False, initial_scale=N; Keras 3's LossScaleOptimizer is dynamic only.",
          "tf.keras.mixed_precision.experimental.LossScaleOptimizer(opt, 1024)", MANUAL),
+    Rule("AMP600", "error", "error: internal error in the MXNet Gluon transform; the file is left unchanged",
+         "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
+         "AMP600 internal error in the gluon-amp transform (KeyError: ...); this file is left unchanged", MANUAL),
+    Rule("AMP601", "info", "MXNet: `from mxnet.contrib import amp` and `amp.init()` (or `target_dtype=\"bfloat16\"`) after the imports, before any network is built",
+         "amp.init patches MXNet's operators; a network hybridized before it keeps a float32 graph without a word.",
+         "import mxnet as mx\n  -> import mxnet as mx\n     from mxnet.contrib import amp\n     amp.init()", SAFE),
+    Rule("AMP602", "info", "MXNet: `update_on_kvstore=False` on the `gluon.Trainer` and `amp.init_trainer(trainer)` after it",
+         "init_trainer gives the trainer its dynamic loss scaler; a step whose gradients overflow is skipped, which "
+         "needs the update done by the trainer, not the kvstore.",
+         "trainer = gluon.Trainer(net.collect_params(), \"sgd\")\n  -> trainer = gluon.Trainer(net.collect_params(), "
+         "\"sgd\", update_on_kvstore=False)\n     amp.init_trainer(trainer)", SAFE),
+    Rule("AMP603", "info", "MXNet: the backward pass wrapped in `amp.scale_loss(loss, trainer)`, inside the `autograd.record()` block",
+         "float16 gradients underflow without a loss scale; the scaling multiplies the loss, so it must be recorded: a "
+         "backward right after the record block moves into it.",
+         "loss.backward()\n  -> with amp.scale_loss(loss, trainer) as scaled_loss:\n         scaled_loss.backward()", REVIEW),
+    Rule("AMP604", "info", "MXNet: `amp.unscale(trainer)` before the gradients are clipped or read",
+         "Between scale_loss and trainer.step the gradients carry the loss scale: clip_global_norm would clip them "
+         "65536 times too hard.",
+         "gluon.utils.clip_global_norm(grads, 1.0)\n  -> amp.unscale(trainer)\n     gluon.utils.clip_global_norm(grads, 1.0)", SAFE),
+    Rule("AMP610", "warning", "MXNet: a trainer or backward pass ampify cannot pair for loss scaling (the reason follows); not converted",
+         "amp.scale_loss needs the trainer that applies the gradients; a guess would leave them scaled or unscaled.",
+         "loss.backward()  # the trainer steps in another module", MANUAL),
+    Rule("AMP611", "warning", "MXNet imported only inside functions: amp.init() cannot run before the network is built; not converted",
+         "amp.init goes at the top of the module, where MXNet must already be imported.",
+         "def main():\n    import mxnet as mx", MANUAL),
+    Rule("AMP612", "warning", "MXNet: the symbolic Module API (`mod.fit`); not converted",
+         "amp.init_trainer accepts only a Gluon Trainer (a bare Optimizer raises TypeError), so the loss of a Module "
+         "cannot be scaled.",
+         "mod = mx.mod.Module(symbol)\nmod.fit(train_iter, num_epoch=10)", MANUAL),
+    Rule("AMP613", "warning", "MXNet: Horovod's `DistributedTrainer`; not converted",
+         "Its gradient averaging changes the trainer's scale, which amp's loss scaling rewrites; ampify does not "
+         "convert it unchecked.",
+         "trainer = hvd.DistributedTrainer(params, \"sgd\")", MANUAL),
+    Rule("AMP614", "warning", "MXNet: `update_on_kvstore` set to something other than False, kept as written",
+         "With the update on the kvstore, a step whose scaled gradients overflow is applied before amp can skip it.",
+         "gluon.Trainer(params, \"sgd\", update_on_kvstore=True)", MANUAL, incomplete=True),
     Rule("AMP400", "error", "error: internal error in the migration transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP400 internal error in the torch-amp-migration transform (KeyError: ...); this file is left unchanged", MANUAL),

@@ -24,6 +24,7 @@ SHOWN_BY_OTHER_TESTS = {
     "AMP300": "tests/test_rules.py",
     "AMP400": "tests/test_rules.py",
     "AMP500": "tests/test_rules.py",
+    "AMP600": "tests/test_rules.py",
 }
 
 
@@ -50,7 +51,7 @@ def test_every_code_emitted_is_catalogued_and_every_catalogued_code_is_emitted_b
 def test_each_rule_is_documented_whole():
     assert len({r.code for r in RULES}) == len(RULES), "a code appears twice"
     for rule in RULES:
-        assert re.fullmatch(r"AMP[0-5]\d\d", rule.code)
+        assert re.fullmatch(r"AMP[0-6]\d\d", rule.code)
         assert rule.summary and rule.why and rule.example and rule.fix in ("safe", "review", "manual")
         assert rule.severity in ("info", "warning", "error", "info or warning")
         if rule.incomplete:
@@ -131,6 +132,8 @@ SOURCES_FOR_TARGET = {
     "torch-apex-amp": ("import torch\nfor x in data:\n    loss = model(x)\n    loss.backward()\n    opt.step()\n", "apex"),
     "keras-mixed-precision": ("import keras\nmodel = keras.Sequential([keras.layers.Dense(1)])\nmodel.compile(loss='mse')\n", "native"),
     "torch-amp-migration": ("import torch\nwith torch.cuda.amp.autocast():\n    loss = model(x)\n", "native"),
+    "gluon-amp": ("import mxnet as mx\nwith mx.autograd.record():\n    loss = net(x)\nloss.backward()\ntrainer.step(1)\n",
+                  "native"),
 }
 
 

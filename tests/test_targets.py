@@ -42,7 +42,7 @@ def test_every_target_is_declared_whole():
 def test_the_backend_option_picks_one_pytorch_target():
     for backend in ("native", "apex"):
         names = {t.name for t in TARGETS if t.runs_when(Options(backend=backend))}
-        assert names == {"tf1", "keras", "torch-migrate", f"torch-{backend}"}
+        assert names == {"tf1", "keras", "torch-migrate", f"torch-{backend}", "gluon"}
         assert [t.transform for t in TARGETS if t.runs_when(Options(backend=backend))] == transforms_for(Options(backend=backend))
 
 

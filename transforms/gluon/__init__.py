@@ -1,0 +1,1 @@
+"""The MXNet Gluon target: `mxnet.contrib.amp` for Gluon training loops."""
