@@ -75,7 +75,7 @@ def test_unknown_backend_is_judged_by_what_the_script_imported():
     backend, judgement = judge(detect.UNKNOWN, _facts(_torch_probe({"bfloat16": 3}, {"bfloat16": 5})))
     assert backend == detect.TORCH and judgement.status == "verified"
     backend, judgement = judge(detect.UNKNOWN, _facts({}, "hello\n"))
-    assert judgement.status == "not_active" and "neither TensorFlow nor PyTorch" in judgement.reason
+    assert judgement.status == "not_active" and "neither TensorFlow, PyTorch nor MXNet" in judgement.reason
 
 
 def test_apex_needs_initialize_to_have_returned():

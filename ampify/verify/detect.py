@@ -10,12 +10,14 @@ TF1 = "tf1"
 KERAS = "keras"
 TORCH = "torch"
 APEX = "apex"
+GLUON = "gluon"
 UNKNOWN = "unknown"
 
 _IMPORT_PATTERNS = {
     APEX: re.compile(r"^\s*(?:from\s+apex(?:\.\w+)*\s+import\b|import\s+apex\b)", re.MULTILINE),
     TORCH: re.compile(r"^\s*(?:from\s+torch(?:\.\w+)*\s+import\b|import\s+torch\b)", re.MULTILINE),
     TF1: re.compile(r"^\s*(?:from\s+tensorflow(?:\.\w+)*\s+import\b|import\s+tensorflow\b)", re.MULTILINE),
+    GLUON: re.compile(r"^\s*(?:from\s+mxnet(?:\.\w+)*\s+import\b|import\s+mxnet\b)", re.MULTILINE),
 }
 _APEX_AMP_USE = re.compile(r"\bamp\s*\.\s*initialize\s*\(|from\s+apex\s+import\s+[^\n]*\bamp\b|apex\.amp\b")
 _TF1_REWRITE_USE = re.compile(r"enable_mixed_precision_graph_rewrite")
@@ -38,7 +40,7 @@ def read_script_text(script: Path) -> str:
 
 
 def detect_backend(text: str) -> str:
-    """Return "apex", "torch", "tf1", "keras" or "unknown" for a script's source text.
+    """Return "apex", "torch", "tf1", "keras", "gluon" or "unknown" for a script's source text.
 
     apex wins over torch (an apex script imports both); a script importing both TensorFlow and
     torch is taken as TF1 only when it calls the TF1 graph rewrite; a TensorFlow script that uses
@@ -55,4 +57,6 @@ def detect_backend(text: str) -> str:
         return KERAS
     if TORCH in imports:
         return TORCH
+    if GLUON in imports:
+        return GLUON
     return UNKNOWN

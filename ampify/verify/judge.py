@@ -283,3 +283,41 @@ def judge_keras(facts: RunFacts) -> Judgement:
              if layers else "custom loop")
     verdict = "verified: policy %s, %s, optimizer %s" % (policy, where, probe.get("optimizer"))
     return Judgement(VERIFIED, evidence, verdict)
+
+
+def judge_gluon(facts: RunFacts) -> Judgement:
+    """MXNet Gluon: amp.init ran, the network computed in its reduced dtype while autograd recorded
+    (or its hybridized graph holds amp_cast nodes), and for float16 the trainer that stepped has
+    amp's loss scaler and the loss was scaled."""
+    probe = facts.probe.get("gluon", {})
+    init = probe.get("amp_init")
+    outputs = probe.get("outputs", [])
+    target = (init or {}).get("target_dtype")
+    evidence = {"amp_target_dtype": target, "network_outputs": outputs, "training_steps": probe.get("steps", 0),
+                "loss_scaler": probe.get("loss_scaler"), "scale_loss_calls": probe.get("scale_loss_calls", 0),
+                "mxnet_version": probe.get("version")}
+    if "gluon" not in facts.probe:
+        return failed_or_not_active(facts, evidence, "the script never imported MXNet")
+    if not probe.get("steps"):
+        return failed_or_not_active(facts, evidence, "no trainer step ran (trainer.step or trainer.update)")
+    if init is None:
+        return failed_or_not_active(facts, evidence, "amp.init() was never called: the network trains in float32")
+    reduced = [o for o in outputs if o[1] in REDUCED_DTYPES]
+    casts = sum(o[2] or 0 for o in outputs)
+    if outputs and not reduced and not casts:
+        late = " (the network ran before amp.init)" if init.get("outputs_before") else ""
+        reason = ("amp.init(target_dtype=%r) ran but the network's outputs are %s and its graphs hold no amp_cast "
+                  "node: the network was built or hybridized before amp.init()%s" % (target, outputs[0][1], late))
+        return failed_or_not_active(facts, evidence, reason)
+    if target == "float16" and not (probe.get("loss_scaler") and probe.get("scale_loss_calls")):
+        missing = "amp.init_trainer" if not probe.get("loss_scaler") else "amp.scale_loss"
+        reason = ("float16 training without loss scaling (no %s): float16 gradients can underflow silently"
+                  % missing)
+        return failed_or_not_active(facts, evidence, reason)
+    shown = ", ".join(part for part in (
+        ("network output in %s" % reduced[0][1]) if reduced else "",
+        ("%d amp_cast nodes in the hybridized graph" % casts) if casts else "",
+    ) if part) or "no network call seen while recording"
+    scaling = (", loss scale %g" % probe["loss_scale"]) if probe.get("loss_scaler") and probe.get("loss_scale") else ""
+    verdict = "verified: amp.init(target_dtype=%s), %s%s" % (target, shown, scaling)
+    return Judgement(VERIFIED, evidence, verdict)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Tuple
 
 from ampify.verify import detect
-from ampify.verify.judge import Judgement, RunFacts, failed_or_not_active, judge_keras, judge_tf1, judge_torch
+from ampify.verify.judge import Judgement, RunFacts, failed_or_not_active, judge_gluon, judge_keras, judge_tf1, judge_torch
 
 LEGACY_KERAS_NOTE = (
     "ran with TF_USE_LEGACY_KERAS=1: TF1 code needs Keras 2 (tf-keras) on TensorFlow >= 2.16; "
@@ -22,8 +22,8 @@ class VerifyTarget:
     """One kind of script `ampify verify` can judge."""
 
     name: str  # what verify/detect.py returns for its scripts
-    framework: str  # as reported: "tensorflow", "torch"
-    backend: str  # as reported: "tf1_graph_rewrite", "keras_policy", "torch_native", "apex"
+    framework: str  # as reported: "tensorflow", "torch", "mxnet"
+    backend: str  # as reported: "tf1_graph_rewrite", "keras_policy", "torch_native", "apex", "gluon_amp"
     #: the probe module (under probes/) that records this target's evidence
     probe: str
     judge: Callable[[RunFacts], Judgement]
@@ -34,7 +34,7 @@ class VerifyTarget:
 
 
 def _unknown(facts: RunFacts) -> Judgement:
-    return failed_or_not_active(facts, {}, "the script imported neither TensorFlow nor PyTorch")
+    return failed_or_not_active(facts, {}, "the script imported neither TensorFlow, PyTorch nor MXNet")
 
 
 VERIFY_TARGETS: Dict[str, VerifyTarget] = {
@@ -52,6 +52,7 @@ VERIFY_TARGETS: Dict[str, VerifyTarget] = {
             detect.APEX, "torch", "apex", "_ampify_probe_torch",
             lambda facts: judge_torch(facts, apex=True), needs_cuda=True,
         ),
+        VerifyTarget(detect.GLUON, "mxnet", "gluon_amp", "_ampify_probe_gluon", judge_gluon),
         VerifyTarget(detect.UNKNOWN, "unknown", "unknown", "", _unknown),
     )
 }
@@ -64,6 +65,8 @@ def judge(backend: str, facts: RunFacts) -> Tuple[str, Judgement]:
             backend = detect.TF1
         elif facts.probe.get("keras", {}).get("steps"):
             backend = detect.KERAS
+        elif facts.probe.get("gluon", {}).get("steps"):
+            backend = detect.GLUON
         elif "torch" in facts.probe:
             backend = detect.TORCH
         elif "tf1" in facts.probe:

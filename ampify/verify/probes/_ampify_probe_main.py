@@ -11,6 +11,7 @@ import sys
 import types
 
 import _ampify_probe_common as common
+import _ampify_probe_gluon
 import _ampify_probe_keras
 import _ampify_probe_tf1
 import _ampify_probe_torch
@@ -55,6 +56,7 @@ def main():
     _ampify_probe_torch.install()
     _ampify_probe_tf1.install()
     _ampify_probe_keras.install()
+    _ampify_probe_gluon.install()
     try:
         _run_as_main(script)
     except SystemExit as exit_request:

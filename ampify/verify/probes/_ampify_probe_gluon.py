@@ -1,0 +1,132 @@
+"""MXNet Gluon probe: `amp.init` and its target dtype, the dtype the network's outputs have while
+autograd records, the amp_cast nodes of hybridized graphs, and at the first trainer step whether
+the trainer has amp's loss scaler and how many losses were scaled; then stop.
+
+Stdlib only at import time; it touches MXNet only once the script has imported it.
+"""
+import threading
+
+import _ampify_probe_common as common
+
+_state = {"stopped": False, "patched": False}
+_depth = threading.local()
+#: outermost block calls recorded (enough to show what the network computes in)
+_MAX_OUTPUTS = 8
+
+
+def _dtype_name(array):
+    dtype = getattr(array, "dtype", None)
+    if dtype is None:
+        return None
+    if "bfloat16" in str(getattr(dtype, "names", None) or "") + str(dtype):
+        return "bfloat16"
+    # MXNet gives numpy scalar types (numpy.float32), numpy gives dtypes
+    return getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
+
+
+def _first_array(output):
+    if isinstance(output, (list, tuple)):
+        for item in output:
+            found = _first_array(item)
+            if found is not None:
+                return found
+        return None
+    return output if hasattr(output, "dtype") else None
+
+
+def _amp_casts(block):
+    """amp_cast nodes in a hybridized block's cached graph (tojson strips them unless told not to)."""
+    graph = getattr(block, "_cached_graph", None)
+    if not graph:
+        return None
+    try:
+        text = graph[1].tojson(remove_amp_cast=False)
+    except Exception:
+        return None
+    return text.count('"amp_cast"') + text.count('"amp_multicast"')
+
+
+def _patch(cls, name, make):
+    original = getattr(cls, name, None)
+    if original is None or getattr(original, "_ampify_probe", False):
+        return
+    wrapper = make(original)
+    wrapper._ampify_probe = True
+    setattr(cls, name, wrapper)
+
+
+def on_mxnet_imported(mxnet):
+    if _state["patched"]:
+        return
+    _state["patched"] = True
+    evidence = common.section("gluon")
+    evidence["version"] = str(getattr(mxnet, "__version__", "?"))
+    evidence.setdefault("outputs", [])
+    evidence.setdefault("scale_loss_calls", 0)
+    try:
+        from mxnet import autograd, gluon
+        from mxnet.contrib import amp
+    except Exception as error:
+        evidence.setdefault("probe_errors", []).append(repr(error))
+        return
+
+    def make_init(original):
+        def init(*args, **kwargs):
+            target = kwargs.get("target_dtype", args[0] if args else "float16")
+            evidence["amp_init"] = {"target_dtype": "bfloat16" if "bfloat16" in str(target) else str(target),
+                                    "outputs_before": len(evidence["outputs"])}
+            return original(*args, **kwargs)
+        return init
+
+    def make_scale_loss(original):
+        def scale_loss(*args, **kwargs):
+            evidence["scale_loss_calls"] = evidence.get("scale_loss_calls", 0) + 1
+            return original(*args, **kwargs)
+        return scale_loss
+
+    def make_call(original):
+        def __call__(self, *args, **kwargs):
+            depth = getattr(_depth, "value", 0)
+            _depth.value = depth + 1
+            try:
+                output = original(self, *args, **kwargs)
+            finally:
+                _depth.value = depth
+            if depth == 0 and common.in_verified_process() and len(evidence["outputs"]) < _MAX_OUTPUTS \
+                    and not isinstance(self, gluon.loss.Loss):
+                try:
+                    if autograd.is_recording():
+                        array = _first_array(output)
+                        if array is not None:
+                            evidence["outputs"].append([type(self).__name__, _dtype_name(array), _amp_casts(self)])
+                except Exception as error:
+                    evidence.setdefault("probe_errors", []).append(repr(error))
+            return output
+        return __call__
+
+    def make_step(original):
+        def step(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            if not _state["stopped"] and common.in_verified_process():
+                _state["stopped"] = True
+                scaler = getattr(self, "_amp_loss_scaler", None)
+                evidence["steps"] = 1
+                evidence["loss_scaler"] = scaler is not None
+                evidence["loss_scale"] = getattr(scaler, "loss_scale", None)
+                evidence["update_on_kvstore"] = getattr(self, "_update_on_kvstore", None)
+                common.stop_when_allowed("gluon trainer step")
+            return result
+        return step
+
+    try:
+        _patch(amp, "init", make_init)
+        _patch(amp, "scale_loss", make_scale_loss)
+        _patch(gluon.Block, "__call__", make_call)
+        for name in ("step", "update"):
+            _patch(gluon.Trainer, name, make_step)
+    except Exception as error:  # an MXNet without one of these: say so, never break the script
+        evidence.setdefault("probe_errors", []).append(repr(error))
+
+
+def install():
+    common.hooks.watch("mxnet", on_mxnet_imported)
