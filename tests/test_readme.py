@@ -20,6 +20,7 @@ def test_readme_opens_with_the_install_and_the_test_command():
     install, test = commands[0], commands[1]
     assert "pip install ." in install and "ampify --diff examples/" in install
     assert "'.[test]'" in test and "--no-deps tf-keras==2.21.0" in test and "pytest" in test
+    assert ".venv-mxnet/bin/pip install -q mxnet==1.9.1 numpy==1.23.5" in test  # the Gluon tests' own environment
 
 
 def test_ci_runs_the_readme_test_command_verbatim():
