@@ -30,6 +30,10 @@ def test_wheel_maps_transforms_under_ampify(tmp_path):
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     assert "Classifier: Programming Language :: Python :: 3.11" in metadata
     assert "Classifier: License :: OSI Approved :: Apache Software License" in metadata
+    # the license the project declares, its text shipped in the wheel
+    license_text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names), names
     entry_points = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith("entry_points.txt"))
     ).decode()
