@@ -305,6 +305,18 @@ RULES: List[Rule] = [
     Rule("AMP514", "warning", "Keras: experimental mixed precision API with no current equivalent both Kerases take (a static loss scale, LossScale objects, a Policy with its own loss scale); left as it is",
          "Keras 2 spells a static scale dynamic=False, initial_scale=N; Keras 3's LossScaleOptimizer is dynamic only.",
          "tf.keras.mixed_precision.experimental.LossScaleOptimizer(opt, 1024)", MANUAL),
+    Rule("AMP515", "warning", "Keras: a custom layer makes a `tf.Variable` by hand; it is not cast to the layer's float16 compute dtype",
+         "add_weight's variables are cast to the layer's compute dtype inside call(); a hand-made tf.Variable stays "
+         "float32, and a matmul of float16 inputs with it fails with a dtype error.",
+         "self.w = tf.Variable(tf.random.normal([units, units]))\n  -> self.w = self.add_weight(shape=(units, units))",
+         MANUAL, incomplete=True),
+    Rule("AMP516", "warning", "Keras: `tf.cast(..., tf.float32)` inside a custom layer's `call`: what follows runs in float32",
+         "The policy sets the compute dtype; a cast to float32 takes the rest of the layer out of it. Deliberate for "
+         "a softmax or a norm; otherwise cast to self.compute_dtype.",
+         "x = tf.cast(inputs, tf.float32)\n  -> x = tf.cast(inputs, self.compute_dtype)", MANUAL),
+    Rule("AMP517", "warning", "Keras: TPU code converted with mixed_float16; TPUs compute in bfloat16 (`--dtype bfloat16`)",
+         "mixed_bfloat16 is the TPU policy: it needs no loss scale and keeps float32's range.",
+         "strategy = tf.distribute.TPUStrategy(resolver)", MANUAL),
     Rule("AMP600", "error", "error: internal error in the MXNet Gluon transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP600 internal error in the gluon-amp transform (KeyError: ...); this file is left unchanged", MANUAL),

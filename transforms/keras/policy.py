@@ -36,6 +36,7 @@ from ampify.transforms.keras.custom_loops import (
     plan_custom_loops,
     wrap_tape_check,
 )
+from ampify.transforms.keras.hazards import keras_hazards
 from ampify.transforms.keras.experimental_api import ExperimentalRewriter, plan_experimental_migration
 from ampify.transforms.keras.survey import KERAS_ROOTS, keras_root_of, survey_keras
 
@@ -146,6 +147,8 @@ class KerasMixedPrecision(Transform):
         elif custom_loop:
             findings.append(Finding(SCALED_LOOP, "custom loop: mixed_bfloat16 needs no loss scaling, the tape and the "
                                     "optimizer stay as they are", *_place(positions, survey.gradient_tape)))
+        for node, code, message in keras_hazards(module, imports, policy_name):
+            findings.append(Finding(code, message, *_place(positions, node), Severity.WARNING))
         taken = names_in(module)
         new_module = module.visit(_Writer(loops or LoopPlan(), spelling, taken, edits))
         body = list(new_module.body)
