@@ -1,6 +1,6 @@
 """Find the Python files to convert under the paths the user named.
 
-Directories are walked recursively for `*.py`; common junk folders are skipped; inside a git
+Directories are walked recursively for `*.py` and Jupyter notebooks (`*.ipynb`); common junk folders are skipped; inside a git
 checkout `.gitignore` is honoured (through `git ls-files`, which knows every ignore rule git
 knows); `--exclude` globs use .gitignore syntax. Symlinks are never followed out of the tree,
 and a file reached twice (through a link) is converted once.
@@ -26,6 +26,9 @@ except (LookupError, ValueError):
     _GITIGNORE_PATTERNS = "gitwildmatch"
 
 from ampify.source_io import TEMP_SUFFIX, is_abandoned_temp_file
+
+#: the files a folder walk converts: Python modules and Jupyter notebooks (their code cells)
+SOURCE_SUFFIXES = (".py", ".ipynb")
 
 #: folders never walked into (the user can still name a file inside one explicitly)
 JUNK_DIRS = frozenset(
@@ -136,7 +139,7 @@ def _is_within(path: Path, folder: Path) -> bool:
 
 
 def _walk_python_files(root: Path, respect_gitignore: bool, result: Discovery) -> List[Tuple[str, bool]]:
-    """(relative path, is a symlink) of the `*.py` files under `root`, junk folders pruned,
+    """(relative path, is a symlink) of the `*.py` and `*.ipynb` files under `root`, junk folders pruned,
     gitignore applied (the files it leaves out are counted in `result.ignored_by_gitignore`).
 
     Order and pruning are those of `os.walk(root, followlinks=False)` with sorted names; the
@@ -163,7 +166,7 @@ def _walk_python_files(root: Path, respect_gitignore: bool, result: Discovery) -
                 if not entry.is_symlink() and name not in JUNK_DIRS and not name.endswith(".egg-info"):
                     subfolders.append((entry.path, relative))
                 continue
-            if not name.endswith(".py"):
+            if not name.endswith(SOURCE_SUFFIXES):
                 if name.endswith(TEMP_SUFFIX):
                     _note_abandoned_temp_file(entry, result)
                 continue

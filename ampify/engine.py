@@ -18,6 +18,7 @@ from ampify.change_set import Change, write_change_set
 from ampify.convert import ConversionError, convert_source
 from ampify.discover import Candidate
 from ampify.names import for_diff_header
+from ampify.notebooks import cell_diff, convert_notebook, is_notebook
 from ampify.findings import FileResult, FileStatus, Finding, Severity
 from ampify.options import Options
 from ampify.repository import project_view
@@ -61,9 +62,14 @@ def process_file(task: FileTask, before_write: Optional[Callable[[], None]] = No
         return FileResult(display, FileStatus.SKIPPED, str(error))
     except SourceIOError as error:
         return FileResult(display, FileStatus.FAILED, str(error))
+    cells = None
     try:
-        context = UnitContext(display, project_view(task.candidate.path, task.named))
-        conversion = convert_source(source.data, task.options, filename=display, context=context)
+        if is_notebook(task.candidate.path.name):
+            converted_notebook = convert_notebook(source.data, task.options, display)
+            conversion, cells = converted_notebook.conversion, converted_notebook.cells
+        else:
+            context = UnitContext(display, project_view(task.candidate.path, task.named))
+            conversion = convert_source(source.data, task.options, filename=display, context=context)
     except ConversionError as error:
         return FileResult(display, FileStatus.FAILED, str(error))
     except RecursionError:
@@ -82,7 +88,7 @@ def process_file(task: FileTask, before_write: Optional[Callable[[], None]] = No
         return _process_change_set(task, source, conversion, result, before_write)
     new_data = conversion.converted
     if task.mode is Mode.DIFF:
-        result.diff = unified_diff(display, source.data, new_data)
+        result.diff = cell_diff(display, cells) if cells is not None else unified_diff(display, source.data, new_data)
     elif task.mode is Mode.WRITE:
         if before_write is not None:
             before_write()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import List
+from typing import List, Optional
 
 from ampify.names import json_fields
 from ampify.rules import INCOMPLETE_CONVERSION_CODES
@@ -30,6 +30,8 @@ class Finding:
     line: int = 0
     column: int = 0
     severity: Severity = Severity.INFO
+    #: in a notebook, the 1-based number of the cell the line counts in (None in a .py file)
+    cell: Optional[int] = None
 
     @property
     def shown_line(self) -> int:
@@ -41,9 +43,14 @@ class Finding:
         """The column as ruff, flake8 and TorchFix print it: 1-based (stored 0-based, as LibCST gives it)."""
         return self.column + 1
 
+    def place(self, path: str) -> str:
+        """`path:line:col` (1-based), `path:cell N:line:col` in a notebook, as ruff shows cells."""
+        where = f"cell {self.cell}:" if self.cell is not None else ""
+        return f"{path}:{where}{self.shown_line}:{self.shown_column}"
+
     def render(self, path: str) -> str:
         """`path:line:col: CODE message`, the form editors and CI logs understand (1-based)."""
-        return f"{path}:{self.shown_line}:{self.shown_column}: {self.code} {self.message}"
+        return f"{self.place(path)}: {self.code} {self.message}"
 
     def to_json(self) -> dict:
         data = asdict(self)

@@ -80,6 +80,11 @@ def _escape_property(text: str) -> str:
 
 def github_annotation(path: str, finding: Finding) -> str:
     level = _GITHUB_LEVELS[finding.severity]
+    if finding.cell is not None:
+        # a notebook's lines count in cells, which GitHub cannot place: the cell goes in the message
+        properties = ",".join([f"file={_escape_property(path)}", f"title={_escape_property(finding.code)}"])
+        where = f"cell {finding.cell}, line {finding.shown_line}: "
+        return f"::{level} {properties}::{_escape_data(where + finding.code + ' ' + finding.message)}"
     properties = ",".join([
         f"file={_escape_property(path)}",
         f"line={finding.shown_line}",
@@ -114,6 +119,10 @@ def _code(text: str) -> str:
     return f"{fence}{text}{fence}" if fence == "`" else f"{fence} {text} {fence}"
 
 
+def _where(finding: Finding) -> str:
+    return (f"cell {finding.cell}, " if finding.cell is not None else "") + f"line {finding.shown_line}"
+
+
 def render_markdown(results: List[FileResult], summary: Summary, wrote: bool, interrupted: bool) -> str:
     changed_word = "changed" if wrote else "would change"
     head = [
@@ -143,9 +152,9 @@ def render_markdown(results: List[FileResult], summary: Summary, wrote: bool, in
         problems = [f for f in result.findings if f.severity is not Severity.INFO]
         if changes:
             sections += ["", "What changed and why:", ""]
-            sections += [f"- line {f.shown_line}: **{f.code}** {_cell(f.message)}" for f in changes]
+            sections += [f"- {_where(f)}: **{f.code}** {_cell(f.message)}" for f in changes]
         if problems:
             sections += ["", "Left for a human:", ""]
-            sections += [f"- line {f.shown_line}: **{f.code}** {f.severity.value}: {_cell(f.message)}" for f in problems]
+            sections += [f"- {_where(f)}: **{f.code}** {f.severity.value}: {_cell(f.message)}" for f in problems]
         sections.append("")
     return "\n".join(head + sections).rstrip() + "\n"

@@ -34,7 +34,7 @@ def render_finding(path: str, finding: Finding) -> str:
     """`path:line:col: CODE message`, with `warning:` before the message of a warning."""
     if finding.severity is Severity.INFO:
         return finding.render(path)
-    return f"{path}:{finding.shown_line}:{finding.shown_column}: {finding.code} {finding.severity.value}: {finding.message}"
+    return f"{finding.place(path)}: {finding.code} {finding.severity.value}: {finding.message}"
 
 
 #: statuses that are problems: shown with --quiet, and they make the run exit 1

@@ -18,6 +18,7 @@ from ampify.engine import Mode, unified_diff
 from ampify.findings import FileResult, FileStatus
 from ampify.options import Options
 from ampify.report import apply_selection, exit_code, render_file, render_summary, summarize
+from ampify.notebooks import convert_notebook, is_notebook
 from ampify.repository import project_view
 from ampify.rules import Selection
 from ampify.transforms.base import UnitContext
@@ -28,8 +29,11 @@ def convert_stdin(filename: Path, options: Options, mode: Mode, selection: Selec
     display = str(filename)
     converted = None
     try:
-        project = project_view(filename.resolve()) if filename.is_file() else None
-        conversion = convert_source(data, options, filename=display, context=UnitContext(display, project))
+        if is_notebook(filename.name):
+            conversion = convert_notebook(data, options, display).conversion
+        else:
+            project = project_view(filename.resolve()) if filename.is_file() else None
+            conversion = convert_source(data, options, filename=display, context=UnitContext(display, project))
         result = FileResult(display, conversion.status, conversion.reason, list(conversion.findings))
         converted = conversion.converted
         if conversion.companions:

@@ -35,8 +35,9 @@ def test_every_target_is_declared_whole():
             assert target.name in NOT_VERIFIED_YET, target.name
             continue
         assert (PROBE_DIRECTORY / f"{verify.probe}.py").is_file(), f"{target.name}: probe {verify.probe} missing"
-    # every fixtures folder but verify's scripts and the golden repositories belongs to a target
-    assert fixture_groups - {t.fixtures for t in TARGETS} == {"verify", "repositories"}
+    # every fixtures folder but verify's scripts, the golden repositories and the notebooks (a source
+    # format every target converts, tests/test_notebooks.py) belongs to a target
+    assert fixture_groups - {t.fixtures for t in TARGETS} == {"verify", "repositories", "notebooks"}
 
 
 def test_the_backend_option_picks_one_pytorch_target():
