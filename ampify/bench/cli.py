@@ -10,6 +10,7 @@ from ampify.bench.hardware import expectations, query_device
 from ampify.bench.report import render_json, render_svg, render_text
 from ampify.bench.runner import BenchError, bench_script
 from ampify.options import DTYPES, Options
+from ampify.verify import detect
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -31,14 +32,16 @@ def bench(
     peak memory, the mixed/fp32 ratio with its spread, and the last losses of both.
 
     Exit codes: 0 measured; 2 a run failed (its error shown) or a usage error; 3 the script cannot be
-    benchmarked (not converted by ampify, already mixed precision, not PyTorch).
+    benchmarked (not converted by ampify, already mixed precision, neither PyTorch nor MXNet Gluon).
     """
     if dtype not in DTYPES:
         typer.echo(f"ampify bench: error: --dtype must be one of {', '.join(DTYPES)}", err=True)
         raise typer.Exit(2)
     script_args = (ctx.obj or {}).get("script_args", [])
     interpreter = python or sys.executable
-    told = expectations(query_device(interpreter), dtype)
+    framework = "mxnet" if Path(script).is_file() and detect.detect_backend(
+        detect.read_script_text(Path(script))) == detect.GLUON else "torch"
+    told = expectations(query_device(interpreter, framework), dtype)
     try:
         result = bench_script(script, script_args, python=interpreter, steps=steps, warmup=warmup,
                               repeats=repeats, options=Options(dtype=dtype), timeout=timeout)

@@ -41,11 +41,19 @@ def cpu_bf16_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> List[str]:
     return sorted(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def query_device(python: str) -> Optional[Device]:
-    """The GPU the training interpreter sees, or None when torch cannot be asked."""
+#: MXNet reports how many GPUs it sees, not their compute capability
+_MXNET_QUERY = (
+    "import json, mxnet\n"
+    "print(json.dumps({'cuda': mxnet.context.num_gpus() > 0, 'name': None, 'capability': None}))\n"
+)
+
+
+def query_device(python: str, framework: str = "torch") -> Optional[Device]:
+    """The GPU the training interpreter sees (asked through `framework`: "torch" or "mxnet"), or None
+    when the framework cannot be asked."""
     try:
-        completed = subprocess.run([python, "-c", _QUERY], capture_output=True, text=True, timeout=120,
-                                   stdin=subprocess.DEVNULL)
+        completed = subprocess.run([python, "-c", _MXNET_QUERY if framework == "mxnet" else _QUERY],
+                                   capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         data = json.loads(completed.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None
@@ -56,16 +64,19 @@ def query_device(python: str) -> Optional[Device]:
 def expectations(device: Optional[Device], dtype: str) -> List[str]:
     """What to expect, in plain words, before the figures."""
     if device is None:
-        return ["the device could not be queried (torch did not import in the training interpreter)"]
+        return ["the device could not be queried (the framework did not import in the training interpreter)"]
     if not device.cuda:
         lines = ["CPU only (no CUDA GPU): a CPU run is a correctness check of the converted script, not a speed "
-                 "claim (CPU autocast is often slower than float32)"]
+                 "claim (reduced precision on a CPU is often slower than float32)"]
         if dtype == "bfloat16":
             lines.append("this CPU has " + ", ".join(device.cpu_bf16_flags) + ": bfloat16 matmuls run natively"
                          if device.cpu_bf16_flags else
                          "this CPU has no AVX512-BF16 or AMX: bfloat16 is emulated and slower")
         return lines
-    major, minor = device.capability or (0, 0)
+    if device.capability is None:
+        return [f"a CUDA GPU, whose compute capability the framework does not report: {dtype} pays off with tensor "
+                "cores (compute capability 7.0, and 8.0 for bfloat16)"]
+    major, minor = device.capability
     where = f"{device.name} (compute capability {major}.{minor})"
     if dtype == "bfloat16" and major < 8:
         return [f"{where}: bfloat16 needs compute capability 8.0 (Ampere) or newer; expect no speed-up"]

@@ -120,12 +120,18 @@ def converted_copy(script: Path, options: Options, folder: Path) -> Path:
     return copy
 
 
+#: the frameworks bench times: detect's name -> (the probe's evidence section, the framework in words)
+TIMED = {detect.TORCH: ("torch", "torch"), detect.UNKNOWN: ("torch", "torch"), detect.GLUON: ("gluon", "MXNet")}
+
+
 def _run_once(python: str, script: Path, as_given: str, script_args: Sequence[str], variant: str, index: int,
-              warmup: int, steps: int, timeout: Optional[float], extra_path: Optional[Path]) -> Run:
+              warmup: int, steps: int, timeout: Optional[float], extra_path: Optional[Path],
+              backend: str = detect.TORCH) -> Run:
     run = Run(variant, index)
+    section, framework = TIMED[backend]
     env = dict(os.environ)
     env[BENCH_ENV] = f"{warmup},{steps}"
-    env[FRAMEWORK_ENV] = detect.TORCH
+    env[FRAMEWORK_ENV] = backend
     env["PYTHONUNBUFFERED"] = "1"
     if extra_path is not None:  # the converted copy imports the original's sibling modules
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH", "")]))
@@ -143,7 +149,7 @@ def _run_once(python: str, script: Path, as_given: str, script_args: Sequence[st
             evidence = json.loads(evidence_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             evidence = {}
-    probe = evidence.get("torch", {})
+    probe = evidence.get(section, {})
     times = probe.get("step_times", [])
     if len(times) >= warmup + steps and warmup >= 1:
         run.steps = steps
@@ -155,8 +161,8 @@ def _run_once(python: str, script: Path, as_given: str, script_args: Sequence[st
     facts = RunFacts(output=output, probe=evidence, returncode=returncode, timed_out=timed_out, timeout=timeout)
     if timed_out:
         run.failure = f"timed out after {timeout:g} s with {len(times)} of {warmup + steps} steps"
-    elif "torch" not in evidence:
-        run.failure = "the script never imported torch"
+    elif section not in evidence:
+        run.failure = f"the script never imported {framework}"
     else:
         failure = last_traceback_line(output) if facts.failed else None
         run.failure = failure or f"the script ended after {len(times)} of {warmup + steps} optimizer steps"
@@ -172,8 +178,8 @@ def bench_script(script: str, script_args: Sequence[str] = (), python: Optional[
     if not path.is_file():
         raise BenchError(f"no such script: {script}", 2)
     backend = detect.detect_backend(detect.read_script_text(path))
-    if backend not in (detect.TORCH, detect.UNKNOWN):
-        raise BenchError(f"{script}: bench times PyTorch scripts for now ({backend} is not timed yet)")
+    if backend not in TIMED:
+        raise BenchError(f"{script}: bench times PyTorch and MXNet Gluon scripts for now ({backend} is not timed yet)")
     python = python or sys.executable
     options = options or Options()
     result = BenchResult(script, warmup, steps, [])
@@ -183,7 +189,8 @@ def bench_script(script: str, script_args: Sequence[str] = (), python: Optional[
         for index in range(repeats):
             for variant, target in variants.items():
                 extra = path.resolve().parent if target is converted else None
-                run = _run_once(python, target, script, script_args, variant, index, warmup, steps, timeout, extra)
+                run = _run_once(python, target, script, script_args, variant, index, warmup, steps, timeout, extra,
+                                backend)
                 result.runs.append(run)
                 if run.failure:
                     raise BenchError(run.failure, 2)

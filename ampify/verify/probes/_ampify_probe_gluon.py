@@ -55,6 +55,80 @@ def _patch(cls, name, make):
     setattr(cls, name, wrapper)
 
 
+def _install_bench_timing(mxnet, evidence):
+    """`ampify bench`: a timestamp after every trainer step (once MXNet's engine finished its
+    work), the mean loss of every measured step, peak host memory; the script stops after
+    WARMUP + STEPS steps."""
+    import time
+
+    from mxnet import autograd, gluon
+    from mxnet.contrib import amp
+
+    warmup, steps = common.bench_steps()
+    times = evidence.setdefault("step_times", [])
+    losses = evidence.setdefault("losses", [])
+    pending = {"scaled": False}
+
+    def record_loss(loss):
+        if len(times) < warmup or len(losses) >= steps:
+            return
+        try:
+            with autograd.pause():
+                values = [float(item.mean().asscalar()) for item in (loss if isinstance(loss, (list, tuple)) else [loss])]
+            losses.append(sum(values) / len(values))
+        except Exception:
+            pass
+
+    def make_scale_loss(original):
+        def scale_loss(loss, *args, **kwargs):
+            record_loss(loss)
+            pending["scaled"] = True  # the backward that follows is of the scaled loss
+            return original(loss, *args, **kwargs)
+        return scale_loss
+
+    def note_backward(heads):
+        if pending["scaled"]:
+            pending["scaled"] = False
+        else:
+            record_loss(heads)
+
+    def make_method_backward(original):
+        def backward(self, *args, **kwargs):
+            note_backward(self)
+            return original(self, *args, **kwargs)
+        return backward
+
+    def make_function_backward(original):
+        def backward(heads, *args, **kwargs):
+            note_backward(heads)
+            return original(heads, *args, **kwargs)
+        return backward
+
+    def make_step(original):
+        def step(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            if common.in_verified_process():
+                mxnet.nd.waitall()
+                times.append(time.perf_counter())
+                if len(times) >= warmup + steps:
+                    evidence["cuda"] = False
+                    try:
+                        import resource
+
+                        evidence["peak_host_rss_kb"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+                    except Exception:
+                        pass
+                    common.stop_script("bench: %d steps timed" % steps)
+            return result
+        return step
+
+    _patch(amp, "scale_loss", make_scale_loss)
+    _patch(mxnet.nd.NDArray, "backward", make_method_backward)
+    _patch(autograd, "backward", make_function_backward)
+    for name in ("step", "update"):
+        _patch(gluon.Trainer, name, make_step)
+
+
 def on_mxnet_imported(mxnet):
     if _state["patched"]:
         return
@@ -68,6 +142,12 @@ def on_mxnet_imported(mxnet):
         from mxnet.contrib import amp
     except Exception as error:
         evidence.setdefault("probe_errors", []).append(repr(error))
+        return
+    if common.bench_steps() is not None:
+        try:
+            _install_bench_timing(mxnet, evidence)
+        except Exception as error:
+            evidence.setdefault("probe_errors", []).append(repr(error))
         return
 
     def make_init(original):
