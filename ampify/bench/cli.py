@@ -32,15 +32,15 @@ def bench(
     peak memory, the mixed/fp32 ratio with its spread, and the last losses of both.
 
     Exit codes: 0 measured; 2 a run failed (its error shown) or a usage error; 3 the script cannot be
-    benchmarked (not converted by ampify, already mixed precision, neither PyTorch nor MXNet Gluon).
+    benchmarked (not converted by ampify, already mixed precision, not PyTorch, Keras or MXNet Gluon).
     """
     if dtype not in DTYPES:
         typer.echo(f"ampify bench: error: --dtype must be one of {', '.join(DTYPES)}", err=True)
         raise typer.Exit(2)
     script_args = (ctx.obj or {}).get("script_args", [])
     interpreter = python or sys.executable
-    framework = "mxnet" if Path(script).is_file() and detect.detect_backend(
-        detect.read_script_text(Path(script))) == detect.GLUON else "torch"
+    backend = detect.detect_backend(detect.read_script_text(Path(script))) if Path(script).is_file() else ""
+    framework = {detect.GLUON: "mxnet", detect.KERAS: "tensorflow"}.get(backend, "torch")
     told = expectations(query_device(interpreter, framework), dtype)
     try:
         result = bench_script(script, script_args, python=interpreter, steps=steps, warmup=warmup,

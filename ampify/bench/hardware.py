@@ -48,11 +48,23 @@ _MXNET_QUERY = (
 )
 
 
+_TENSORFLOW_QUERY = (
+    "import json, os\n"
+    "os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')\n"
+    "import tensorflow as tf\n"
+    "gpus = tf.config.list_physical_devices('GPU')\n"
+    "details = tf.config.experimental.get_device_details(gpus[0]) if gpus else {}\n"
+    "print(json.dumps({'cuda': bool(gpus), 'name': details.get('device_name'),\n"
+    "    'capability': list(details['compute_capability']) if details.get('compute_capability') else None}))\n"
+)
+_QUERIES = {"torch": _QUERY, "mxnet": _MXNET_QUERY, "tensorflow": _TENSORFLOW_QUERY}
+
+
 def query_device(python: str, framework: str = "torch") -> Optional[Device]:
-    """The GPU the training interpreter sees (asked through `framework`: "torch" or "mxnet"), or None
-    when the framework cannot be asked."""
+    """The GPU the training interpreter sees (asked through `framework`: "torch", "mxnet" or
+    "tensorflow"), or None when the framework cannot be asked."""
     try:
-        completed = subprocess.run([python, "-c", _MXNET_QUERY if framework == "mxnet" else _QUERY],
+        completed = subprocess.run([python, "-c", _QUERIES[framework]],
                                    capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         data = json.loads(completed.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):

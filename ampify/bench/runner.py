@@ -121,7 +121,8 @@ def converted_copy(script: Path, options: Options, folder: Path) -> Path:
 
 
 #: the frameworks bench times: detect's name -> (the probe's evidence section, the framework in words)
-TIMED = {detect.TORCH: ("torch", "torch"), detect.UNKNOWN: ("torch", "torch"), detect.GLUON: ("gluon", "MXNet")}
+TIMED = {detect.TORCH: ("torch", "torch"), detect.UNKNOWN: ("torch", "torch"), detect.GLUON: ("gluon", "MXNet"),
+         detect.KERAS: ("keras", "Keras")}
 
 
 def _run_once(python: str, script: Path, as_given: str, script_args: Sequence[str], variant: str, index: int,
@@ -179,7 +180,8 @@ def bench_script(script: str, script_args: Sequence[str] = (), python: Optional[
         raise BenchError(f"no such script: {script}", 2)
     backend = detect.detect_backend(detect.read_script_text(path))
     if backend not in TIMED:
-        raise BenchError(f"{script}: bench times PyTorch and MXNet Gluon scripts for now ({backend} is not timed yet)")
+        raise BenchError(f"{script}: bench times PyTorch, Keras (fit) and MXNet Gluon scripts for now ({backend} is "
+                         "not timed yet)")
     python = python or sys.executable
     options = options or Options()
     result = BenchResult(script, warmup, steps, [])

@@ -46,9 +46,56 @@ def _patch(cls, name, make):
     setattr(cls, name, wrapper)
 
 
+def _install_bench_timing(keras_module, evidence):
+    """`ampify bench`: `fit` gets one more callback that stamps the end of every training batch (its
+    logs are read, which waits for the step) and records the loss; the script stops after WARMUP +
+    STEPS batches. Custom loops are not timed."""
+    import time
+
+    warmup, steps = common.bench_steps()
+    times = evidence.setdefault("step_times", [])
+    losses = evidence.setdefault("losses", [])
+
+    class _BenchTiming(keras_module.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if not common.in_verified_process():
+                return
+            loss = (logs or {}).get("loss")
+            try:
+                loss = float(loss)  # waits for the step's result
+            except (TypeError, ValueError):
+                loss = None
+            times.append(time.perf_counter())
+            if len(times) > warmup and loss is not None and len(losses) < steps:
+                losses.append(loss)
+            if len(times) >= warmup + steps:
+                evidence["cuda"] = False
+                try:
+                    import resource
+
+                    evidence["peak_host_rss_kb"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+                except Exception:
+                    pass
+                common.stop_script("bench: %d steps timed" % steps)
+
+    def make_fit(original):
+        def fit(self, *args, **kwargs):
+            kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [_BenchTiming()]
+            return original(self, *args, **kwargs)
+        return fit
+
+    _patch(keras_module.Model, "fit", make_fit)
+
+
 def on_keras_imported(keras_module, section):
     evidence = common.section(section)
     evidence["version"] = str(getattr(keras_module, "__version__", "?"))
+    if common.bench_steps() is not None:
+        try:
+            _install_bench_timing(keras_module, evidence)
+        except Exception as error:  # a Keras without callbacks: say so, never break the script
+            evidence.setdefault("probe_errors", []).append(repr(error))
+        return
 
     def make_fit(original):
         def fit(self, *args, **kwargs):

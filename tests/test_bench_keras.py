@@ -1,0 +1,44 @@
+"""`ampify bench` on a Keras compile/fit script (#20): the Keras probe's bench mode times training
+batches through a callback added to fit; structure, counted steps and losses, never speed."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("keras")
+
+FIT_SCRIPT = """\
+import sys
+import numpy as np
+import keras
+
+keras.utils.set_random_seed(0)
+x = np.random.normal(size=(256, 16)).astype("float32")
+y = (x[:, :4] > 0).astype("float32")
+model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.Dense(4, activation="sigmoid")])
+model.compile(optimizer="adam", loss="binary_crossentropy")
+model.fit(x, y, batch_size=16, epochs=int(sys.argv[1]), verbose=0)
+print("fit finished")
+"""
+
+
+def test_keras_fit_versions_run_in_turns_for_the_counted_batches(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(FIT_SCRIPT)
+    run = subprocess.run([sys.executable, "-m", "ampify", "bench", str(script), "--steps", "3", "--warmup", "2",
+                          "--repeats", "1", "--json", "--", "5"], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["order"] == ["fp32 (original)", "mixed (ampify)"] and report["measured_steps"] == 3
+    losses = {}
+    for name, variant in report["variants"].items():
+        assert len(variant["steps_per_second"]) == 1 and variant["steps_per_second"][0] > 0
+        losses[name] = variant["losses_of_last_run"]
+        assert len(losses[name]) == 3 and variant["peak_host_rss_kb"] > 0
+    original, mixed = losses["fp32 (original)"], losses["mixed (ampify)"]
+    assert original != mixed  # the converted run really computes in float16...
+    assert all(abs(a - b) <= 0.01 * abs(a) for a, b in zip(original, mixed))  # ...and trains like fp32
+    assert script.read_text() == FIT_SCRIPT and [p.name for p in tmp_path.iterdir()] == ["train.py"]
