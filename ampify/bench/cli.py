@@ -32,7 +32,7 @@ def bench(
     peak memory, the mixed/fp32 ratio with its spread, and the last losses of both.
 
     Exit codes: 0 measured; 2 a run failed (its error shown) or a usage error; 3 the script cannot be
-    benchmarked (not converted by ampify, already mixed precision, not PyTorch, Keras or MXNet Gluon).
+    benchmarked (not converted by ampify, already mixed precision, no framework bench knows).
     """
     if dtype not in DTYPES:
         typer.echo(f"ampify bench: error: --dtype must be one of {', '.join(DTYPES)}", err=True)
@@ -40,7 +40,7 @@ def bench(
     script_args = (ctx.obj or {}).get("script_args", [])
     interpreter = python or sys.executable
     backend = detect.detect_backend(detect.read_script_text(Path(script))) if Path(script).is_file() else ""
-    framework = {detect.GLUON: "mxnet", detect.KERAS: "tensorflow"}.get(backend, "torch")
+    framework = {detect.GLUON: "mxnet", detect.KERAS: "tensorflow", detect.TF1: "tensorflow"}.get(backend, "torch")
     told = expectations(query_device(interpreter, framework), dtype)
     try:
         result = bench_script(script, script_args, python=interpreter, steps=steps, warmup=warmup,

@@ -27,6 +27,7 @@ from ampify.verify import detect
 from ampify.verify.judge import RunFacts
 from ampify.verify.output_parsing import last_traceback_line
 from ampify.verify.runner import EVIDENCE_PATH_ENV, FRAMEWORK_ENV, PROBE_MAIN, _run_child
+from ampify.verify.targets import VERIFY_TARGETS
 
 BENCH_ENV = "_AMPIFY_PROBE_BENCH"  # must match probes/_ampify_probe_common.py
 
@@ -93,7 +94,8 @@ class BenchResult:
             original, mixed = statistics.median(last_original), statistics.median(last_converted)
             if mixed > 1.5 * abs(original) + 1e-3:
                 return (f"the converted run's last loss ({mixed:.4g}) is far above the original's ({original:.4g}): "
-                        "it may diverge; compare longer runs")
+                        "it may diverge, or a dynamic loss scale may still be skipping its first steps; compare "
+                        "longer runs")
         return None
 
 
@@ -122,7 +124,7 @@ def converted_copy(script: Path, options: Options, folder: Path) -> Path:
 
 #: the frameworks bench times: detect's name -> (the probe's evidence section, the framework in words)
 TIMED = {detect.TORCH: ("torch", "torch"), detect.UNKNOWN: ("torch", "torch"), detect.GLUON: ("gluon", "MXNet"),
-         detect.KERAS: ("keras", "Keras")}
+         detect.KERAS: ("keras", "Keras"), detect.TF1: ("tf1", "TensorFlow")}
 
 
 def _run_once(python: str, script: Path, as_given: str, script_args: Sequence[str], variant: str, index: int,
@@ -133,6 +135,8 @@ def _run_once(python: str, script: Path, as_given: str, script_args: Sequence[st
     env = dict(os.environ)
     env[BENCH_ENV] = f"{warmup},{steps}"
     env[FRAMEWORK_ENV] = backend
+    for name, value, _ in VERIFY_TARGETS[backend].environment:  # as verify runs it (TF1: TF_USE_LEGACY_KERAS=1)
+        env.setdefault(name, value)
     env["PYTHONUNBUFFERED"] = "1"
     if extra_path is not None:  # the converted copy imports the original's sibling modules
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH", "")]))
@@ -180,8 +184,7 @@ def bench_script(script: str, script_args: Sequence[str] = (), python: Optional[
         raise BenchError(f"no such script: {script}", 2)
     backend = detect.detect_backend(detect.read_script_text(path))
     if backend not in TIMED:
-        raise BenchError(f"{script}: bench times PyTorch, Keras (fit) and MXNet Gluon scripts for now ({backend} is "
-                         "not timed yet)")
+        raise BenchError(f"{script}: bench cannot time this script (it imports no framework it knows)")
     python = python or sys.executable
     options = options or Options()
     result = BenchResult(script, warmup, steps, [])

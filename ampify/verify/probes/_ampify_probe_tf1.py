@@ -78,10 +78,14 @@ def _patch_session(evidence, train_ops, loss_scaled_ops):
         sessions.append(record)
         common.write_evidence()
 
+    bench = _bench_timing(evidence)
+
     def run(self, fetches, *args, **kwargs):
         result = original_run(self, fetches, *args, **kwargs)
         fetched = _fetched_op_names(fetches, set()) & train_ops if train_ops else set()
-        if fetched:
+        if fetched and bench is not None:
+            bench(result)
+        elif fetched:
             evidence["train_steps"] = evidence.get("train_steps", 0) + 1
             if getattr(self, "_ampify_probe_rewrite", False):
                 evidence["train_steps_with_rewrite"] = evidence.get("train_steps_with_rewrite", 0) + 1
@@ -94,6 +98,47 @@ def _patch_session(evidence, train_ops, loss_scaled_ops):
 
     base.__init__ = __init__
     base.run = run
+
+
+def _bench_timing(evidence):
+    """`ampify bench`: a function to call after each Session.run of a training op (it returns once
+    the step is computed): it stamps the time and records the loss, the one scalar float the run
+    fetched; it stops the script after WARMUP + STEPS steps. None outside bench."""
+    if common.bench_steps() is None:
+        return None
+    import time
+
+    warmup, steps = common.bench_steps()
+    times = evidence.setdefault("step_times", [])
+    losses = evidence.setdefault("losses", [])
+
+    def scalars(value):
+        if isinstance(value, (list, tuple)):
+            return [found for item in value for found in scalars(item)]
+        if isinstance(value, dict):
+            return [found for item in value.values() for found in scalars(item)]
+        shape = getattr(value, "shape", None)
+        kind = getattr(getattr(value, "dtype", None), "kind", "")
+        return [float(value)] if shape == () and kind == "f" else []
+
+    def after_step(result):
+        if not common.in_verified_process():
+            return
+        times.append(time.perf_counter())
+        found = scalars(result)
+        if len(times) > warmup and len(found) == 1 and len(losses) < steps:
+            losses.append(found[0])
+        if len(times) >= warmup + steps:
+            evidence["cuda"] = bool(evidence.get("gpu"))
+            try:
+                import resource
+
+                evidence["peak_host_rss_kb"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+            except Exception:
+                pass
+            common.stop_script("bench: %d steps timed" % steps)
+
+    return after_step
 
 
 def _all_subclasses(cls):
