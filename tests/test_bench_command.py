@@ -50,6 +50,7 @@ def test_both_versions_run_in_turns_for_the_counted_steps(tmp_path):
     assert report["ratio"] > 0 and len(report["ratio_spread"]) == 2
     assert report["hardware"][0].startswith("CPU only (no CUDA GPU): a CPU run is a correctness check")
     assert report["loss_warning"] is None
+    assert report["batch_size"] is None  # no DataLoader: samples/s is not claimed
     assert script.read_text() == FP32_SCRIPT and sorted(p.name for p in tmp_path.iterdir()) == ["chart.svg", "train.py"]
     assert (tmp_path / "chart.svg").read_text().count("<rect ") == 4
 
@@ -95,3 +96,19 @@ def test_hardware_messages(device, dtype, expected):
     assert expected in told
     if device is not None and not device.cuda:
         assert told.startswith("CPU only (no CUDA GPU): a CPU run is a correctness check")
+
+
+LOADER_SCRIPT = FP32_SCRIPT.replace(
+    "for step in range(int(sys.argv[1])):\n    optimizer.zero_grad()\n    loss = torch.nn.functional.mse_loss(model(data.to(device)), target.to(device))",
+    "loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data, target), batch_size=8)\n"
+    "for step in range(int(sys.argv[1])):\n    batch, wanted = next(iter(loader))\n    optimizer.zero_grad()\n"
+    "    loss = torch.nn.functional.mse_loss(model(batch.to(device)), wanted.to(device))")
+
+
+def test_samples_per_second_come_from_the_loader_the_steps_draw_from(tmp_path):
+    assert "DataLoader" in LOADER_SCRIPT
+    script = tmp_path / "train.py"
+    script.write_text(LOADER_SCRIPT)
+    run = _bench(script, "--steps", "2", "--warmup", "1", "--repeats", "1", "--", "1000", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "samples/s: steps/s x 8 samples a step" in run.stdout.splitlines()

@@ -56,6 +56,9 @@ def test_gluon_versions_run_in_turns_for_the_counted_steps(tmp_path, dtype):
     original, mixed = (report["variants"][name]["losses_of_last_run"] for name in ("fp32 (original)", "mixed (ampify)"))
     assert all(abs(a - b) <= 0.03 * abs(a) for a, b in zip(original, mixed))
     assert report["hardware"][0].startswith("CPU only (no CUDA GPU)")
+    assert report["batch_size"] == 32  # trainer.step(32)
+    for variant in report["variants"].values():
+        assert variant["median_samples_per_second"] == pytest.approx(32 * variant["median_steps_per_second"])
     assert script.read_text() == GLUON_SCRIPT and [p.name for p in tmp_path.iterdir()] == ["train.py"]
 
 

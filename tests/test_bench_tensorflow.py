@@ -44,6 +44,7 @@ def test_keras_fit_versions_run_in_turns_for_the_counted_batches(tmp_path):
         losses[name] = variant["losses_of_last_run"]
         assert len(losses[name]) == 3 and variant["peak_host_rss_kb"] > 0
     original, mixed = losses["fp32 (original)"], losses["mixed (ampify)"]
+    assert report["batch_size"] == 16  # fit(..., batch_size=16)
     assert original != mixed  # the converted run really computes in float16...
     assert all(abs(a - b) <= 0.01 * abs(a) for a, b in zip(original, mixed))  # ...and trains like fp32
     assert script.read_text() == FIT_SCRIPT and [p.name for p in tmp_path.iterdir()] == ["train.py"]
@@ -64,4 +65,5 @@ def test_tf1_session_versions_run_in_turns_for_the_counted_steps(tmp_path):
         # the loss is the one scalar float each training run fetches (`_, value = sess.run([train_op, loss])`)
         assert len(variant["losses_of_last_run"]) == 3
     assert "done" not in run.stdout  # stopped after warm-up + timed steps, not run to the end
+    assert report["batch_size"] == 32  # every array the training runs feed has 32 rows
     assert script.read_text() == source

@@ -31,11 +31,13 @@ def as_dict(result: BenchResult, expectations: List[str]) -> dict:
         "warmup_steps": result.warmup,
         "measured_steps": result.steps,
         "repeats": len(result.of(ORIGINAL)),
+        "batch_size": result.batch_size,
         "hardware": expectations,
         "variants": {
             variant: {
                 "steps_per_second": [run.steps_per_second for run in result.of(variant)],
                 "median_steps_per_second": result.median_rate(variant),
+                "median_samples_per_second": result.median_samples_rate(variant),
                 "peak_device_memory_bytes": max((r.peak_device_memory or 0 for r in result.of(variant)), default=0) or None,
                 "peak_host_rss_kb": max((r.peak_host_rss_kb or 0 for r in result.of(variant)), default=0) or None,
                 "losses_of_last_run": result.of(variant)[-1].losses if result.of(variant) else [],
@@ -58,12 +60,18 @@ def render_text(result: BenchResult, expectations: List[str]) -> str:
     lines = [f"ampify bench {result.script}: {repeats} run{'s' if repeats != 1 else ''} of each, taken in turns; "
              f"{result.steps} optimizer steps timed after {result.warmup} warm-up step{'s' if result.warmup != 1 else ''}"]
     lines += [f"hardware: {line}" for line in expectations]
-    lines.append(f"{'':18}{'steps/s':>10}  {'peak memory':<22}{'last loss':>12}")
+    samples = result.batch_size is not None
+    lines.append(f"{'':18}{'steps/s':>10}" + (f"{'samples/s':>12}" if samples else "")
+                 + f"  {'peak memory':<22}{'last loss':>12}")
     for variant in (ORIGINAL, CONVERTED):
         rate = result.median_rate(variant)
         loss = _last_loss(result, variant)
-        lines.append(f"{variant:18}{(f'{rate:.2f}' if rate else '-'):>10}  {_memory(result, variant):<22}"
-                     f"{(f'{loss:.5g}' if loss is not None else '-'):>12}")
+        per_sample = result.median_samples_rate(variant)
+        lines.append(f"{variant:18}{(f'{rate:.2f}' if rate else '-'):>10}"
+                     + (f"{(f'{per_sample:.1f}' if per_sample else '-'):>12}" if samples else "")
+                     + f"  {_memory(result, variant):<22}{(f'{loss:.5g}' if loss is not None else '-'):>12}")
+    if samples:
+        lines.append(f"samples/s: steps/s x {result.batch_size} samples a step")
     ratios = result.pair_ratios()
     if ratios:
         spread = f" ({min(ratios):.2f}x - {max(ratios):.2f}x over {len(ratios)} pairs)" if len(ratios) > 1 else ""

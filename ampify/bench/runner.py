@@ -52,6 +52,9 @@ class Run:
     losses: List[float] = field(default_factory=list)
     peak_device_memory: Optional[int] = None
     peak_host_rss_kb: Optional[int] = None
+    #: samples a step, where the probe saw it (a DataLoader's batch_size, trainer.step(N), fit's
+    #: batch_size, the leading dimension of a feed_dict)
+    batch_size: Optional[int] = None
     failure: Optional[str] = None
 
     @property
@@ -65,11 +68,20 @@ class BenchResult:
     warmup: int
     steps: int
     runs: List[Run]
-    batch_size: Optional[int] = None
     notes: List[str] = field(default_factory=list)
 
     def of(self, variant: str) -> List[Run]:
         return [run for run in self.runs if run.variant == variant]
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        """The samples a step, when every run saw the same one (else None: no samples/s)."""
+        sizes = {run.batch_size for run in self.runs}
+        return sizes.pop() if len(sizes) == 1 else None
+
+    def median_samples_rate(self, variant: str) -> Optional[float]:
+        rate, batch = self.median_rate(variant), self.batch_size
+        return rate * batch if rate and batch else None
 
     def median_rate(self, variant: str) -> Optional[float]:
         rates = [r.steps_per_second for r in self.of(variant) if r.steps_per_second]
@@ -162,6 +174,8 @@ def _run_once(python: str, script: Path, as_given: str, script_args: Sequence[st
         run.losses = [float(value) for value in probe.get("losses", [])]
         run.peak_device_memory = probe.get("peak_device_memory")
         run.peak_host_rss_kb = probe.get("peak_host_rss_kb")
+        batch = probe.get("batch_size")
+        run.batch_size = batch if isinstance(batch, int) and batch > 0 else None
         return run
     facts = RunFacts(output=output, probe=evidence, returncode=returncode, timed_out=timed_out, timeout=timeout)
     if timed_out:

@@ -80,6 +80,8 @@ def _install_bench_timing(keras_module, evidence):
 
     def make_fit(original):
         def fit(self, *args, **kwargs):
+            if isinstance(kwargs.get("batch_size"), int):
+                evidence["batch_size"] = kwargs["batch_size"]
             kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [_BenchTiming()]
             return original(self, *args, **kwargs)
         return fit

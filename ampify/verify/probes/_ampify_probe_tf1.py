@@ -84,7 +84,7 @@ def _patch_session(evidence, train_ops, loss_scaled_ops):
         result = original_run(self, fetches, *args, **kwargs)
         fetched = _fetched_op_names(fetches, set()) & train_ops if train_ops else set()
         if fetched and bench is not None:
-            bench(result)
+            bench(result, kwargs.get("feed_dict", args[0] if args else None))
         elif fetched:
             evidence["train_steps"] = evidence.get("train_steps", 0) + 1
             if getattr(self, "_ampify_probe_rewrite", False):
@@ -121,10 +121,14 @@ def _bench_timing(evidence):
         kind = getattr(getattr(value, "dtype", None), "kind", "")
         return [float(value)] if shape == () and kind == "f" else []
 
-    def after_step(result):
+    def after_step(result, feed_dict):
         if not common.in_verified_process():
             return
         times.append(time.perf_counter())
+        if len(times) == warmup + 1 and isinstance(feed_dict, dict):
+            leading = [value.shape[0] for value in feed_dict.values() if len(getattr(value, "shape", ())) >= 1]
+            if leading and len(set(leading)) == 1:
+                evidence["batch_size"] = int(leading[0])  # every fed array has this many samples
         found = scalars(result)
         if len(times) > warmup and len(found) == 1 and len(losses) < steps:
             losses.append(found[0])

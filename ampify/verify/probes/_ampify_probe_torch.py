@@ -196,11 +196,24 @@ def _install_bench_timing(torch, evidence):
     scaler_class.scale = scale
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
+    loader_class = torch.utils.data.DataLoader
+    original_iter = loader_class.__iter__
+    iterated = {"batch_size": None}
+
+    def loader_iter(self):
+        if isinstance(getattr(self, "batch_size", None), int):
+            iterated["batch_size"] = self.batch_size  # the loader the steps draw from, as they start
+        return original_iter(self)
+
+    loader_class.__iter__ = loader_iter
+
     def after_step(optimizer, args, kwargs):
         if not common.in_verified_process():
             return
         synchronize()
         times.append(time.perf_counter())
+        if len(times) == warmup + 1 and iterated["batch_size"]:
+            evidence["batch_size"] = iterated["batch_size"]
         if len(times) >= warmup + steps:
             evidence["cuda"] = cuda
             if cuda:
