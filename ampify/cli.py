@@ -26,7 +26,7 @@ from ampify.findings import FileResult, FileStatus
 from ampify.names import for_terminal
 from ampify.registry import declared_options, options_from
 from ampify.change_set import recover_change_sets
-from ampify.output_formats import FORMATS, render_github, render_json, render_markdown, write_json_report
+from ampify.output_formats import FORMATS, render_github, render_json, render_markdown, render_sarif, write_json_report
 from ampify.report import apply_selection, merge_change_sets, exit_code, render_file, render_summary, summarize
 from ampify.rules import Selection, UnknownRule, render_list, render_rule, rule
 from ampify.runner import DEFAULT_FILE_TIMEOUT, Interrupted, default_jobs, run_tasks
@@ -99,7 +99,8 @@ def rewrite(
     output_format: _OutputFormat = typer.Option(
         "text", "--output-format",
         help="How findings and statuses are printed: text (default), json (the --report document), github "
-        "(GitHub Actions annotations), markdown (a review summary for a pull request).",
+        "(GitHub Actions annotations), markdown (a review summary for a pull request), sarif (SARIF 2.1.0 for code "
+        "scanning).",
     ),
     stdin_filename: Optional[Path] = typer.Option(
         None, "--stdin-filename", metavar="PATH",
@@ -155,7 +156,7 @@ def rewrite(
     if verify and (diff or check):
         _usage_error("--verify runs the rewritten script, so it cannot be combined with --diff or --check")
     output_format = output_format.value
-    if diff and output_format in ("json", "markdown"):
+    if diff and output_format in ("json", "markdown", "sarif"):
         _usage_error(f"--diff prints a patch on standard output, so it cannot be combined with --output-format {output_format}")
     if reading_stdin:
         from ampify.stdin_mode import convert_stdin
@@ -180,7 +181,7 @@ def rewrite(
     results: List[FileResult] = [FileResult(path, FileStatus.SKIPPED, reason) for path, reason in found.skipped]
 
     # In --diff mode stdout carries nothing but the patch; everything else goes to stderr.
-    out = sys.stderr if diff or output_format in ("json", "markdown") else sys.stdout
+    out = sys.stderr if diff or output_format in ("json", "markdown", "sarif") else sys.stdout
     workers, capped = worker_count(jobs or config.jobs, force_jobs)
     if capped and not quiet:
         print(f"ampify: -j {jobs or config.jobs} capped at {workers}, the CPU count "
@@ -226,6 +227,8 @@ def rewrite(
         print(render_summary(summary, wrote=wrote, interrupted=interrupted), file=sys.stderr)
         if output_format == "json":
             print(render_json(results, summary, options, mode.value, interrupted))
+        elif output_format == "sarif":
+            print(render_sarif(results, interrupted))
         else:
             sys.stdout.write(render_markdown(results, summary, wrote, interrupted))
     report_failed = False

@@ -5,7 +5,9 @@
 - `github`: GitHub Actions workflow commands, one annotation per finding and per file that failed or
   was not converted (`::warning file=train.py,line=12,col=5,title=AMP215::...`), then the summary;
 - `markdown`: a review summary for a pull request: what changed in each file and why, every warning
-  with its line, the files left unconverted with the reason.
+  with its line, the files left unconverted with the reason;
+- `sarif`: SARIF 2.1.0, the static analysis format code scanning dashboards read: the rule catalogue as
+  the tool's rules, one result per finding, one per file that failed or was not converted.
 
 Lines and columns are 1-based everywhere (Finding.shown_line / shown_column).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from urllib.parse import quote
 from pathlib import Path
 from typing import Dict, List
 
@@ -22,7 +25,7 @@ from ampify.findings import FileResult, FileStatus, Finding, Severity
 from ampify.options import Options
 from ampify.report import Summary, render_summary
 
-FORMATS = ("text", "json", "github", "markdown")
+FORMATS = ("text", "json", "github", "markdown", "sarif")
 
 #: how each status is named, the same words in every format (the text summary's)
 STATUS_WORDS: Dict[FileStatus, str] = {
@@ -158,3 +161,62 @@ def render_markdown(results: List[FileResult], summary: Summary, wrote: bool, in
             sections += [f"- {_where(f)}: **{f.code}** {f.severity.value}: {_cell(f.message)}" for f in problems]
         sections.append("")
     return "\n".join(head + sections).rstrip() + "\n"
+
+
+_SARIF_LEVELS = {Severity.INFO: "note", Severity.WARNING: "warning", Severity.ERROR: "error"}
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+
+
+def _sarif_rule(rule) -> dict:
+    level = "warning" if "warning" in rule.severity else "error" if rule.severity == "error" else "note"
+    return {
+        "id": rule.code,
+        "shortDescription": {"text": rule.summary.replace("`", "")},
+        "fullDescription": {"text": rule.why},
+        "help": {"text": rule.example},
+        "defaultConfiguration": {"level": level},
+        "properties": {"target": rule.target, "fix": rule.fix},
+    }
+
+
+def _sarif_result(path: str, finding: Finding) -> dict:
+    location: dict = {"artifactLocation": {"uri": quote(path)}}
+    message = f"{finding.code} {finding.message}"
+    result = {"ruleId": finding.code, "level": _SARIF_LEVELS[finding.severity], "message": {"text": message}}
+    if finding.cell is not None:
+        # a notebook's lines count in its cells, which SARIF regions cannot name
+        result["message"] = {"text": f"cell {finding.cell}, line {finding.shown_line}: {message}"}
+        result["properties"] = {"cell": finding.cell, "cellLine": finding.shown_line}
+    else:
+        location["region"] = {"startLine": finding.shown_line, "startColumn": finding.shown_column}
+    result["locations"] = [{"physicalLocation": location}]
+    return result
+
+
+def sarif_document(results: List[FileResult], interrupted: bool) -> dict:
+    """A SARIF 2.1.0 log of the run (validated in the tests with a model generated from the schema)."""
+    from ampify.rules import RULES
+
+    sarif_results = []
+    for result in sorted(results, key=lambda r: r.path):
+        sarif_results += [_sarif_result(result.path, finding) for finding in result.findings]
+        if result.status in (FileStatus.FAILED, FileStatus.UNCONVERTED) and result.reason and not any(
+                f.severity is not Severity.INFO for f in result.findings):
+            sarif_results.append({
+                "level": "error" if result.status is FileStatus.FAILED else "warning",
+                "message": {"text": f"{STATUS_WORDS[result.status]}: {result.reason}"},
+                "locations": [{"physicalLocation": {"artifactLocation": {"uri": quote(result.path)}}}],
+            })
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": "ampify", "version": __version__, "rules": [_sarif_rule(r) for r in RULES]}},
+            "invocations": [{"executionSuccessful": not interrupted}],
+            "results": sarif_results,
+        }],
+    }
+
+
+def render_sarif(results: List[FileResult], interrupted: bool) -> str:
+    return json.dumps(sarif_document(results, interrupted), indent=2)

@@ -113,3 +113,43 @@ def test_stdin_cannot_mix_with_paths(tree):
     assert run.returncode == 2 and b"cannot be combined with other paths" in run.stderr
     missing = _ampify(tree / "missing.py")
     assert missing.returncode == 2 and b"does not exist" in missing.stderr
+
+
+def test_sarif_is_valid_sarif_2_1_0_and_carries_every_finding(tree):
+    """Validated with a pydantic model generated from the SARIF 2.1.0 schema (extra keys forbidden);
+    the test first shows that the validator rejects what the schema rejects."""
+    from pydantic import ValidationError
+    from pydantic_sarif.model import StaticAnalysisResultsFormatSarifVersion210JsonSchema as SarifLog
+
+    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                           "source": TORCH_FP32}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tree / "train nb.ipynb").write_text(json.dumps(notebook, indent=1) + "\n")
+    (tree / "broken.py").write_text("import torch\nloss.backward(\n")
+    run = _ampify("--check", "--output-format", "sarif", ".", cwd=tree)
+    assert run.returncode == 1
+    document = json.loads(run.stdout)
+    SarifLog.model_validate(document)
+    with pytest.raises(ValidationError):
+        SarifLog.model_validate({**document, "runs": [{**document["runs"][0], "unknown": 1}]})
+
+    [sarif_run] = document["runs"]
+    rules = {rule["id"] for rule in sarif_run["tool"]["driver"]["rules"]}
+    from ampify.rules import BY_CODE
+
+    assert rules == set(BY_CODE)
+    results = sarif_run["results"]
+    by_file = {}
+    for result in results:
+        uri = result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+        by_file.setdefault(uri, []).append(result)
+        assert "ruleId" not in result or result["ruleId"] in rules  # a status result has no rule
+    train = {r["ruleId"] for r in by_file["train.py"]}
+    assert {"AMP201", "AMP202", "AMP203", "AMP204"} <= train
+    region = next(r for r in by_file["train.py"] if r["ruleId"] == "AMP203")["locations"][0]["physicalLocation"]["region"]
+    assert region == {"startLine": 9, "startColumn": 5}  # 1-based, as the text output prints it
+    notebook_results = by_file["train%20nb.ipynb"]
+    assert all(r["properties"]["cell"] == 1 and "region" not in r["locations"][0]["physicalLocation"]
+               for r in notebook_results)
+    [failure] = by_file["broken.py"]
+    assert failure["level"] == "error" and failure["message"]["text"].startswith("failed: ")
+    assert any(r["level"] == "warning" for r in by_file["value.py"])
