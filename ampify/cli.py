@@ -27,7 +27,9 @@ from ampify.names import for_terminal
 from ampify.registry import declared_options, options_from
 from ampify.change_set import recover_change_sets
 from ampify.output_formats import FORMATS, render_github, render_json, render_markdown, render_sarif, write_json_report
-from ampify.report import apply_selection, merge_change_sets, exit_code, render_file, render_summary, summarize
+from ampify.report import (
+    apply_selection, exit_code, in_conditional, merge_change_sets, render_file, render_summary, summarize,
+)
 from ampify.rules import Selection, UnknownRule, render_list, render_rule, rule
 from ampify.runner import DEFAULT_FILE_TIMEOUT, Interrupted, default_jobs, run_tasks
 from ampify.source_io import remove_abandoned_temp_files
@@ -35,7 +37,7 @@ from ampify.source_io import remove_abandoned_temp_files
 #: a progress bar only pays off from this many files on
 PROGRESS_THRESHOLD = 50
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None)
+app = typer.Typer(add_completion=True, no_args_is_help=True, rich_markup_mode=None)
 
 # Choices as enums, so that --help shows them and typer rejects anything else.
 #: the targets' own options (transforms/<target>/target.py): their choices and help texts are the
@@ -205,7 +207,7 @@ def rewrite(
             sys.stdout.write(result.diff)
         if output_format != "text":
             continue
-        lines = render_file(result, verbose, problems_only=quiet)
+        lines = render_file(result, verbose, problems_only=quiet, conditional=mode is not Mode.WRITE)
         for line in lines:
             print(line, file=sys.stderr if result.status is FileStatus.FAILED else out)
     summary = summarize(results)
@@ -221,7 +223,7 @@ def rewrite(
     if output_format == "text":
         print(render_summary(summary, wrote=wrote, interrupted=interrupted), file=out)
     elif output_format == "github":
-        print(render_github(results, summary, wrote, interrupted))
+        print(render_github(results if wrote else [in_conditional(r) for r in results], summary, wrote, interrupted))
     else:
         # standard output carries the document alone; the summary line goes to standard error
         print(render_summary(summary, wrote=wrote, interrupted=interrupted), file=sys.stderr)
@@ -230,7 +232,8 @@ def rewrite(
         elif output_format == "sarif":
             print(render_sarif(results, interrupted))
         else:
-            sys.stdout.write(render_markdown(results, summary, wrote, interrupted))
+            sys.stdout.write(render_markdown(results if wrote else [in_conditional(r) for r in results], summary, wrote,
+                                             interrupted))
     report_failed = False
     if report is not None:
         try:

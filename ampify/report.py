@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, Iterable, List
@@ -41,12 +43,40 @@ def render_finding(path: str, finding: Finding) -> str:
 PROBLEM_STATUSES = (FileStatus.FAILED, FileStatus.SKIPPED, FileStatus.UNCONVERTED, FileStatus.CHANGED_INCOMPLETE)
 
 
-def render_file(result: FileResult, verbose: bool = False, problems_only: bool = False) -> List[str]:
+#: the past tense a change is reported in, and its conditional under --check / --diff
+_CONDITIONAL_VERBS = {
+    "wrapped": "would wrap", "created": "would create", "set": "would set", "migrated": "would migrate",
+    "rewrote": "would rewrite", "added": "would add", "moved": "would move", "removed": "would remove",
+    "replaced": "would replace", "dropped": "would drop", "scaled": "would scale", "fused": "would fuse",
+}
+
+
+def in_conditional(result: FileResult) -> FileResult:
+    """The result as --check and --diff report it: nothing was written, so each change is what
+    ampify *would* do ("would wrap tf.train.AdamOptimizer", not "wrapped ...")."""
+    findings = []
+    for finding in result.findings:
+        if finding.severity is Severity.INFO:
+            first, _, rest = finding.message.partition(" ")
+            verb = _CONDITIONAL_VERBS.get(first)
+            message = f"{verb} {rest}" if verb else f"would write: {finding.message}"
+            finding = dataclasses.replace(finding, message=message)
+        findings.append(finding)
+    return dataclasses.replace(result, findings=findings)
+
+
+def render_file(result: FileResult, verbose: bool = False, problems_only: bool = False,
+                conditional: bool = False) -> List[str]:
     """The lines one file contributes to the terminal report (the name escaped: see names.py).
-    `problems_only` (--quiet): problem statuses and findings that are not plain information."""
+    `problems_only` (--quiet): problem statuses and findings that are not plain information;
+    `conditional` (--check, --diff): nothing was written, changes are said as what ampify would do."""
     lines = []
     path = for_terminal(result.path)
     label = _STATUS_LINES.get(result.status)
+    if conditional:
+        result = in_conditional(result)
+        if result.status is FileStatus.CHANGED_INCOMPLETE:
+            label = "would be changed, incomplete"
     if label is None and verbose and result.status is FileStatus.NOT_APPLICABLE:
         label = "not applicable"
     if problems_only and result.status not in PROBLEM_STATUSES:

@@ -51,7 +51,7 @@ def convert_stdin(filename: Path, options: Options, mode: Mode, selection: Selec
         sys.stdout.buffer.flush()
     elif mode is Mode.DIFF and converted is not None:
         sys.stdout.write(unified_diff(display, data, converted))
-    for line in render_file(result):
+    for line in render_file(result, conditional=mode is not Mode.WRITE):
         print(line, file=sys.stderr)
     print(render_summary(summarize([result]), wrote=mode is Mode.WRITE), file=sys.stderr)
     return exit_code([result], would_change_fails=mode is Mode.CHECK)

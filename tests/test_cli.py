@@ -355,3 +355,32 @@ def test_quiet_shows_problems_by_severity_not_by_text(tmp_path):
     )
     quiet = run_ampify("-q", "--check", session_first)
     assert "AMP113 warning" in quiet.stdout and "changed, incomplete" in quiet.stdout and "AMP101 " not in quiet.stdout
+
+
+def test_shell_completion_as_typer_gives_it(tmp_path):
+    """`ampify --show-completion bash` prints the script; the shell then asks ampify itself."""
+    shown = subprocess.run([sys.executable, "-m", "ampify", "--show-completion", "bash"], capture_output=True,
+                           text=True, timeout=60, env=dict(os.environ, _TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION="1"))
+    assert "_AMPIFY_COMPLETE=complete_bash" in shown.stdout, shown.stderr
+
+    def complete(words: str, index: int) -> list:
+        env = dict(os.environ, COMP_WORDS=words, COMP_CWORD=str(index), _AMPIFY_COMPLETE="complete_bash")
+        done = subprocess.run([sys.executable, "-c", "from ampify.cli import main; main()"], capture_output=True,
+                              text=True, timeout=60, env=env)
+        return done.stdout.split()
+
+    assert complete("ampify --back", 1) == ["--backend"]
+    assert complete("ampify --backend ", 2) == ["native", "apex"]
+    assert complete("ampify --output-format ", 2) == ["text", "json", "github", "markdown", "sarif"]
+
+
+def test_check_and_diff_say_what_ampify_would_do(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\n")
+    for flag in ("--check", "--diff"):
+        run = subprocess.run([sys.executable, "-m", "ampify", flag, str(script)], capture_output=True, text=True,
+                             timeout=120)
+        assert ": AMP101 would wrap tf.train.AdamOptimizer with the mixed precision graph rewrite" in run.stdout + run.stderr
+        assert "AMP102 would set TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE=1" in run.stdout + run.stderr
+    written = subprocess.run([sys.executable, "-m", "ampify", str(script)], capture_output=True, text=True, timeout=120)
+    assert ": AMP101 wrapped tf.train.AdamOptimizer" in written.stdout

@@ -112,7 +112,7 @@ def test_cli_converts_notebooks_in_folders_and_shows_cells(tmp_path):
     assert diff.returncode == 0, diff.stderr
     assert f"--- a/{folder / 'train.ipynb'}:cell 4\n" in diff.stdout and ":cell 6\n" in diff.stdout
     assert "checkpoint" not in diff.stdout + diff.stderr
-    assert ("train.ipynb:cell 6:4:5: AMP201 forward pass and loss (lines 4-5) run under torch.autocast(device.type, "
+    assert ("train.ipynb:cell 6:4:5: AMP201 would write: forward pass and loss (lines 4-5) run under torch.autocast(device.type, "
             "float16)") in diff.stderr
     written = subprocess.run([sys.executable, "-m", "ampify", "-q", str(folder)], capture_output=True, text=True)
     assert written.returncode == 0, written.stderr
