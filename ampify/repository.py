@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ampify.dependency_pins import dependency_pins
 from ampify.transforms.base import CallSite
 
 #: files that mark the root of a project
@@ -388,6 +389,9 @@ class ProjectView:
     def in_this_run(self, key: str) -> bool:
         path = Path(key).resolve()
         return any(path == named or named in path.parents for named in self.named)
+
+    def dependency_pins(self) -> Dict[str, Tuple[str, str]]:
+        return dependency_pins(self.index.root)
 
     def callers_elsewhere(self, function_name: str) -> List[str]:
         calls = sorted(self.index.callers(self.path, function_name), key=lambda call: (str(call.path), call.line))

@@ -60,6 +60,9 @@ class ProjectFacts(Protocol):
     def in_this_run(self, key: str) -> bool:
         """Did the user name that module (itself or a folder holding it)? Only those are written."""
 
+    def dependency_pins(self) -> Dict[str, Tuple[str, str]]:
+        """Package -> (version specifier, "requirements.txt:3") as the project's requirement files pin it."""
+
 
 @dataclass(frozen=True)
 class CallSite:

@@ -33,9 +33,7 @@ from ampify.transforms.kit.module_names import fresh_name, names_in
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.keras.survey import keras_member, keras_root_of
 
-KERAS_3 = "keras 3"
-KERAS_2 = "keras 2"
-EITHER = "either"
+from ampify.transforms.keras.keras_version import EITHER, KERAS_2, KERAS_3, keras_api
 
 
 @dataclass
@@ -54,6 +52,8 @@ class LoopPlan:
     steps: List[LoopStep] = field(default_factory=list)
     obstacle: Optional[Tuple[cst.CSTNode, str]] = None
     api: str = EITHER
+    #: why this API was chosen (the import, or the repository's version pin)
+    api_reason: str = ""
 
 
 class _Collector(cst.CSTVisitor):
@@ -109,10 +109,14 @@ def _assigned_names(block: cst.BaseSuite) -> Set[str]:
     return names
 
 
-def plan_custom_loops(module: cst.Module, imports: ImportMap, roots: List[str]) -> LoopPlan:
+def plan_custom_loops(module: cst.Module, imports: ImportMap, roots: List[str],
+                      pins: Optional[Dict[str, Tuple[str, str]]] = None) -> LoopPlan:
+    """`pins`: the repository's dependency pins (ProjectFacts.dependency_pins), which decide the
+    Keras API where the imports cannot."""
     collector = _Collector(imports)
     walk(module, collector)
-    plan = LoopPlan(api=KERAS_2 if roots == ["tf_keras"] else EITHER)
+    api, reason = keras_api(roots, pins or {})
+    plan = LoopPlan(api=api, api_reason=reason)
     used_optimizers: Set[str] = set()
     for call, ancestors in collector.gradient_calls:
         tape = dotted_name(call.func.value)

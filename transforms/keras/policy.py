@@ -90,7 +90,8 @@ class KerasMixedPrecision(Transform):
         positions = Positions(module)
         loops: Optional[LoopPlan] = None
         if custom_loop and options.dtype != "bfloat16":
-            loops = plan_custom_loops(module, imports, survey.roots)
+            pins = context.project.dependency_pins() if context.project is not None else {}
+            loops = plan_custom_loops(module, imports, survey.roots, pins)
             problem = loops.obstacle[1] if loops.obstacle else wrap_tape_check(loops)
             if problem is not None:
                 node = loops.obstacle[0] if loops.obstacle else survey.gradient_tape
@@ -143,7 +144,8 @@ class KerasMixedPrecision(Transform):
             for step in loops.steps:
                 findings.append(Finding(SCALED_LOOP, f"custom loop: {step.optimizer} wrapped in a LossScaleOptimizer, "
                                         f"`{step.loss}` scaled inside the tape and the gradients unscaled before "
-                                        f"apply_gradients ({_API_WORDS[loops.api]})", *_place(positions, step.gradient_call)))
+                                        f"apply_gradients ({_API_WORDS[loops.api]}: {loops.api_reason})",
+                                        *_place(positions, step.gradient_call)))
         elif custom_loop:
             findings.append(Finding(SCALED_LOOP, "custom loop: mixed_bfloat16 needs no loss scaling, the tape and the "
                                     "optimizer stay as they are", *_place(positions, survey.gradient_tape)))
@@ -212,10 +214,9 @@ def _output_layers(survey) -> List:
 
 
 _API_WORDS = {
-    KERAS_2: "Keras 2 API, as `import tf_keras` is",
+    KERAS_2: "Keras 2 API",
     KERAS_3: "Keras 3 API",
-    EITHER: "written for Keras 2 and 3 alike, chosen by the optimizer's own methods: the imports cannot tell which "
-            "Keras runs",
+    EITHER: "written for Keras 2 and 3 alike, chosen by the optimizer's own methods",
 }
 
 
