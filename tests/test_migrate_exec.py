@@ -99,3 +99,25 @@ def test_migrated_apex_script_trains_like_the_original_on_cpu(tmp_path):
         assert abs(old - new) <= 0.02 * max(abs(old), 1e-3), (before, after)
     checkpoint = __import__("torch").load(tmp_path / "checkpoint.pt")
     assert set(checkpoint) == {"model", "optimizer", "scaler"}
+
+
+def test_a_static_apex_loss_scale_stays_static_after_migration(tmp_path):
+    """`loss_scale=128.0` -> GradScaler(init_scale=128.0, growth_interval=2**30): after 20 finite
+    steps the scale is still 128 (a dynamic GradScaler would keep its 65536 or grow), and it trains."""
+    import os
+
+    source = SCRIPT.with_name("exec_apex_training.py").read_text()
+    assert source.count('opt_level="O1"') == 1
+    source = source.replace('opt_level="O1"', 'opt_level="O1", loss_scale=128.0')
+    conversion = convert_source(source, filename="static.py")
+    assert conversion.status is FileStatus.CHANGED, (conversion.reason, conversion.findings)
+    text = conversion.converted
+    assert "GradScaler(device.type, init_scale=128.0, growth_interval=2**30)" in text
+    migrated = tmp_path / "migrated.py"
+    migrated.write_text(text + '\nprint("scale", scaler.get_scale())\n')
+    run = subprocess.run([sys.executable, str(migrated)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=""))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "scale 128.0" in run.stdout.splitlines()
+    losses = _losses(run.stdout)
+    assert len(losses) == 20 and losses[-1] < losses[0] / 2

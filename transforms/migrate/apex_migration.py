@@ -15,6 +15,7 @@ import libcst as cst
 from ampify.findings import Finding, Severity, incomplete_codes
 from ampify.options import Options
 from ampify.transforms.base import TransformResult, UnitContext, Verdict
+from ampify.transforms.kit.arguments import with_keyword
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.line_map import LineMap
 from ampify.transforms.kit.positions import Positions
@@ -60,7 +61,19 @@ def migrate_apex(module: cst.Module, imports: ImportMap, options: Options, conte
         )
         return TransformResult(module, Verdict.UNCONVERTED, [finding, *native_findings],
                                "apex amp that the native conversion cannot replace")
+    module_out = native.module
     notes: List[Finding] = []
+    if plan.static_loss_scale is not None:
+        fixed = _static_scale(module_out, plan.static_loss_scale)
+        if fixed is None:
+            finding = Finding(APEX_NOT_MIGRATED, f"a static loss_scale={plan.static_loss_scale} and not one GradScaler "
+                              "to give it to; the file stays on apex", first_edit.start.line if first_edit else 0,
+                              first_edit.start.column if first_edit else 0, Severity.WARNING)
+            return TransformResult(module, Verdict.UNCONVERTED, [finding], "apex amp with a static loss scale")
+        module_out, what = fixed
+        initialize = next((positions.get(edit.node) for edit in plan.edits if "initialize" in edit.what), first_edit)
+        notes.append(Finding(APEX_REMOVED, f"apex amp -> torch.amp: {what}",
+                             initialize.start.line if initialize else 0, initialize.start.column if initialize else 0))
     for edit in plan.edits:
         position = positions.get(edit.node)
         what = edit.what
@@ -70,7 +83,44 @@ def migrate_apex(module: cst.Module, imports: ImportMap, options: Options, conte
         notes.append(Finding(APEX_REMOVED, f"apex amp -> torch.amp: {what}",
                              position.start.line if position else 0, position.start.column if position else 0))
     findings = sorted([*notes, *native_findings], key=lambda f: (f.line, f.column, f.code))
-    return TransformResult(native.module, Verdict.CONVERTED, findings, native.reason, native.companions)
+    return TransformResult(module_out, Verdict.CONVERTED, findings, native.reason, native.companions)
+
+
+#: GradScaler grows the scale after this many finite steps: never, for a static scale
+_NEVER = "2**30"
+
+
+def _static_scale(module: cst.Module, scale: str):
+    """(the module with the one GradScaler the native conversion created given `init_scale=scale`
+    and a growth interval that never ends, what the finding says), or None when there is not
+    exactly one (bfloat16 creates none: the scale is then simply not needed)."""
+    imports = ImportMap.from_module(module)
+    found: List[cst.Call] = []
+
+    class _Scalers(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if imports.resolve(node.func) in ("torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler",
+                                              "torch.cuda.amp.GradScaler"):
+                found.append(node)
+
+    module.visit(_Scalers())
+    if not found:
+        return module, f"static loss_scale={scale} dropped: bfloat16 needs no loss scaling"
+    if len(found) != 1:
+        return None
+    target = found[0]
+
+    class _Give(cst.CSTTransformer):
+        def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+            if original_node is not target:
+                return updated_node
+            return with_keyword(with_keyword(updated_node, "init_scale", cst.parse_expression(scale)),
+                                "growth_interval", cst.parse_expression(_NEVER))
+
+    what = (f"static loss_scale={scale} -> GradScaler(init_scale={scale}, growth_interval={_NEVER}): the scale never "
+            "grows; unlike apex's static scale, a step whose gradients overflow is skipped and the scale still backs "
+            "off (halves)")
+    return module.visit(_Give()), what
 
 
 def _not_migrated(positions: Positions, node: cst.CSTNode, reason: str) -> Finding:

@@ -15,8 +15,9 @@ sources before the removal):
     amp.load_state_dict(ckpt["amp"])                           saves and loads the scaler's state)
     from apex import amp                                       removed
 
-Anything else stops the migration with the reason (nothing is half removed): an opt_level
-chosen at run time or O0/O3 (O3 is pure float16, not AMP), O2's options, a static loss scale,
+A static `loss_scale=N` becomes the GradScaler's `init_scale=N` with a growth interval too long to
+ever grow (migrate/apex_migration.py). Anything else stops the migration with the reason
+(nothing is half removed): an opt_level chosen at run time or O0/O3 (O3 is pure float16, not AMP), O2's options,
 `delay_unscale`, an `amp.initialize` that runs only in a branch, and every other apex.amp API.
 """
 
@@ -53,6 +54,8 @@ class ApexRemoval:
     obstacles: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
     #: opt_level of amp.initialize ("O1" when not given)
     opt_level: str = "O1"
+    #: `loss_scale=128.0` of amp.initialize, as written (None: dynamic)
+    static_loss_scale: Optional[str] = None
     #: ids of every node on the way to an edit
     paths: Set[int] = field(default_factory=set)
     initialized: bool = False
@@ -164,6 +167,7 @@ def _plan_initialize(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[A
         return None
     level = _keyword(call, "opt_level")
     opt_level = "O1"
+    static_loss_scale: Optional[str] = None
     if level is not None:
         if not isinstance(level.value, cst.SimpleString):
             plan.obstacles.append((call, f"opt_level={_code(level.value)} is chosen at run time: torch.amp has one mixed "
@@ -181,6 +185,9 @@ def _plan_initialize(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[A
         name = arg.keyword.value
         if name == "loss_scale" and isinstance(arg.value, cst.SimpleString) and arg.value.evaluated_value == "dynamic":
             continue
+        if name == "loss_scale" and isinstance(arg.value, (cst.Integer, cst.Float)):
+            static_loss_scale = arg.value.value  # GradScaler(init_scale=N, growth_interval=<very large>)
+            continue
         plan.obstacles.append((call, f"amp.initialize({name}=...) has no exact torch.amp equivalent: migrate by hand"))
         return None
     enabled = _keyword(call, "enabled")
@@ -193,6 +200,7 @@ def _plan_initialize(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[A
         return None
     plan.initialized = True
     plan.opt_level = opt_level
+    plan.static_loss_scale = static_loss_scale
     target = assign.targets[0].target
     values = [arg.value for arg in positional]
     value_code = ", ".join(_code(v) for v in values) if len(values) > 1 else _code(values[0])
