@@ -18,7 +18,8 @@ sources before the removal):
 A static `loss_scale=N` becomes the GradScaler's `init_scale=N` with a growth interval too long to
 ever grow (migrate/apex_migration.py). Anything else stops the migration with the reason
 (nothing is half removed): an opt_level chosen at run time or O0/O3 (O3 is pure float16, not AMP), O2's options,
-`delay_unscale`, an `amp.initialize` that runs only in a branch, and every other apex.amp API.
+an `amp.initialize` that runs only in a branch, and every other apex.amp API. `delay_unscale` (gradient
+accumulation) goes with `amp.scale_loss`: a GradScaler keeps the gradients scaled until its step anyway.
 """
 
 from __future__ import annotations
@@ -217,10 +218,11 @@ def _normalised(code: str) -> str:
 
 
 def _plan_scale_loss(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[ApexEdit]:
-    for name in ("delay_unscale", "delay_overflow_check", "model"):
+    # delay_unscale (gradient accumulation: keep the gradients scaled until the step) is what a
+    # GradScaler always does, so it goes with the call; the others are apex internals
+    for name in ("delay_overflow_check", "model"):
         if _keyword(call, name) is not None:
-            plan.obstacles.append((call, f"amp.scale_loss({name}=...) (gradient accumulation or apex internals): "
-                                         "migrate by hand"))
+            plan.obstacles.append((call, f"amp.scale_loss({name}=...) (apex internals): migrate by hand"))
             return None
     item = ancestors[0] if ancestors else None
     with_node = ancestors[1] if len(ancestors) > 1 else None
@@ -245,6 +247,9 @@ def _plan_scale_loss(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[A
         loss_code = f"({loss_code})"
     new_call = backward.with_changes(func=backward.func.with_changes(value=cst.parse_expression(loss_code)))
     new = cst.SimpleStatementLine(body=[cst.Expr(new_call)], leading_lines=with_node.leading_lines)
+    if _keyword(call, "delay_unscale") is not None:
+        return ApexEdit(with_node, new, "amp.scale_loss(..., delay_unscale=...) removed: the GradScaler scales the loss "
+                                        "and keeps the accumulated gradients scaled until scaler.step")
     return ApexEdit(with_node, new, "amp.scale_loss removed: the loss is scaled by the GradScaler")
 
 
