@@ -121,3 +121,32 @@ def test_a_static_apex_loss_scale_stays_static_after_migration(tmp_path):
     assert "scale 128.0" in run.stdout.splitlines()
     losses = _losses(run.stdout)
     assert len(losses) == 20 and losses[-1] < losses[0] / 2
+
+
+@pytest.mark.parametrize("flag", [["--fp16"], []], ids=["fp16", "fp32"])
+def test_apex_behind_a_flag_migrates_to_torch_amp_switched_by_that_flag(tmp_path, flag):
+    """`if args.fp16: amp.initialize(...)` -> autocast and GradScaler(enabled=args.fp16): with the flag
+    the migrated script trains in float16 like the apex original (CPU stand-in); without it, both
+    train in float32 and give the same losses exactly."""
+    import os
+
+    script = SCRIPT.with_name("exec_apex_flag.py")
+    standin = SCRIPT.parent.parent / "verify" / "apex_standin"
+    original = subprocess.run([sys.executable, str(script), *flag], capture_output=True, text=True, timeout=300,
+                              cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(standin)))
+    assert original.returncode == 0, original.stderr[-2000:]
+    conversion = convert_source(script.read_bytes(), filename=str(script))
+    assert conversion.status is FileStatus.CHANGED, (conversion.reason, conversion.findings)
+    text = conversion.converted.decode()
+    assert "enabled=args.fp16" in text and "amp.initialize" not in text and "if args.fp16" not in text
+    migrated = tmp_path / "migrated.py"
+    migrated.write_bytes(conversion.converted)
+    run = subprocess.run([sys.executable, "-W", "error::FutureWarning", str(migrated), *flag], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=""))
+    assert run.returncode == 0, run.stderr[-2000:]
+    dtype = "torch.float16" if flag else "torch.float32"
+    assert all(line.endswith(dtype) for line in run.stdout.splitlines() if line.startswith("loss "))
+    before, after = _losses(original.stdout), _losses(run.stdout)
+    assert len(before) == len(after) == 20 and after[-1] < after[0] / 2
+    for old, new in zip(before, after):
+        assert abs(old - new) <= (0.02 * max(abs(old), 1e-3) if flag else 0.0), (before, after)

@@ -63,6 +63,14 @@ def migrate_apex(module: cst.Module, imports: ImportMap, options: Options, conte
                                "apex amp that the native conversion cannot replace")
     module_out = native.module
     notes: List[Finding] = []
+    if plan.flag is not None:
+        switched = _switched_by(module_out, plan.flag, plan.flag_scopes)
+        if isinstance(switched, str):
+            finding = Finding(APEX_NOT_MIGRATED, f"{switched}; the file stays on apex",
+                              first_edit.start.line if first_edit else 0, first_edit.start.column if first_edit else 0,
+                              Severity.WARNING)
+            return TransformResult(module, Verdict.UNCONVERTED, [finding], "apex amp switched by a flag")
+        module_out = switched
     if plan.static_loss_scale is not None:
         fixed = _static_scale(module_out, plan.static_loss_scale)
         if fixed is None:
@@ -74,6 +82,13 @@ def migrate_apex(module: cst.Module, imports: ImportMap, options: Options, conte
         initialize = next((positions.get(edit.node) for edit in plan.edits if "initialize" in edit.what), first_edit)
         notes.append(Finding(APEX_REMOVED, f"apex amp -> torch.amp: {what}",
                              initialize.start.line if initialize else 0, initialize.start.column if initialize else 0))
+    if plan.runtime_opt_level is not None:
+        chosen, default, _ = plan.runtime_opt_level
+        initialize = next((positions.get(edit.node) for edit in plan.edits if "initialize" in edit.what), first_edit)
+        notes.append(Finding(APEX_REMOVED, f"apex amp -> torch.amp: opt_level={chosen} is chosen at run time; its "
+                             f'option\'s default is "{default}", migrated with O1\'s semantics (torch.amp has one mixed '
+                             "precision mode): a run that passes another level gets O1's too",
+                             initialize.start.line if initialize else 0, initialize.start.column if initialize else 0))
     for edit in plan.edits:
         position = positions.get(edit.node)
         what = edit.what
@@ -84,6 +99,45 @@ def migrate_apex(module: cst.Module, imports: ImportMap, options: Options, conte
                              position.start.line if position else 0, position.start.column if position else 0))
     findings = sorted([*notes, *native_findings], key=lambda f: (f.line, f.column, f.code))
     return TransformResult(module_out, Verdict.CONVERTED, findings, native.reason, native.companions)
+
+
+_AUTOCAST = ("torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast")
+_SCALERS = ("torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.cuda.amp.GradScaler")
+
+
+def _switched_by(module: cst.Module, flag: str, scopes) -> "cst.Module | str":
+    """The module with `enabled=<flag>` on every autocast and GradScaler the native conversion wrote,
+    or why not: the flag must be readable where they are (in the functions that read it before)."""
+    imports = ImportMap.from_module(module)
+    targets = {}
+    stack: List[cst.CSTNode] = []
+
+    class _Sites(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, cst.Call) and imports.resolve(node.func) in (*_AUTOCAST, *_SCALERS):
+                names = [n.name.value for n in stack if isinstance(n, (cst.FunctionDef, cst.ClassDef))]
+                targets[id(node)] = ".".join(names) or "<module>"
+            stack.append(node)
+            return True
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            stack.pop()
+
+    module.visit(_Sites())
+    outside = sorted(scope for scope in set(targets.values()) if scope not in scopes)
+    if not targets:
+        return "no autocast or GradScaler to switch by the flag"
+    if outside:
+        return (f"the flag {flag} is read in {', '.join(sorted(scopes))}, and torch.amp would need it in "
+                f"{', '.join(outside)} too, where it may not be defined")
+
+    class _Switch(cst.CSTTransformer):
+        def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+            if id(original_node) not in targets:
+                return updated_node
+            return with_keyword(updated_node, "enabled", cst.parse_expression(flag))
+
+    return module.visit(_Switch())
 
 
 #: GradScaler grows the scale after this many finite steps: never, for a static scale

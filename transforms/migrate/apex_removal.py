@@ -55,8 +55,16 @@ class ApexRemoval:
     obstacles: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
     #: opt_level of amp.initialize ("O1" when not given)
     opt_level: str = "O1"
+    #: the flag apex amp is switched by (`if args.fp16: amp.initialize(...)`), None when always on
+    flag: Optional[str] = None
+    #: (scale_loss call, flag) of every `if flag: scale_loss ... else: backward` made one backward
+    guard_flags: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
+    #: (`args.opt_level`, its argparse default, 0) when opt_level is chosen at run time with a literal default
+    runtime_opt_level: Optional[Tuple[str, str, int]] = None
     #: `loss_scale=128.0` of amp.initialize, as written (None: dynamic)
     static_loss_scale: Optional[str] = None
+    #: the functions (`train`, `<module>`) the flag was read in: where torch.amp may read it
+    flag_scopes: Set[str] = field(default_factory=set)
     #: ids of every node on the way to an edit
     paths: Set[int] = field(default_factory=set)
     initialized: bool = False
@@ -119,7 +127,48 @@ def plan_apex_removal(module: cst.Module, imports: ImportMap) -> ApexRemoval:
             plan.paths.add(id(edit.node))
     if not plan.initialized and not plan.obstacles and plan.edits:
         plan.obstacles.append((module, "no amp.initialize in this file (it runs in another module): migrate that one"))
+    for node, flag in plan.guard_flags:
+        if flag != plan.flag:
+            plan.obstacles.append((node, f"amp.scale_loss switched by {flag}, amp.initialize by "
+                                         f"{plan.flag or 'nothing'}: migrate by hand"))
+    if plan.flag is not None and not plan.obstacles:
+        _check_flag_uses(module, plan)
     return plan
+
+
+def _check_flag_uses(module: cst.Module, plan: ApexRemoval) -> None:
+    """The flag may switch nothing but apex amp: every use of it must go with the apex edits (the
+    native conversion then switches autocast and the GradScaler by it). `plan.flag_scopes` gets the
+    functions it was read in (where torch.amp may read it too)."""
+    removed = {id(edit.node) for edit in plan.edits}
+
+    class _Uses(cst.CSTVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stack: List[cst.CSTNode] = []
+
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if id(node) in removed:
+                if isinstance(node, cst.If):
+                    plan.flag_scopes.add(_scope(self.stack))
+                return False
+            if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) == plan.flag:
+                plan.obstacles.append((node, f"{plan.flag} also switches code other than apex amp: migrate by hand"))
+                return False
+            self.stack.append(node)
+            return True
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            if self.stack and self.stack[-1] is original_node:
+                self.stack.pop()
+
+    walk(module, _Uses())
+
+
+def _scope(stack) -> str:
+    """`train` / `Trainer.fit` / `<module>`: the functions and classes around a node."""
+    names = [node.name.value for node in stack if isinstance(node, (cst.FunctionDef, cst.ClassDef))]
+    return ".".join(names) or "<module>"
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -160,15 +209,28 @@ def _plan_initialize(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[A
     if not isinstance(assign, cst.Assign) or assign.value is not call or len(assign.targets) != 1:
         plan.obstacles.append((call, "amp.initialize is not a plain `model, optimizer = amp.initialize(...)` statement"))
         return None
+    removed: cst.CSTNode = statement
     branch = _in_a_branch(above)
     if branch is not None:
-        plan.obstacles.append((call, f"amp.initialize runs only in {branch} (mixed precision switched by a flag?): "
-                                     "torch.amp would need autocast/GradScaler(enabled=...) on that same condition; "
-                                     "migrate by hand"))
-        return None
+        flagged = _flag_guard(above, statement)
+        if flagged is None:
+            plan.obstacles.append((call, f"amp.initialize runs only in {branch} that is not a plain `if <flag>:` "
+                                         "holding it alone: migrate by hand"))
+            return None
+        removed, flag = flagged
+        if plan.flag not in (None, flag):
+            plan.obstacles.append((call, f"apex amp switched by two flags ({plan.flag}, {flag}): migrate by hand"))
+            return None
+        plan.flag = flag
     level = _keyword(call, "opt_level")
     opt_level = "O1"
     static_loss_scale: Optional[str] = None
+    if level is not None and not isinstance(level.value, cst.SimpleString):
+        default = _argparse_default(module_of(ancestors), level.value)
+        if default is not None and default[0] in MIGRATABLE_OPT_LEVELS:
+            plan.runtime_opt_level = (_code(level.value), default[0], default[1])
+            level = None
+            opt_level = default[0]
     if level is not None:
         if not isinstance(level.value, cst.SimpleString):
             plan.obstacles.append((call, f"opt_level={_code(level.value)} is chosen at run time: torch.amp has one mixed "
@@ -206,11 +268,74 @@ def _plan_initialize(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[A
     values = [arg.value for arg in positional]
     value_code = ", ".join(_code(v) for v in values) if len(values) > 1 else _code(values[0])
     target_code = _code(target)
+    if removed is not statement:
+        if _normalised(target_code) != _normalised(value_code):
+            plan.obstacles.append((call, "amp.initialize behind a flag renames the models: migrate by hand"))
+            return None
+        return ApexEdit(removed, None, f"`if {plan.flag}: amp.initialize(...)` removed; autocast and the GradScaler "
+                                       f"take its place, switched by the same flag (enabled={plan.flag})")
     if _normalised(target_code) == _normalised(value_code):
         return ApexEdit(statement, None, "amp.initialize removed (autocast and a GradScaler take its place)")
     new = cst.parse_statement(f"{target_code} = {value_code}\n")
     return ApexEdit(statement, new.with_changes(leading_lines=statement.leading_lines),
                     "amp.initialize replaced by a plain assignment (autocast and a GradScaler take its place)")
+
+
+def module_of(ancestors) -> Optional[cst.Module]:
+    return next((node for node in ancestors if isinstance(node, cst.Module)), None)
+
+
+def _argparse_default(module: Optional[cst.Module], value: cst.BaseExpression) -> Optional[Tuple[str, int]]:
+    """("O1", line) when `value` is `args.fp16_opt_level` and this module declares that option with
+    `add_argument("--fp16_opt_level", ..., default="O1")`; else None."""
+    dotted = dotted_name(value)
+    if module is None or dotted is None or "." not in dotted:
+        return None
+    attribute = dotted.rsplit(".", 1)[1]
+    found: List[Tuple[str, int]] = []
+
+    class _Options(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if not (isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument"):
+                return
+            flags = [arg.value.evaluated_value for arg in node.args
+                     if arg.keyword is None and isinstance(arg.value, cst.SimpleString)]
+            if not any(isinstance(f, str) and f.lstrip("-").replace("-", "_") == attribute for f in flags):
+                return
+            default = _keyword(node, "default")
+            if default is not None and isinstance(default.value, cst.SimpleString):
+                found.append((default.value.evaluated_value, 0))
+
+    walk(module, _Options())
+    return found[0] if len(found) == 1 else None
+
+
+def _flag_guard(above, statement) -> Optional[Tuple[cst.If, str]]:
+    """(the `if <flag>:` around `statement`, the flag) when the statement runs only under a plain
+    flag (`if args.fp16:`, `if use_amp:`) that holds nothing else but apex's own import, has no
+    else, and itself runs unconditionally; else None."""
+    block = above[0] if above else None
+    guard = above[1] if len(above) > 1 else None
+    if not (isinstance(block, cst.IndentedBlock) and isinstance(guard, cst.If) and guard.body is block
+            and guard.orelse is None):
+        return None
+    flag = dotted_name(guard.test)
+    if flag is None or _in_a_branch(above[2:]) is not None:
+        return None
+    for other in block.body:
+        if other is statement or _imports_apex(other):
+            continue
+        if (isinstance(other, cst.Try) and len(other.body.body) == 1 and _imports_apex(other.body.body[0])
+                and not other.orelse and not other.finalbody and _handlers_only_report(other)):
+            continue  # `try: from apex import amp / except ImportError: raise ...`
+        return None
+    return guard, flag
+
+
+def _imports_apex(statement: cst.CSTNode) -> bool:
+    return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.ImportFrom) and statement.body[0].module is not None
+            and dotted_name(statement.body[0].module) == "apex")
 
 
 def _normalised(code: str) -> str:
@@ -247,10 +372,35 @@ def _plan_scale_loss(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[A
         loss_code = f"({loss_code})"
     new_call = backward.with_changes(func=backward.func.with_changes(value=cst.parse_expression(loss_code)))
     new = cst.SimpleStatementLine(body=[cst.Expr(new_call)], leading_lines=with_node.leading_lines)
+    switched = _switched_backward(with_node, ancestors[2:], new_call)
+    if switched is not None:
+        guard, flag = switched
+        plan.guard_flags.append((call, flag))
+        return ApexEdit(guard, new.with_changes(leading_lines=guard.leading_lines),
+                        f"`if {flag}: amp.scale_loss ... else: loss.backward()` made one backward pass, which the "
+                        "GradScaler scales when the flag is on")
     if _keyword(call, "delay_unscale") is not None:
         return ApexEdit(with_node, new, "amp.scale_loss(..., delay_unscale=...) removed: the GradScaler scales the loss "
                                         "and keeps the accumulated gradients scaled until scaler.step")
     return ApexEdit(with_node, new, "amp.scale_loss removed: the loss is scaled by the GradScaler")
+
+
+def _switched_backward(with_node: cst.With, above, new_call: cst.Call) -> Optional[Tuple[cst.If, str]]:
+    """`if flag: with amp.scale_loss(loss, opt) as s: s.backward()` / `else: loss.backward()`: (the if,
+    the flag) when the else branch is exactly the same backward pass unscaled."""
+    block = above[0] if above else None
+    guard = above[1] if len(above) > 1 else None
+    if not (isinstance(block, cst.IndentedBlock) and isinstance(guard, cst.If) and guard.body is block
+            and len(block.body) == 1 and block.body[0] is with_node and isinstance(guard.orelse, cst.Else)):
+        return None
+    flag = dotted_name(guard.test)
+    other = guard.orelse.body.body if isinstance(guard.orelse.body, cst.IndentedBlock) else []
+    if flag is None or len(other) != 1 or not isinstance(other[0], cst.SimpleStatementLine) or len(other[0].body) != 1:
+        return None
+    small = other[0].body[0]
+    if not (isinstance(small, cst.Expr) and _normalised(_code(small.value)) == _normalised(_code(new_call))):
+        return None
+    return guard, flag
 
 
 def _plan_master_params(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[ApexEdit]:
@@ -258,10 +408,45 @@ def _plan_master_params(plan: ApexRemoval, call: cst.Call, ancestors) -> Optiona
     if len(call.args) != 1 or len(positional) != 1:
         plan.obstacles.append((call, "amp.master_params with other than one optimizer: migrate by hand"))
         return None
+    switched = _switched_clipping(call, ancestors)
+    if switched is not None:
+        guard, flag, kept = switched
+        plan.guard_flags.append((call, flag))
+        return ApexEdit(guard, kept.with_changes(leading_lines=guard.leading_lines),
+                        f"`if {flag}: clip(amp.master_params(...)) else: clip(...)` made the else branch (at O1 apex's "
+                        "master parameters are the model's; the GradScaler unscales them before clipping)")
     optimizer = _code(positional[0].value)
     new = cst.parse_expression(f'(p for group in {optimizer}.param_groups for p in group["params"])')
     return ApexEdit(call, new, "amp.master_params(...) replaced by the optimizer's own parameters (the same "
                                "tensors at O1; the GradScaler unscales them before clipping)")
+
+
+def _switched_clipping(call: cst.Call, ancestors):
+    """`if flag: clip_grad_norm_(amp.master_params(opt), m)` / `else: clip_grad_norm_(model.parameters(), m)`:
+    (the if, the flag, the else branch's statement) when both branches are one statement that differ
+    only in that argument."""
+    clip = ancestors[1] if len(ancestors) > 1 and isinstance(ancestors[0], cst.Arg) else None
+    if not isinstance(clip, cst.Call):
+        return None
+    statement, above = _statement_of(ancestors)
+    block = above[0] if above else None
+    guard = above[1] if len(above) > 1 else None
+    if not (statement is not None and isinstance(block, cst.IndentedBlock) and isinstance(guard, cst.If)
+            and guard.body is block and len(block.body) == 1 and isinstance(guard.orelse, cst.Else)
+            and isinstance(guard.orelse.body, cst.IndentedBlock) and len(guard.orelse.body.body) == 1):
+        return None
+    flag = dotted_name(guard.test)
+    other = guard.orelse.body.body[0]
+    if flag is None or not isinstance(other, cst.SimpleStatementLine):
+        return None
+    marker = "__ampify_master_params__"
+    mine = _code(statement).replace(_code(call), marker)
+    theirs = _code(other)
+    prefix, _, suffix = mine.partition(marker)
+    if not (marker in mine and theirs.startswith(prefix) and theirs.endswith(suffix)
+            and len(theirs) > len(prefix) + len(suffix)):
+        return None
+    return guard, flag, other
 
 
 def _plan_state_dict(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[ApexEdit]:
