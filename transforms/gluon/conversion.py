@@ -12,7 +12,7 @@ A graph hybridized before `amp.init()` stays float32 without a word, so the call
 after the module's imports, before any code. With `--dtype bfloat16` only
 `amp.init(target_dtype="bfloat16")` is written: bfloat16 needs no loss scaling.
 
-Refused with the reason: the symbolic Module API (`amp.init_trainer` takes only a Gluon Trainer),
+Refused with the reason: MXNet 2.0 numpy-interface code (its AMP is `mxnet.amp`), the symbolic Module API (`amp.init_trainer` takes only a Gluon Trainer),
 Horovod's DistributedTrainer, a trainer or backward pass ampify cannot pair, MXNet imported
 only inside functions. A network cast by hand (`net.cast("float16")`) or `mxnet.contrib.amp`
 already in use is "already mixed precision". The rewrite never imports MXNet.
@@ -44,6 +44,7 @@ NO_MODULE_MXNET = "AMP611"
 MODULE_API = "AMP612"
 HOROVOD = "AMP613"
 KVSTORE_UPDATE = "AMP614"
+MXNET2 = "AMP615"
 
 _NOT_GLUON = "no MXNet Gluon training step"
 #: Trainer(params, optimizer, optimizer_params, kvstore, compression_params, update_on_kvstore)
@@ -77,6 +78,10 @@ class GluonMixedPrecision(Transform):
             return TransformResult(module, Verdict.ALREADY_MIXED_PRECISION, reason=(
                 f"casts the network by hand ({module.code_for_node(survey.hand_cast)} at line "
                 f"{_place(positions, survey.hand_cast)[0]}): a reduced precision path of its own"))
+        if survey.mxnet2 is not None and survey.is_training():
+            return _refuse(module, positions, survey.mxnet2[1], MXNET2, f"MXNet 2.0's numpy interface "
+                           f"({survey.mxnet2[0]}): its AMP is `mxnet.amp`, with other calls than the MXNet 1.x "
+                           "mxnet.contrib.amp this target writes; not converted", "MXNet 2.0 code")
         if survey.module_api is not None:
             return _refuse(module, positions, survey.module_api, MODULE_API,
                            "the symbolic Module API: amp.init_trainer takes only a Gluon Trainer, so its loss cannot be "

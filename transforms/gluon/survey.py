@@ -17,6 +17,10 @@ from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 
 AMP_MODULE = "mxnet.contrib.amp"
+#: MXNet 2.0 moved AMP to `mxnet.amp`: a script using it is mixed precision already
+AMP_MODULES = (AMP_MODULE, "mxnet.amp")
+#: MXNet 2.0's numpy interface (`npx.set_np()`, `mx.np.ones`): not the MXNet 1.x API this target writes
+MXNET2_MODULES = ("mxnet.np", "mxnet.npx", "mxnet.numpy", "mxnet.numpy_extension")
 TRAINERS = ("mxnet.gluon.Trainer", "mxnet.gluon.trainer.Trainer")
 HOROVOD_TRAINERS = ("horovod.mxnet.DistributedTrainer",)
 MODULE_API = ("mxnet.mod.Module", "mxnet.module.Module", "mxnet.mod.BucketingModule",
@@ -57,6 +61,8 @@ class Backward:
 class GluonSurvey:
     #: (what, node) of `mxnet.contrib.amp` already used
     amp_use: Optional[Tuple[str, cst.CSTNode]] = None
+    #: (what, node) of MXNet 2.0's numpy interface
+    mxnet2: Optional[Tuple[str, cst.CSTNode]] = None
     #: `net.cast(...)` to a reduced precision: the network is cast by hand
     hand_cast: Optional[cst.Call] = None
     module_api: Optional[cst.Call] = None
@@ -71,7 +77,11 @@ class GluonSurvey:
     parents: Dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
 
     def is_training(self) -> bool:
-        return bool(self.backwards or self.trainers)
+        """A Gluon Trainer is built here, or a backward pass is followed by what looks like a trainer's
+        step (`trainer.step(...)`, `self.trainer.update(...)`). Backward passes alone are gradient
+        checks (tests), not a training step."""
+        trainer_like = any("trainer" in receiver.rsplit(".", 1)[-1].lower() for receiver, _ in self.steps)
+        return bool(self.trainers or (self.backwards and trainer_like))
 
 
 _REDUCED = ("float16", "bfloat16", "half")
@@ -90,11 +100,15 @@ class _Walker(cst.CSTVisitor):
         self._note_amp(node)
 
     def _note_amp(self, node: cst.CSTNode) -> None:
-        if self.survey.amp_use is not None:
+        if self.survey.amp_use is not None and self.survey.mxnet2 is not None:
             return
         qualified = self.imports.resolve(node)
-        if qualified and (qualified == AMP_MODULE or qualified.startswith(AMP_MODULE + ".")):
+        if not qualified:
+            return
+        if self.survey.amp_use is None and any(qualified == m or qualified.startswith(m + ".") for m in AMP_MODULES):
             self.survey.amp_use = (qualified, node)
+        if self.survey.mxnet2 is None and any(qualified == m or qualified.startswith(m + ".") for m in MXNET2_MODULES):
+            self.survey.mxnet2 = (qualified, node)
 
     def visit_With(self, node: cst.With) -> None:
         if any(isinstance(item.item, cst.Call) and self.imports.resolve(item.item.func) in RECORD
