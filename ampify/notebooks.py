@@ -221,6 +221,9 @@ def _language(notebook: Dict[str, Any]) -> str:
 
 def convert_notebook(data: bytes, options: Options, display: str) -> NotebookConversion:
     """Convert a notebook's code cells; the new notebook bytes are `conversion.converted`."""
+    if data.startswith(b"version https://git-lfs.github.com/spec/"):
+        return NotebookConversion(Conversion(FileStatus.NOT_APPLICABLE,
+                                             "a Git LFS pointer: the notebook itself is not checked out (git lfs pull)"))
     notebook = read_notebook(data)
     language = _language(notebook)
     if language not in ("python", "python3", "ipython", "ipython3", ""):

@@ -156,3 +156,9 @@ def test_a_notebook_of_another_language_is_not_applicable():
     data = _notebook([["library(torch)\n", "loss$backward()\n"]], {"kernelspec": {"name": "ir", "language": "R"}})
     conversion = convert_notebook(data, Options(), "r.ipynb").conversion
     assert conversion.status is FileStatus.NOT_APPLICABLE and conversion.reason == "a notebook whose kernel runs r, not Python"
+
+
+def test_a_git_lfs_pointer_is_not_a_notebook_to_fail_on():
+    pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 52311\n"
+    conversion = convert_notebook(pointer, Options(), "big.ipynb").conversion
+    assert conversion.status is FileStatus.NOT_APPLICABLE and "Git LFS pointer" in conversion.reason
