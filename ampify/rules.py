@@ -374,10 +374,15 @@ RULES: List[Rule] = [
          "The new callables need the device as an argument, which a value reference (`ac = torch.cuda.amp.autocast`), "
          "a fallback definition for old torch, or *args cannot receive exactly; a file is never half migrated.",
          "amp_autocast = torch.cuda.amp.autocast if args.amp else contextlib.nullcontext", MANUAL),
-    Rule("AMP411", "warning", "apex amp not migrated to torch.amp (opt_level chosen at run time, O0/O3, apex behind a flag, other apex APIs, or the native conversion would be incomplete); the file stays on apex",
+    Rule("AMP411", "warning", "apex amp not migrated to torch.amp (a run-time opt_level without a literal default, O3, a flag that also switches other code, other apex APIs, or the native conversion would be incomplete); the file stays on apex",
          "torch.amp has one mixed precision mode (apex's O1) and no switch the migration could tie to apex's own; "
          "a file is never half migrated.",
          "model, optimizer = amp.initialize(model, optimizer, opt_level=args.opt_level)", MANUAL),
+    Rule("AMP412", "warning", "apex O0 (float32) migrated to torch.amp with `enabled=False`: the script still trains in float32",
+         "O0 is apex's float32 mode; the migration keeps that behaviour without apex, so the file is 'changed, "
+         "incomplete' until enabled=True turns mixed precision on.",
+         'amp.initialize(model, optimizer, opt_level="O0")\n  -> torch.autocast(device_type="cuda", dtype=torch.float16, '
+         'enabled=False)', MANUAL, incomplete=True),
 ]
 
 BY_CODE: Dict[str, Rule] = {rule.code: rule for rule in RULES}

@@ -24,6 +24,7 @@ from ampify.transforms.torch.native_amp import TorchNativeAmp
 
 APEX_REMOVED = "AMP403"
 APEX_NOT_MIGRATED = "AMP411"
+APEX_O0 = "AMP412"
 
 _NATIVE = TorchNativeAmp()
 
@@ -63,8 +64,10 @@ def migrate_apex(module: cst.Module, imports: ImportMap, options: Options, conte
                                "apex amp that the native conversion cannot replace")
     module_out = native.module
     notes: List[Finding] = []
-    if plan.flag is not None:
-        switched = _switched_by(module_out, plan.flag, plan.flag_scopes)
+    if plan.opt_level == "O0" or plan.flag is not None:
+        # O0 is float32 training: torch.amp switched off keeps it so (the flag, if any, no longer matters)
+        flag, scopes = ("False", None) if plan.opt_level == "O0" else (plan.flag, plan.flag_scopes)
+        switched = _switched_by(module_out, flag, scopes)
         if isinstance(switched, str):
             finding = Finding(APEX_NOT_MIGRATED, f"{switched}; the file stays on apex",
                               first_edit.start.line if first_edit else 0, first_edit.start.column if first_edit else 0,
@@ -92,6 +95,11 @@ def migrate_apex(module: cst.Module, imports: ImportMap, options: Options, conte
     for edit in plan.edits:
         position = positions.get(edit.node)
         what = edit.what
+        if plan.opt_level == "O0" and "initialize" in what:
+            notes.append(Finding(APEX_O0, "apex O0 is float32 training: migrated with autocast and the GradScaler "
+                                 "written enabled=False, so it still trains in float32, now without apex; set "
+                                 "enabled=True for mixed precision", position.start.line if position else 0,
+                                 position.start.column if position else 0, Severity.WARNING))
         if plan.opt_level == "O2" and "initialize" in what:
             what += ("; O2 migrated with O1's semantics: torch.amp keeps no float16 copy of the model, the model "
                      "stays float32 and autocast picks each op's precision")
@@ -124,7 +132,7 @@ def _switched_by(module: cst.Module, flag: str, scopes) -> "cst.Module | str":
             stack.pop()
 
     module.visit(_Sites())
-    outside = sorted(scope for scope in set(targets.values()) if scope not in scopes)
+    outside = sorted(scope for scope in set(targets.values()) if scopes is not None and scope not in scopes)
     if not targets:
         return "no autocast or GradScaler to switch by the flag"
     if outside:

@@ -15,9 +15,10 @@ sources before the removal):
     amp.load_state_dict(ckpt["amp"])                           saves and loads the scaler's state)
     from apex import amp                                       removed
 
-A static `loss_scale=N` becomes the GradScaler's `init_scale=N` with a growth interval too long to
+O0 (float32 through apex) becomes autocast and a GradScaler with `enabled=False`: still float32, without
+apex. A static `loss_scale=N` becomes the GradScaler's `init_scale=N` with a growth interval too long to
 ever grow (migrate/apex_migration.py). Anything else stops the migration with the reason
-(nothing is half removed): an opt_level chosen at run time or O0/O3 (O3 is pure float16, not AMP), O2's options,
+(nothing is half removed): an opt_level chosen at run time or O3 (pure float16, not AMP), O2's options,
 an `amp.initialize` that runs only in a branch, and every other apex.amp API. `delay_unscale` (gradient
 accumulation) goes with `amp.scale_loss`: a GradScaler keeps the gradients scaled until its step anyway.
 """
@@ -237,9 +238,9 @@ def _plan_initialize(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[A
                                          "precision mode (apex's O1); migrate with the level your runs use"))
             return None
         opt_level = level.value.evaluated_value
-    if opt_level not in MIGRATABLE_OPT_LEVELS:
+    if opt_level not in (*MIGRATABLE_OPT_LEVELS, "O0"):
         reason = ("O3 is pure float16 training, not mixed precision" if opt_level == "O3"
-                  else "O0 is float32 training" if opt_level == "O0" else f"unknown opt_level {opt_level!r}")
+                  else f"unknown opt_level {opt_level!r}")
         plan.obstacles.append((call, f"{reason}: no torch.amp migration"))
         return None
     for arg in call.args:
