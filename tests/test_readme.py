@@ -29,7 +29,8 @@ def test_ci_runs_the_readme_test_command_verbatim():
 
 
 def test_the_example_command_prints_a_diff_for_every_example_and_writes_nothing(tmp_path):
-    examples = sorted((ROOT / "examples").glob("*.py"))
+    examples = sorted([*(ROOT / "examples").glob("*.py"), *(ROOT / "examples").glob("*.ipynb")])
+    assert {p.suffix for p in examples} == {".py", ".ipynb"}
     before = {p: p.read_bytes() for p in examples}
     result = subprocess.run(
         [sys.executable, "-m", "ampify", "--diff", "examples/"],
@@ -37,7 +38,7 @@ def test_the_example_command_prints_a_diff_for_every_example_and_writes_nothing(
     )
     assert result.returncode == 0, result.stderr
     for path in examples:
-        assert f"+++ b/examples/{path.name}" in result.stdout, path.name
+        assert f"+++ b/examples/{path.name}" in result.stdout, path.name  # a notebook's diff is per cell
         assert path.read_bytes() == before[path]
 
 
@@ -74,3 +75,29 @@ def test_the_readme_verify_example_runs_as_written(tmp_path):
     number = re.compile(r"\d+(\.\d+)?")
     shown_lines = [number.sub("N", line) for line in shown.strip().splitlines()]
     assert [number.sub("N", line) for line in verified.stdout.strip().splitlines()] == shown_lines
+
+
+def test_the_bundled_keras_and_gluon_examples_train_once_converted(tmp_path):
+    """The examples the README's first command shows diffs for are real scripts: converted, they
+    train (Keras in mixed_float16 here; Gluon in bfloat16 in the MXNet environment, where it exists)."""
+    import pytest
+
+    from ampify.convert import convert_source
+    from ampify.options import Options
+
+    pytest.importorskip("keras")
+    keras_example = tmp_path / "keras_classifier.py"
+    keras_example.write_bytes(convert_source((ROOT / "examples" / "keras_classifier.py").read_bytes()).converted)
+    run = subprocess.run([sys.executable, str(keras_example)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    from mxnet_environment import MXNET_PYTHON, _mxnet_version
+
+    if _mxnet_version() is None:
+        pytest.skip(f"no MXNet environment at {MXNET_PYTHON}")
+    gluon_example = tmp_path / "gluon_classifier.py"
+    converted = convert_source((ROOT / "examples" / "gluon_classifier.py").read_bytes(), Options(dtype="bfloat16"))
+    gluon_example.write_bytes(converted.converted)
+    run = subprocess.run([str(MXNET_PYTHON), str(gluon_example)], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.count("loss") == 5
