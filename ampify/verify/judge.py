@@ -275,6 +275,13 @@ def judge_keras(facts: RunFacts) -> Judgement:
         reason = ("the policy is %s but all %d layers with weights compute in float32: the policy was set after the "
                   "model was built (a late policy does nothing)" % (policy, len(layers)))
         return failed_or_not_active(facts, evidence, reason)
+    traced = probe.get("traced_ops") or {}
+    traced_reduced = sum(count for dtype, count in traced.items() if dtype in REDUCED_DTYPES)
+    evidence["traced_step_ops"] = traced
+    if traced and not traced_reduced:
+        reason = ("the policy is %s but all %d matmul/conv ops of the traced training step run in %s"
+                  % (policy, sum(traced.values()), ", ".join(sorted(traced))))
+        return failed_or_not_active(facts, evidence, reason)
     if policy == "mixed_float16" and not str(probe.get("optimizer", "")).startswith("LossScaleOptimizer"):
         reason = ("mixed_float16 training with a %s that is no LossScaleOptimizer: float16 gradients are not "
                   "loss-scaled and can underflow silently" % probe.get("optimizer"))
@@ -282,6 +289,9 @@ def judge_keras(facts: RunFacts) -> Judgement:
     where = ("%d/%d layers with weights compute in %s" % (len(reduced), len(layers), policy.replace("mixed_", ""))
              if layers else "custom loop")
     verdict = "verified: policy %s, %s, optimizer %s" % (policy, where, probe.get("optimizer"))
+    if traced:
+        verdict += ", %d/%d matmul/conv ops of the traced step in %s" % (
+            traced_reduced, sum(traced.values()), policy.replace("mixed_", ""))
     return Judgement(VERIFIED, evidence, verdict)
 
 

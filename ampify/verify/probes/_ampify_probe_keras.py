@@ -27,10 +27,40 @@ def _record_model(evidence, model, keras_module):
     evidence["policy_at_fit"] = _policy_name(keras_module)
 
 
+#: the ops that do a model's arithmetic, as TensorFlow names them in a traced graph
+_COMPUTE_OPS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",
+                "DepthwiseConv2dNative", "Conv2DBackpropInput", "Conv2DBackpropFilter")
+
+
+def _traced_compute_dtypes():
+    """{dtype: count} of the matmul/conv ops of the train step being traced (fit's tf.function),
+    or None when the step runs eagerly (no graph to read)."""
+    try:
+        import tensorflow as tf
+
+        graph = tf.compat.v1.get_default_graph()
+        if type(graph).__name__ != "FuncGraph":
+            return None
+        counts = {}
+        for op in graph.get_operations():
+            if op.type in _COMPUTE_OPS:
+                try:
+                    dtype = op.get_attr("T").name
+                except Exception:
+                    dtype = "?"
+                counts[dtype] = counts.get(dtype, 0) + 1
+        return counts
+    except Exception:
+        return None
+
+
 def _on_first_step(evidence, optimizer, keras_module):
     if _seen["stopped"] or not common.in_verified_process():
         return
     _seen["stopped"] = True
+    traced = _traced_compute_dtypes()
+    if traced is not None:
+        evidence["traced_ops"] = traced
     evidence["policy"] = _policy_name(keras_module)
     evidence["optimizer"] = type(optimizer).__name__
     evidence["steps"] = 1
