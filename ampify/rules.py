@@ -317,6 +317,10 @@ RULES: List[Rule] = [
     Rule("AMP517", "warning", "Keras: TPU code converted with mixed_float16; TPUs compute in bfloat16 (`--dtype bfloat16`)",
          "mixed_bfloat16 is the TPU policy: it needs no loss scale and keeps float32's range.",
          "strategy = tf.distribute.TPUStrategy(resolver)", MANUAL),
+    Rule("AMP518", "warning", "Keras custom loop: the loss is computed from a model output that stays float16 (a subclassed model, an output layer not found)",
+         "The Keras guide keeps outputs and losses in float32; a float16 loss loses precision and may overflow.",
+         "loss = loss_fn(y, model(x))  # model = MyModel(), whose call() returns float16\n"
+         "  -> loss = loss_fn(y, tf.cast(model(x), tf.float32))", MANUAL),
     Rule("AMP600", "error", "error: internal error in the MXNet Gluon transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP600 internal error in the gluon-amp transform (KeyError: ...); this file is left unchanged", MANUAL),

@@ -89,3 +89,56 @@ def keras_hazards(module: cst.Module, imports: ImportMap, policy: str) -> List[H
         found.append((walker.tpu, TPU_FLOAT16, "TPU code under mixed_float16: TPUs compute in bfloat16, which needs no "
                       "loss scale; run ampify with --dtype bfloat16 for mixed_bfloat16"))
     return found
+
+
+FLOAT16_LOSS = "AMP518"
+
+
+def _calls_or_names(node: cst.CSTNode) -> Tuple[set, set, bool]:
+    """(names called, names read, whether a tf.cast appears) in an expression."""
+    called, read = set(), set()
+    casts = []
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if isinstance(call.func, cst.Name):
+                called.add(call.func.value)
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "cast":
+                casts.append(call)
+
+        def visit_Name(self, name: cst.Name) -> None:
+            read.add(name.value)
+
+    walk(node, _Visitor())
+    return called, read, bool(casts)
+
+
+def float16_losses(loops, reduced_models: List[str]) -> List[Hazard]:
+    """A custom loop's loss computed from the output of a model that stays in the policy's reduced
+    precision (a subclassed model, or one whose output layer ampify did not find): the loss is
+    then float16 too, outside any model."""
+    found: List[Hazard] = []
+    models = set(reduced_models)
+    if not models:
+        return found
+    for step in loops.steps:
+        tainted: dict = {}  # name -> the model whose output it holds
+        for statement in getattr(step.tape_block.body, "body", ()):
+            if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+                    and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1
+                    and isinstance(statement.body[0].targets[0].target, cst.Name)):
+                continue
+            assign = statement.body[0]
+            name = assign.targets[0].target.value
+            called, read, cast = _calls_or_names(assign.value)
+            if cast:
+                continue
+            sources = sorted(called & models) or sorted(tainted[n] for n in read if n in tainted)
+            if sources:
+                tainted[name] = sources[0]
+                if name == step.loss:
+                    found.append((statement, FLOAT16_LOSS,
+                                  f"the loss `{name}` is computed from {sources[0]}'s output, which stays in the "
+                                  "policy's reduced precision (its output layer is not cast to float32): the loss is "
+                                  "float16 outside the model; cast the output with tf.cast(..., tf.float32) first"))
+    return found

@@ -36,7 +36,7 @@ from ampify.transforms.keras.custom_loops import (
     plan_custom_loops,
     wrap_tape_check,
 )
-from ampify.transforms.keras.hazards import keras_hazards
+from ampify.transforms.keras.hazards import float16_losses, keras_hazards
 from ampify.transforms.keras.experimental_api import ExperimentalRewriter, plan_experimental_migration
 from ampify.transforms.keras.survey import KERAS_ROOTS, keras_root_of, survey_keras
 
@@ -151,6 +151,9 @@ class KerasMixedPrecision(Transform):
                                     "optimizer stay as they are", *_place(positions, survey.gradient_tape)))
         for node, code, message in keras_hazards(module, imports, policy_name):
             findings.append(Finding(code, message, *_place(positions, node), Severity.WARNING))
+        if loops is not None:
+            for node, code, message in float16_losses(loops, _reduced_output_models(survey, outputs)):
+                findings.append(Finding(code, message, *_place(positions, node), Severity.WARNING))
         taken = names_in(module)
         new_module = module.visit(_Writer(loops or LoopPlan(), spelling, taken, edits))
         body = list(new_module.body)
@@ -211,6 +214,19 @@ def _output_layers(survey) -> List:
             build.reason = ""
         result.append((build, layer))
     return result
+
+
+def _reduced_output_models(survey, outputs) -> List[str]:
+    """Names bound to models whose output stays in reduced precision: instances of subclassed
+    models, and built models whose output layer was not found."""
+    classes = {klass.name.value for klass in survey.subclassed_models}
+    names = []
+    for name, value in survey.assigned_calls:
+        if isinstance(value.func, cst.Name) and value.func.value in classes:
+            names.append(name)
+    unfound = {id(build.call) for build, layer in outputs if layer is None}
+    names += [name for name, value in survey.assigned_calls if id(value) in unfound]
+    return names
 
 
 _API_WORDS = {

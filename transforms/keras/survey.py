@@ -70,6 +70,8 @@ class KerasSurvey:
     last_added: Dict[str, cst.Call] = field(default_factory=dict)
     #: classes that derive from keras Model
     subclassed_models: List[cst.ClassDef] = field(default_factory=list)
+    #: (name, call) of every `name = Call(...)` (models built and bound to a name)
+    assigned_calls: List[Tuple[str, cst.Call]] = field(default_factory=list)
 
 
 #: what sets mixed precision up (reading `global_policy()` does not)
@@ -129,6 +131,8 @@ class _Walker(cst.CSTVisitor):
     def visit_Assign(self, node: cst.Assign) -> None:
         # outputs = layers.Dense(10, activation="softmax")(x)
         value = node.value
+        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and isinstance(value, cst.Call):
+            self.survey.assigned_calls.append((node.targets[0].target.value, value))
         if (len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and isinstance(value, cst.Call)
                 and _is_layer_construction(value.func, self.imports)):
             self.survey.layer_outputs[node.targets[0].target.value] = value.func
