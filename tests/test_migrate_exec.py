@@ -150,3 +150,28 @@ def test_apex_behind_a_flag_migrates_to_torch_amp_switched_by_that_flag(tmp_path
     assert len(before) == len(after) == 20 and after[-1] < after[0] / 2
     for old, new in zip(before, after):
         assert abs(old - new) <= (0.02 * max(abs(old), 1e-3) if flag else 0.0), (before, after)
+
+
+def test_a_disable_casts_region_runs_without_autocast_after_migration(tmp_path):
+    """`with amp.disable_casts():` -> `with torch.autocast(device_type=device.type, enabled=False):` inside
+    the converted autocast region: the model's matmul runs in float16, the matmul inside in float32."""
+    import os
+
+    source = SCRIPT.with_name("exec_apex_training.py").read_text()
+    old = "    loss = torch.nn.functional.mse_loss(output.float(), target.to(device))\n"
+    assert old in source
+    source = source.replace(old, "    with amp.disable_casts():\n        product = output.float() @ torch.eye(1)\n"
+                                 "        loss = torch.nn.functional.mse_loss(product, target.to(device))\n")
+    conversion = convert_source(source, filename="disable_casts.py")
+    assert conversion.status is FileStatus.CHANGED, (conversion.reason, conversion.findings)
+    text = conversion.converted
+    assert "with torch.autocast(device_type=device.type, enabled=False):" in text and "disable_casts" not in text
+    migrated = tmp_path / "migrated.py"
+    migrated.write_text(text.replace('print("loss %.6f dtype %s" % (loss.item(), output.dtype))',
+                                     'print("loss %.6f dtype %s inside %s" % (loss.item(), output.dtype, product.dtype))'))
+    run = subprocess.run([sys.executable, str(migrated)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=""))
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("loss ")]
+    # a matmul under autocast would give float16: inside the region it stays float32
+    assert len(lines) == 20 and all(line.endswith("dtype torch.float16 inside torch.float32") for line in lines)

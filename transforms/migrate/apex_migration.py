@@ -19,7 +19,7 @@ from ampify.transforms.kit.arguments import with_keyword
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.line_map import LineMap
 from ampify.transforms.kit.positions import Positions
-from ampify.transforms.migrate.apex_removal import ApexRemover, plan_apex_removal
+from ampify.transforms.migrate.apex_removal import AUTOCAST_OFF, ApexRemover, plan_apex_removal
 from ampify.transforms.torch.native_amp import TorchNativeAmp
 
 APEX_REMOVED = "AMP403"
@@ -64,6 +64,14 @@ def migrate_apex(module: cst.Module, imports: ImportMap, options: Options, conte
                                "apex amp that the native conversion cannot replace")
     module_out = native.module
     notes: List[Finding] = []
+    if plan.casts_disabled:
+        switched_off = _autocast_off(module_out)
+        if isinstance(switched_off, str):
+            finding = Finding(APEX_NOT_MIGRATED, f"{switched_off}; the file stays on apex",
+                              first_edit.start.line if first_edit else 0, first_edit.start.column if first_edit else 0,
+                              Severity.WARNING)
+            return TransformResult(module, Verdict.UNCONVERTED, [finding], "apex amp.disable_casts")
+        module_out = switched_off
     if plan.opt_level == "O0" or plan.flag is not None:
         # O0 is float32 training: torch.amp switched off keeps it so (the flag, if any, no longer matters)
         flag, scopes = ("False", None) if plan.opt_level == "O0" else (plan.flag, plan.flag_scopes)
@@ -146,6 +154,37 @@ def _switched_by(module: cst.Module, flag: str, scopes) -> "cst.Module | str":
             return with_keyword(updated_node, "enabled", cst.parse_expression(flag))
 
     return module.visit(_Switch())
+
+
+def _autocast_off(module: cst.Module) -> "cst.Module | str":
+    """The module with each AUTOCAST_OFF() stand-in made `torch.autocast(device_type=<the device the
+    native conversion chose>, enabled=False)`, or why not (no autocast, or several devices)."""
+    imports = ImportMap.from_module(module)
+    devices = set()
+
+    class _Devices(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if imports.resolve(node.func) in _AUTOCAST:
+                device = next((arg.value for arg in node.args if arg.keyword is not None
+                               and arg.keyword.value == "device_type"), node.args[0].value if node.args else None)
+                devices.add(cst.Module(body=[]).code_for_node(device) if device is not None else "")
+
+    module.visit(_Devices())
+    if len(devices) != 1 or "" in devices:
+        return "amp.disable_casts() needs the one device the autocast regions run on, and there is " + (
+            "no autocast" if not devices else "more than one")
+    device = devices.pop()
+    torch_name = next(iter(sorted(imports.local_names_for("torch"))), None)
+    if torch_name is None:
+        return "amp.disable_casts() needs torch imported by name"
+
+    class _Off(cst.CSTTransformer):
+        def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+            if isinstance(updated_node.func, cst.Name) and updated_node.func.value == AUTOCAST_OFF:
+                return cst.parse_expression(f"{torch_name}.autocast(device_type={device}, enabled=False)")
+            return updated_node
+
+    return module.visit(_Off())
 
 
 #: GradScaler grows the scale after this many finite steps: never, for a static scale

@@ -56,6 +56,8 @@ class ApexRemoval:
     obstacles: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
     #: opt_level of amp.initialize ("O1" when not given)
     opt_level: str = "O1"
+    #: `with amp.disable_casts():` blocks stand as AUTOCAST_OFF() calls, to become autocast(enabled=False)
+    casts_disabled: bool = False
     #: the flag apex amp is switched by (`if args.fp16: amp.initialize(...)`), None when always on
     flag: Optional[str] = None
     #: (scale_loss call, flag) of every `if flag: scale_loss ... else: backward` made one backward
@@ -495,7 +497,24 @@ def _has_call(node: cst.CSTNode) -> bool:
     return finder.found
 
 
+#: stands for `torch.autocast(device_type=<the conversion's device>, enabled=False)` until the native
+#: conversion has chosen the device (migrate/apex_migration.py puts the real call in)
+AUTOCAST_OFF = "_ampify_autocast_off_"
+
+
+def _plan_disable_casts(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[ApexEdit]:
+    item = ancestors[0] if ancestors else None
+    if call.args or not isinstance(item, cst.WithItem) or item.asname is not None:
+        plan.obstacles.append((call, "amp.disable_casts() other than as `with amp.disable_casts():`: migrate by hand"))
+        return None
+    plan.casts_disabled = True
+    return ApexEdit(call, cst.Call(cst.Name(AUTOCAST_OFF)),
+                    "`with amp.disable_casts():` -> `with torch.autocast(..., enabled=False):` (no casting inside: ops run "
+                                     "in their inputs' dtypes, as under apex)")
+
+
 _MEMBER_PLANNERS = {
+    "disable_casts": _plan_disable_casts,
     "initialize": _plan_initialize,
     "scale_loss": _plan_scale_loss,
     "master_params": _plan_master_params,
