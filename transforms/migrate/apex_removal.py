@@ -56,6 +56,8 @@ class ApexRemoval:
     obstacles: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
     #: opt_level of amp.initialize ("O1" when not given)
     opt_level: str = "O1"
+    #: the names of the models amp.initialize took
+    models: Set[str] = field(default_factory=set)
     #: `with amp.disable_casts():` blocks stand as AUTOCAST_OFF() calls, to become autocast(enabled=False)
     casts_disabled: bool = False
     #: the flag apex amp is switched by (`if args.fp16: amp.initialize(...)`), None when always on
@@ -136,7 +138,52 @@ def plan_apex_removal(module: cst.Module, imports: ImportMap) -> ApexRemoval:
                                          f"{plan.flag or 'nothing'}: migrate by hand"))
     if plan.flag is not None and not plan.obstacles:
         _check_flag_uses(module, plan)
+    if plan.opt_level == "O2" and plan.models and not plan.obstacles:
+        _plan_o2_half_removal(module, plan)
     return plan
+
+
+def _plan_o2_half_removal(module: cst.Module, plan: ApexRemoval) -> None:
+    """O2 migrates with O1's semantics: the model stays float32 (GradScaler refuses float16
+    gradients), so `.half()` on a model amp.initialize took, or on an input passed straight to one
+    (apex O2 cast those itself), goes. Any other `.half()` stays, and the native conversion refuses it."""
+
+    class _Halves(cst.CSTVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stack: List[cst.CSTNode] = []
+
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if (isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value == "half" and self._of_a_model(node)):
+                plan.edits.append(ApexEdit(node, node.func.value, "`.half()` removed: apex O2 made the model and "
+                                                                  "its inputs float16; with O1's semantics they stay "
+                                                                  "float32 and autocast picks each op's precision "
+                                                                  "(GradScaler refuses float16 gradients)"))
+                plan.paths.update(id(a) for a in self.stack)
+                plan.paths.add(id(node))
+            self.stack.append(node)
+            return True
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            self.stack.pop()
+
+        def _of_a_model(self, call: cst.Call) -> bool:
+            root = call.func.value
+            while isinstance(root, (cst.Call, cst.Attribute)):
+                root = root.func if isinstance(root, cst.Call) else root.value
+            if isinstance(root, cst.Name) and root.value in plan.models:
+                return True  # model.half(), model.cuda().half()
+            for ancestor in reversed(self.stack):  # model = Net().cuda().half(); model(x.cuda().half())
+                if isinstance(ancestor, cst.Assign):
+                    return any(isinstance(t.target, cst.Name) and t.target.value in plan.models for t in ancestor.targets)
+                if isinstance(ancestor, cst.Call) and isinstance(ancestor.func, cst.Name):
+                    return ancestor.func.value in plan.models
+                if isinstance(ancestor, (cst.BaseStatement, cst.BaseSmallStatement)):
+                    return False
+            return False
+
+    walk(module, _Halves())
 
 
 def _check_flag_uses(module: cst.Module, plan: ApexRemoval) -> None:
@@ -267,6 +314,9 @@ def _plan_initialize(plan: ApexRemoval, call: cst.Call, ancestors) -> Optional[A
     plan.initialized = True
     plan.opt_level = opt_level
     plan.static_loss_scale = static_loss_scale
+    first = positional[0].value
+    plan.models = {element.value.value for element in first.elements if isinstance(element.value, cst.Name)} \
+        if isinstance(first, (cst.List, cst.Tuple)) else ({first.value} if isinstance(first, cst.Name) else set())
     target = assign.targets[0].target
     values = [arg.value for arg in positional]
     value_code = ", ".join(_code(v) for v in values) if len(values) > 1 else _code(values[0])
