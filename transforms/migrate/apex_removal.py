@@ -117,6 +117,11 @@ def plan_apex_removal(module: cst.Module, imports: ImportMap) -> ApexRemoval:
         planner = _MEMBER_PLANNERS.get(member)
         if planner is None or not ancestors or not (isinstance(ancestors[0], cst.Call) and ancestors[0].func is node):
             what = f"amp.{member}" if member else "the apex amp module used as a value"
+            if member in _CAST_DECORATORS:
+                plan.obstacles.append((node, f"{what}: torch.amp.custom_fwd(cast_inputs=...) is its equivalent only "
+                                             "on the forward of a torch.autograd.Function; for a plain function cast "
+                                             "the inputs and run it under torch.autocast(..., enabled=False) by hand"))
+                continue
             plan.obstacles.append((node, f"{what} has no torch.amp equivalent that ampify writes: migrate it by hand"))
             continue
         edit = planner(plan, ancestors[0], ancestors[1:])
@@ -546,6 +551,12 @@ def _has_call(node: cst.CSTNode) -> bool:
     walk(node, finder)
     return finder.found
 
+
+#: apex's cast decorators and registrations (amp/amp.py): their torch.amp counterpart, custom_fwd,
+#: applies to autograd.Function forwards only
+_CAST_DECORATORS = {"half_function", "float_function", "promote_function", "bfloat16_function",
+                    "register_half_function", "register_float_function", "register_promote_function",
+                    "register_bfloat16_function"}
 
 #: stands for `torch.autocast(device_type=<the conversion's device>, enabled=False)` until the native
 #: conversion has chosen the device (migrate/apex_migration.py puts the real call in)
