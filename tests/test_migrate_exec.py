@@ -175,3 +175,45 @@ def test_a_disable_casts_region_runs_without_autocast_after_migration(tmp_path):
     lines = [line for line in run.stdout.splitlines() if line.startswith("loss ")]
     # a matmul under autocast would give float16: inside the region it stays float32
     assert len(lines) == 20 and all(line.endswith("dtype torch.float16 inside torch.float32") for line in lines)
+
+
+_TRAINING = SCRIPT.with_name("exec_apex_training.py").read_text()
+
+
+def _variant(edits):
+    source = _TRAINING
+    for old, new in edits:
+        assert old in source, old
+        source = source.replace(old, new)
+    return source
+
+
+@pytest.mark.parametrize("name,edits,dtype", [
+    ("O0", [('opt_level="O1"', 'opt_level="O0"')], "torch.float32"),
+    ("O2 with .half()", [('opt_level="O1"', 'opt_level="O2"'),
+                         (".to(device)\noptimizer", ".to(device).half()\noptimizer"),
+                         ("model(data.to(device))", "model(data.to(device).half())")], "torch.float16"),
+    ("delay_unscale", [("with amp.scale_loss(loss, optimizer) as scaled_loss:",
+                        "with amp.scale_loss(loss, optimizer, delay_unscale=step % 2 == 0) as scaled_loss:"),
+                       ("    torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 5.0)\n    optimizer.step()\n",
+                        "    if step % 2 == 1:\n        optimizer.step()\n")], "torch.float16"),
+])
+def test_each_apex_mapping_runs_migrated_on_cpu(tmp_path, name, edits, dtype):
+    """The migrations goldens show, run: O0 stays float32 without apex, O2's `.half()` goes and the
+    model trains in autocast's float16 with float32 weights, delay_unscale accumulates scaled
+    gradients until the boundary step."""
+    import os
+
+    conversion = convert_source(_variant(edits), filename=f"{name}.py")
+    assert conversion.status in (FileStatus.CHANGED, FileStatus.CHANGED_INCOMPLETE), (conversion.reason, conversion.findings)
+    text = conversion.converted
+    assert "apex" not in text.split('"""', 2)[2] and ".half()" not in text
+    migrated = tmp_path / "migrated.py"
+    migrated.write_text(text)
+    run = subprocess.run([sys.executable, "-W", "error::FutureWarning", str(migrated)], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=""))
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("loss ")]
+    assert len(lines) == 20 and all(line.endswith("dtype " + dtype) for line in lines)
+    losses = _losses(run.stdout)
+    assert losses[-1] < losses[0] / 2
