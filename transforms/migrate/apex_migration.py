@@ -67,28 +67,20 @@ def migrate_apex(module: cst.Module, imports: ImportMap, options: Options, conte
     if plan.casts_disabled:
         switched_off = _autocast_off(module_out)
         if isinstance(switched_off, str):
-            finding = Finding(APEX_NOT_MIGRATED, f"{switched_off}; the file stays on apex",
-                              first_edit.start.line if first_edit else 0, first_edit.start.column if first_edit else 0,
-                              Severity.WARNING)
-            return TransformResult(module, Verdict.UNCONVERTED, [finding], "apex amp.disable_casts")
+            return _stays_on_apex(module, first_edit, switched_off, "apex amp.disable_casts")
         module_out = switched_off
     if plan.opt_level == "O0" or plan.flag is not None:
         # O0 is float32 training: torch.amp switched off keeps it so (the flag, if any, no longer matters)
         flag, scopes = ("False", None) if plan.opt_level == "O0" else (plan.flag, plan.flag_scopes)
         switched = _switched_by(module_out, flag, scopes)
         if isinstance(switched, str):
-            finding = Finding(APEX_NOT_MIGRATED, f"{switched}; the file stays on apex",
-                              first_edit.start.line if first_edit else 0, first_edit.start.column if first_edit else 0,
-                              Severity.WARNING)
-            return TransformResult(module, Verdict.UNCONVERTED, [finding], "apex amp switched by a flag")
+            return _stays_on_apex(module, first_edit, switched, "apex amp switched by a flag")
         module_out = switched
     if plan.static_loss_scale is not None:
         fixed = _static_scale(module_out, plan.static_loss_scale)
         if fixed is None:
-            finding = Finding(APEX_NOT_MIGRATED, f"a static loss_scale={plan.static_loss_scale} and not one GradScaler "
-                              "to give it to; the file stays on apex", first_edit.start.line if first_edit else 0,
-                              first_edit.start.column if first_edit else 0, Severity.WARNING)
-            return TransformResult(module, Verdict.UNCONVERTED, [finding], "apex amp with a static loss scale")
+            return _stays_on_apex(module, first_edit, f"a static loss_scale={plan.static_loss_scale} and not one "
+                                  "GradScaler to give it to", "apex amp with a static loss scale")
         module_out, what = fixed
         initialize = next((positions.get(edit.node) for edit in plan.edits if "initialize" in edit.what), first_edit)
         notes.append(Finding(APEX_REMOVED, f"apex amp -> torch.amp: {what}",
@@ -222,6 +214,13 @@ def _static_scale(module: cst.Module, scale: str):
             "grows; unlike apex's static scale, a step whose gradients overflow is skipped and the scale still backs "
             "off (halves)")
     return module.visit(_Give()), what
+
+
+def _stays_on_apex(module: cst.Module, where, why: str, reason: str) -> TransformResult:
+    """The file left on apex: a step after the native conversion could not be written (`why`)."""
+    finding = Finding(APEX_NOT_MIGRATED, f"{why}; the file stays on apex", where.start.line if where else 0,
+                      where.start.column if where else 0, Severity.WARNING)
+    return TransformResult(module, Verdict.UNCONVERTED, [finding], reason)
 
 
 def _not_migrated(positions: Positions, node: cst.CSTNode, reason: str) -> Finding:

@@ -26,6 +26,7 @@ from ampify.transforms.base import TransformResult, Verdict
 from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.module_names import names_in
 from ampify.transforms.kit.line_map import LineMap
 
 #: calls that make a statement part of a training step's structure
@@ -47,17 +48,6 @@ def _holds_training_call(node: cst.CSTNode) -> bool:
 
     walk(node, _Finder())
     return found
-
-
-def _names_in(module: cst.Module) -> Set[str]:
-    names: Set[str] = set()
-
-    class _Names(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            names.add(node.value)
-
-    walk(module, _Names())
-    return names
 
 
 class _Normalize(cst.CSTTransformer):
@@ -158,7 +148,7 @@ def normalize_training_statements(module: cst.Module) -> cst.Module:
     needed it (the common case: a cheap check, no rebuild)."""
     if not _needs_reshaping(module):
         return module  # a read-only walk (cheap) instead of a transform (about a parse)
-    transformer = _Normalize(_names_in(module))
+    transformer = _Normalize(names_in(module))
     normalized = module.visit(transformer)
     return normalized if transformer.changed else module
 

@@ -46,15 +46,6 @@ def _amp_casts(block):
     return text.count('"amp_cast"') + text.count('"amp_multicast"')
 
 
-def _patch(cls, name, make):
-    original = getattr(cls, name, None)
-    if original is None or getattr(original, "_ampify_probe", False):
-        return
-    wrapper = make(original)
-    wrapper._ampify_probe = True
-    setattr(cls, name, wrapper)
-
-
 def _install_bench_timing(mxnet, evidence):
     """`ampify bench`: a timestamp after every trainer step (once MXNet's engine finished its
     work), the mean loss of every measured step, peak host memory; the script stops after
@@ -114,21 +105,16 @@ def _install_bench_timing(mxnet, evidence):
                     evidence["batch_size"] = args[0]  # trainer.step(batch_size) normalises by it
                 if len(times) >= warmup + steps:
                     evidence["cuda"] = False
-                    try:
-                        import resource
-
-                        evidence["peak_host_rss_kb"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-                    except Exception:
-                        pass
+                    common.record_peak_host_memory(evidence)
                     common.stop_script("bench: %d steps timed" % steps)
             return result
         return step
 
-    _patch(amp, "scale_loss", make_scale_loss)
-    _patch(mxnet.nd.NDArray, "backward", make_method_backward)
-    _patch(autograd, "backward", make_function_backward)
+    common.patch_method(amp, "scale_loss", make_scale_loss)
+    common.patch_method(mxnet.nd.NDArray, "backward", make_method_backward)
+    common.patch_method(autograd, "backward", make_function_backward)
     for name in ("step", "update"):
-        _patch(gluon.Trainer, name, make_step)
+        common.patch_method(gluon.Trainer, name, make_step)
 
 
 def on_mxnet_imported(mxnet):
@@ -201,11 +187,11 @@ def on_mxnet_imported(mxnet):
         return step
 
     try:
-        _patch(amp, "init", make_init)
-        _patch(amp, "scale_loss", make_scale_loss)
-        _patch(gluon.Block, "__call__", make_call)
+        common.patch_method(amp, "init", make_init)
+        common.patch_method(amp, "scale_loss", make_scale_loss)
+        common.patch_method(gluon.Block, "__call__", make_call)
         for name in ("step", "update"):
-            _patch(gluon.Trainer, name, make_step)
+            common.patch_method(gluon.Trainer, name, make_step)
     except Exception as error:  # an MXNet without one of these: say so, never break the script
         evidence.setdefault("probe_errors", []).append(repr(error))
 

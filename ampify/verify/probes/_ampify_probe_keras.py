@@ -67,15 +67,6 @@ def _on_first_step(evidence, optimizer, keras_module):
     common.stop_when_allowed("keras optimizer step")
 
 
-def _patch(cls, name, make):
-    original = getattr(cls, name, None)
-    if original is None or getattr(original, "_ampify_probe", False):
-        return
-    wrapper = make(original)
-    wrapper._ampify_probe = True
-    setattr(cls, name, wrapper)
-
-
 def _install_bench_timing(keras_module, evidence):
     """`ampify bench`: `fit` gets one more callback that stamps the end of every training batch (its
     logs are read, which waits for the step) and records the loss; the script stops after WARMUP +
@@ -100,12 +91,7 @@ def _install_bench_timing(keras_module, evidence):
                 losses.append(loss)
             if len(times) >= warmup + steps:
                 evidence["cuda"] = False
-                try:
-                    import resource
-
-                    evidence["peak_host_rss_kb"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-                except Exception:
-                    pass
+                common.record_peak_host_memory(evidence)
                 common.stop_script("bench: %d steps timed" % steps)
 
     def make_fit(original):
@@ -116,7 +102,7 @@ def _install_bench_timing(keras_module, evidence):
             return original(self, *args, **kwargs)
         return fit
 
-    _patch(keras_module.Model, "fit", make_fit)
+    common.patch_method(keras_module.Model, "fit", make_fit)
 
 
 def on_keras_imported(keras_module, section):
@@ -142,7 +128,7 @@ def on_keras_imported(keras_module, section):
         return apply_gradients
 
     try:
-        _patch(keras_module.Model, "fit", make_fit)
+        common.patch_method(keras_module.Model, "fit", make_fit)
         classes = [keras_module.optimizers.Optimizer]
         scaler = getattr(keras_module.mixed_precision, "LossScaleOptimizer", None)
         if scaler is not None:
@@ -150,7 +136,7 @@ def on_keras_imported(keras_module, section):
         for cls in classes:
             for name in ("apply_gradients", "apply"):
                 if name in cls.__dict__ or cls is classes[-1]:
-                    _patch(cls, name, make_apply)
+                    common.patch_method(cls, name, make_apply)
     except Exception as error:  # a Keras without one of these: say so, never break the script
         evidence.setdefault("probe_errors", []).append(repr(error))
 

@@ -134,12 +134,7 @@ def _bench_timing(evidence):
             losses.append(found[0])
         if len(times) >= warmup + steps:
             evidence["cuda"] = bool(evidence.get("gpu"))
-            try:
-                import resource
-
-                evidence["peak_host_rss_kb"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-            except Exception:
-                pass
+            common.record_peak_host_memory(evidence)
             common.stop_script("bench: %d steps timed" % steps)
 
     return after_step

@@ -219,12 +219,7 @@ def _install_bench_timing(torch, evidence):
             if cuda:
                 evidence["peak_device_memory"] = int(torch.cuda.max_memory_allocated())
                 evidence["device_name"] = torch.cuda.get_device_name()
-            try:
-                import resource
-
-                evidence["peak_host_rss_kb"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-            except Exception:
-                pass
+            common.record_peak_host_memory(evidence)
             common.stop_script("bench: %d steps timed" % steps)
 
     register_optimizer_step_post_hook(after_step)
