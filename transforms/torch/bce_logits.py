@@ -27,6 +27,8 @@ from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.positions import Positions
 
+#: device moves of a criterion module (a statement of their own): BCEWithLogitsLoss moves alike
+_DEVICE_MOVES = {"cuda", "cpu", "to"}
 _SHAPE_METHODS = {"view", "squeeze", "unsqueeze", "reshape", "flatten", "view_as", "contiguous"}
 _MODEL_ATTRIBUTES = {
     "parameters", "named_parameters", "apply", "to", "cuda", "cpu", "state_dict", "load_state_dict", "train",
@@ -133,7 +135,10 @@ class _Fuser:
         kept = args[:-1]
         # `..., nn.Conv2d(...),\n    nn.Sigmoid()\n)` -> `..., nn.Conv2d(...),\n)`: the closing
         # parenthesis keeps the line it had
-        if isinstance(kept[-1].comma, cst.Comma):
+        if isinstance(args[-1].comma, cst.Comma):
+            # `nn.Linear(256, 1),\n    nn.Sigmoid(),\n)`: the trailing comma and its line break stay
+            kept[-1] = kept[-1].with_changes(comma=args[-1].comma)
+        elif isinstance(kept[-1].comma, cst.Comma):
             kept[-1] = kept[-1].with_changes(comma=kept[-1].comma.with_changes(whitespace_after=args[-1].whitespace_after_arg))
         else:
             kept[-1] = kept[-1].with_changes(whitespace_after_arg=args[-1].whitespace_after_arg)
@@ -280,6 +285,11 @@ class _Fuser:
     def _check_criterion_use(self, use: cst.Name, criterion: str) -> None:
         holder = self.parent(use)
         if isinstance(holder, cst.AssignTarget):
+            return
+        if isinstance(holder, cst.Attribute) and holder.attr.value in _DEVICE_MOVES:
+            # `adversarial_loss.cuda()` as a statement of its own: a device move, for any criterion
+            call = self.parent(holder)
+            _need(isinstance(call, cst.Call) and call.func is holder and isinstance(self.parent(call), cst.Expr))
             return
         _need(isinstance(holder, cst.Call) and holder.func is use and holder.args)
         first = _strip_shape_ops(holder.args[0].value)
