@@ -122,9 +122,11 @@ class GluonMixedPrecision(Transform):
         for scaled in plan.scaled:
             where = "moved into the autograd.record() block before it" if scaled.move_into is not None else (
                 "under an autograd.record() block of its own" if scaled.own_record else "inside the record block")
+            assumption = (f"; `{scaled.trainer}` is taken to be the one gluon.Trainer this file builds "
+                          f"({survey.trainers[0].name}), on which amp.init_trainer is called" if scaled.assumed else "")
             findings.append(Finding(LOSS_SCALED, f"backward pass of `{module.code_for_node(scaled.loss)}` scaled with "
-                                    f"{amp}.scale_loss(..., {scaled.trainer}), {where} (the scaling must be recorded)",
-                                    *_place(positions, scaled.backward.call)))
+                                    f"{amp}.scale_loss(..., {scaled.trainer}), {where} (the scaling must be recorded)"
+                                    + assumption, *_place(positions, scaled.backward.call)))
         for statement, trainers in plan.unscale_before.values():
             findings.append(Finding(UNSCALED, f"{', '.join(f'{amp}.unscale({t})' for t in trainers)} before the gradients "
                                     "are read (clipping needs the true gradients)", *_place(positions, statement)))

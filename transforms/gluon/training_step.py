@@ -43,6 +43,8 @@ class ScaledBackward:
     move_into: Optional[cst.With] = None
     #: the record call to open around the scaling (neither inside nor right after a record block)
     own_record: Optional[str] = None
+    #: the trainer is a name this file does not build (a parameter), taken to be its one Trainer
+    assumed: bool = False
 
 
 @dataclass
@@ -132,7 +134,7 @@ def plan_steps(survey: GluonSurvey, trainer_names: Set[str], code_for, autograd_
             plan.obstacle = (backward.call, f"one backward pass whose gradients both {trainer} and {second} apply "
                                             "(amp.scale_loss scales the loss for one trainer)")
             return plan
-        scaled = ScaledBackward(backward, unit, loss, trainer, functional)
+        scaled = ScaledBackward(backward, unit, loss, trainer, functional, assumed=trainer not in trainer_names)
         if not any(i in record_ids for i in tree.ancestors(unit)):
             before = tree.previous_sibling(unit)
             if isinstance(before, cst.With) and id(before) in record_ids and isinstance(before.body, cst.IndentedBlock):
