@@ -186,3 +186,17 @@ def record_peak_host_memory(evidence):
         evidence["peak_host_rss_kb"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     except Exception:
         pass
+
+
+def record_tensorflow_device_memory(evidence):
+    """`ampify bench` under TensorFlow: the first GPU's peak memory, as TensorFlow's allocator
+    reports it (`tf.config.experimental.get_memory_info`); nothing on a machine without a GPU."""
+    try:
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+        evidence["cuda"] = bool(gpus)
+        if gpus:
+            evidence["peak_device_memory"] = int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
+    except Exception:
+        pass

@@ -90,7 +90,7 @@ def _install_bench_timing(keras_module, evidence):
             if len(times) > warmup and loss is not None and len(losses) < steps:
                 losses.append(loss)
             if len(times) >= warmup + steps:
-                evidence["cuda"] = False
+                common.record_tensorflow_device_memory(evidence)
                 common.record_peak_host_memory(evidence)
                 common.stop_script("bench: %d steps timed" % steps)
 

@@ -133,7 +133,7 @@ def _bench_timing(evidence):
         if len(times) > warmup and len(found) == 1 and len(losses) < steps:
             losses.append(found[0])
         if len(times) >= warmup + steps:
-            evidence["cuda"] = bool(evidence.get("gpu"))
+            common.record_tensorflow_device_memory(evidence)
             common.record_peak_host_memory(evidence)
             common.stop_script("bench: %d steps timed" % steps)
 
