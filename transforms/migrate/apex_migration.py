@@ -105,6 +105,10 @@ def migrate_apex(module: cst.Module, imports: ImportMap, options: Options, conte
                      "stays float32 and autocast picks each op's precision")
         notes.append(Finding(APEX_REMOVED, f"apex amp -> torch.amp: {what}",
                              position.start.line if position else 0, position.start.column if position else 0))
+    before, after = _scaler_calls(native.module), _scaler_calls(module_out)
+    if before != after and len(before) == len(after):
+        # the findings quote the GradScaler as the native conversion wrote it: quote it as it now is
+        native_findings = [dataclasses.replace(f, message=_requoted(f.message, before, after)) for f in native_findings]
     findings = sorted([*notes, *native_findings], key=lambda f: (f.line, f.column, f.code))
     return TransformResult(module_out, Verdict.CONVERTED, findings, native.reason, native.companions)
 
@@ -214,6 +218,26 @@ def _static_scale(module: cst.Module, scale: str):
             "grows; unlike apex's static scale, a step whose gradients overflow is skipped and the scale still backs "
             "off (halves)")
     return module.visit(_Give()), what
+
+
+def _scaler_calls(module: cst.Module) -> List[str]:
+    """The code of every GradScaler construction, in source order."""
+    imports = ImportMap.from_module(module)
+    found: List[str] = []
+
+    class _Scalers(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if imports.resolve(node.func) in _SCALERS:
+                found.append(module.code_for_node(node))
+
+    module.visit(_Scalers())
+    return found
+
+
+def _requoted(message: str, before: List[str], after: List[str]) -> str:
+    for old, new in zip(before, after):
+        message = message.replace(old, new)
+    return message
 
 
 def _stays_on_apex(module: cst.Module, where, why: str, reason: str) -> TransformResult:
