@@ -138,8 +138,12 @@ class _Fuser:
         if isinstance(args[-1].comma, cst.Comma):
             # `nn.Linear(256, 1),\n    nn.Sigmoid(),\n)`: the trailing comma and its line break stay
             kept[-1] = kept[-1].with_changes(comma=args[-1].comma)
-        elif isinstance(kept[-1].comma, cst.Comma):
+        elif isinstance(kept[-1].comma, cst.Comma) and "\n" in cst.Module(body=[]).code_for_node(
+                kept[-1].comma.whitespace_after):
             kept[-1] = kept[-1].with_changes(comma=kept[-1].comma.with_changes(whitespace_after=args[-1].whitespace_after_arg))
+        elif isinstance(kept[-1].comma, cst.Comma):
+            # all on one line: `nn.Linear(128, 1), nn.Sigmoid())` -> `nn.Linear(128, 1))`
+            kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=args[-1].whitespace_after_arg)
         else:
             kept[-1] = kept[-1].with_changes(whitespace_after_arg=args[-1].whitespace_after_arg)
         self.replace[id(sequential)] = sequential.with_changes(args=kept)
@@ -168,6 +172,7 @@ class _Fuser:
         forward = next((s for s in klass.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"), None)
         _need(forward is not None)
         results: Set[str] = set()
+        direct: Set[int] = set()  # ids of `return self.model(...)` statements
         for name in self.index.names.get(attribute, []):
             attr = self.parent(name)
             if not (isinstance(attr, cst.Attribute) and attr.attr is name and dotted_name(attr) == f"self.{attribute}"):
@@ -183,10 +188,14 @@ class _Fuser:
                 holder = self.parent(holder)
                 _need(self.imports.resolve(holder.func) == "torch.nn.parallel.data_parallel")
             _need(isinstance(holder, cst.Call))
+            returned = self.parent(_outermost_shape_op(holder, self.parent))
+            if isinstance(returned, cst.Return):  # `return self.model(x)`, through shape operations only
+                direct.add(id(returned))
+                continue
             assign = self.parent(holder)
             _need(isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name))
             results.add(assign.targets[0].target.value)
-        _need(bool(results))
+        _need(bool(results) or bool(direct))
         for result in results:
             for assignment in self._assignments(result, within=forward):
                 value = assignment.value
@@ -197,6 +206,8 @@ class _Fuser:
         returns = [n for n in self._nodes(forward, cst.Return)]
         _need(bool(returns))
         for ret in returns:
+            if id(ret) in direct:
+                continue
             base = _strip_shape_ops(ret.value)
             _need(isinstance(base, cst.Name) and base.value in results)
 
