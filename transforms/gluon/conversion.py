@@ -101,7 +101,7 @@ class GluonMixedPrecision(Transform):
         plan = StepPlan()
         trainer_edits: Dict[int, TrainerBuild] = {}
         if not bfloat16:
-            refusal = self._plan_scaling(module, imports, survey, positions, findings, trainer_edits)
+            refusal = self._plan_scaling(module, imports, survey, positions, findings, trainer_edits, found[2])
             if isinstance(refusal, TransformResult):
                 return refusal
             plan = refusal
@@ -134,7 +134,7 @@ class GluonMixedPrecision(Transform):
         findings.sort(key=lambda f: (f.line, f.column, f.code))
         return TransformResult(new_module, Verdict.CONVERTED, findings)
 
-    def _plan_scaling(self, module, imports, survey: GluonSurvey, positions, findings, trainer_edits):
+    def _plan_scaling(self, module, imports, survey: GluonSurvey, positions, findings, trainer_edits, amp: str):
         """The float16 loss scaling: a StepPlan, or the refusal (a TransformResult)."""
         if survey.horovod_trainer is not None:
             return _refuse(module, positions, survey.horovod_trainer, HOROVOD,
@@ -173,8 +173,8 @@ class GluonMixedPrecision(Transform):
                                         "written: amp's dynamic loss scaling needs False (a step whose gradients overflow "
                                         "is applied on the kvstore before amp can skip it)", *_place(positions, build.call),
                                         Severity.WARNING))
-            findings.append(Finding(TRAINER_INIT, f"{what}and amp.init_trainer({build.name}) for dynamic loss scaling"
-                                    if what else f"amp.init_trainer({build.name}) for dynamic loss scaling",
+            findings.append(Finding(TRAINER_INIT, f"{what}and {amp}.init_trainer({build.name}) for dynamic loss scaling"
+                                    if what else f"{amp}.init_trainer({build.name}) for dynamic loss scaling",
                                     *_place(positions, build.call)))
         return plan
 
