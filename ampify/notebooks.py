@@ -145,7 +145,8 @@ def build_program(notebook: Dict[str, Any]) -> Tuple[str, List[ProgramCell]]:
             bare = text.rstrip("\r\n")
             if (number == 0 and bare.strip().startswith("%%")) or _IPYTHON_LINE.match(bare):
                 indent = bare[: len(bare) - len(bare.lstrip())]
-                program_cell.masked[mask_number] = bare
+                # put back as it was, a "\r" before the line's "\n" included
+                program_cell.masked[mask_number] = text[:-1] if text.endswith("\n") else text
                 kept.append(indent + _MASK.format(mask_number) + "\n")
                 mask_number += 1
             else:

@@ -162,3 +162,10 @@ def test_a_git_lfs_pointer_is_not_a_notebook_to_fail_on():
     pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 52311\n"
     conversion = convert_notebook(pointer, Options(), "big.ipynb").conversion
     assert conversion.status is FileStatus.NOT_APPLICABLE and "Git LFS pointer" in conversion.reason
+
+
+def test_ipython_lines_with_windows_line_endings_come_back_exactly():
+    data = _notebook([["import torch\r\n", "%matplotlib inline\r\n", "x = 1\r\n"]])
+    notebook = read_notebook(data)
+    program, cells = build_program(notebook)
+    assert split_program(program, cells) == {0: "import torch\r\n%matplotlib inline\r\nx = 1\r\n"}
