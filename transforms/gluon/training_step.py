@@ -226,9 +226,15 @@ def _second_trainer(step_statement, trainer, survey, tree, trainer_names, backwa
 
 
 def _plan_unscale(plan: StepPlan, unit, step_statement, trainer, survey: GluonSurvey, tree: _Tree) -> None:
+    """`amp.unscale(trainer)` right before the innermost statement that first reads the gradients
+    after the backward pass: it then runs only when that read runs (`if clip:`, the accumulation
+    boundary `if (i + 1) % n == 0:`), never on a micro-step whose gradients keep accumulating
+    scaled. A second unscale before the step changes nothing (the trainer's scale is then 1)."""
     for statement in tree.following(unit):
-        if any(tree.contains(statement, read) for read in survey.gradient_reads):
-            _, trainers = plan.unscale_before.setdefault(id(statement), (statement, []))
+        read = next((read for read in survey.gradient_reads if tree.contains(statement, read)), None)
+        if read is not None:
+            innermost = tree.statement_of(read)
+            _, trainers = plan.unscale_before.setdefault(id(innermost), (innermost, []))
             if trainer not in trainers:
                 trainers.append(trainer)
             return
