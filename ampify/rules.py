@@ -233,6 +233,11 @@ RULES: List[Rule] = [
          "amp is a process-wide singleton: the optimizer the caller passes in is already patched when the step runs; both files are written as one change set.",
          "train_one_epoch(model, loader, optimizer)  # main.py\n  -> model, optimizer = amp.initialize(model, optimizer, opt_level=\"O1\")\n"
          "     train_one_epoch(model, loader, optimizer)", REVIEW),
+    Rule("AMP308", "info", "optimizer built above the DataParallel/DDP wrap, `amp.initialize` before the wrap",
+         "amp.initialize rejects wrapped models; DDP's parameters are those of the model it wraps, in the same order, so "
+         "the optimizer built from the model before the wrap is the same optimizer.",
+         "ddp_model = DDP(model)\noptimizer = SGD(ddp_model.parameters())\n  -> optimizer = SGD(model.parameters())\n"
+         "     model, optimizer = amp.initialize(...)\n     ddp_model = DDP(model)", REVIEW),
     Rule("AMP310", "warning", "`BCELoss` / `binary_cross_entropy`: apex raises on it; file not converted",
          "apex O1 raises on BCELoss: use BCEWithLogitsLoss.", "criterion = nn.BCELoss()", MANUAL),
     Rule("AMP311", "warning", "`optimizer.step(closure)`: apex does not support closures; file not converted",

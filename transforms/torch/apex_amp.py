@@ -24,6 +24,7 @@ from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.torch import screen as torch_screen
 from ampify.transforms.torch.apex_callers import foreign_call_sites, plan_caller
 from ampify.transforms.torch.apex_setup import ApexSetup, ApexSetupFinder, index_of, refuse
+from ampify.transforms.torch.apex_wrap_hoist import plan_hoist
 from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConversion, short_text
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
 from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, distinct_losses, pair_helper_backwards
@@ -213,9 +214,8 @@ class ApexConversion(TorchConversion):
                 "by hand",
             )
         self.setups.check_models_reach_the_gpu(setup)
-        anchor = self.setups.initialize_anchor(unit, setup)
-        self.plan_initialize(len(distinct_losses(unit)), setup, anchor)
-        self.plan_parallel_wraps(setup, anchor)
+        anchor = self.place_initialize(
+            len(distinct_losses(unit)), setup, [unit.owner, *(b.call for b in unit.backwards)])
         self.plan_backwards(unit)
         self._plan_index_assignment_casts(unit)
         self._plan_clipping(unit)
@@ -280,7 +280,39 @@ class ApexConversion(TorchConversion):
 
     # -- amp.initialize
 
-    def plan_initialize(self, losses: int, setup: ApexSetup, anchor: cst.CSTNode, why: str = "") -> None:
+    def place_initialize(self, losses: int, setup: ApexSetup, training: Sequence[cst.CSTNode], why: str = "") -> cst.CSTNode:
+        """amp.initialize after the optimizers and the models' device moves and before every
+        DataParallel/DDP wrap: the wrap moves down when it can (`model = DataParallel(model)` in
+        the same block), else the optimizer's construction moves up above it
+        (apex_wrap_hoist.py). Returns the statement checkpoint restores are placed after."""
+        anchor = self.setups.anchor_before(training, setup)
+        state, findings = self.snapshot(), len(self.findings)
+        try:
+            self.plan_initialize(losses, setup, anchor, why)
+            self.plan_parallel_wraps(setup, anchor)
+            return anchor
+        except Unconvertible as refusal:
+            self.restore(state)
+            del self.findings[findings:]
+            hoist = plan_hoist(self.s, setup)
+            if hoist is None:
+                raise refusal
+        for statement in hoist.moved:
+            self.plan.remove_statement(statement)
+        for code in hoist.code:
+            self.plan.insert_before(hoist.before, code)
+        self.plan_initialize(losses, ApexSetup(setup.scope, setup.optimizers, hoist.models, setup.construction_statements),
+                             hoist.before, why, before=True)
+        self.info(
+            "AMP308", f"the optimizer's construction moved above the DataParallel/DDP wrap of {hoist.wrapped} (line "
+            f"{self.s.line(hoist.wraps[0].call)}), so that {self.amp}.initialize sees the model unwrapped; DDP's "
+            f"parameters are those of {hoist.wrapped}, in the same order",
+            hoist.moved[-1],
+        )
+        return hoist.moved[-1]
+
+    def plan_initialize(self, losses: int, setup: ApexSetup, anchor: cst.CSTNode, why: str = "",
+                        before: bool = False) -> None:
         models = setup.models
         optimizers = setup.optimizers
         model_text = models[0] if len(models) == 1 else "[" + ", ".join(models) + "]"
@@ -288,7 +320,11 @@ class ApexConversion(TorchConversion):
         arguments = f'{model_text}, {optimizer_text}, opt_level="{self.options.apex_opt_level}"'
         if losses > 1:
             arguments += f", num_losses={losses}"
-        self.plan.insert_after(anchor, f"{model_text}, {optimizer_text} = {self.amp}.initialize({arguments})")
+        line = f"{model_text}, {optimizer_text} = {self.amp}.initialize({arguments})"
+        if before:
+            self.plan.insert_before(anchor, line)
+        else:
+            self.plan.insert_after(anchor, line)
         self.info(
             "AMP301", f"added {self.amp}.initialize({model_text}, {optimizer_text}, opt_level=\"{self.options.apex_opt_level}\") "
             f"after the optimizer is created{why}",
@@ -537,7 +573,8 @@ def _is_rewrap(statement: cst.CSTNode, wrapped: str) -> bool:
 
 
 def _uses_other_than_parameters(statement: cst.CSTNode, name: str) -> bool:
-    """Does `statement` use `name` other than as `name.parameters()`/`name.named_parameters()`?"""
+    """Does `statement` use `name` other than as `name.parameters()`? (`named_parameters()` of a
+    wrap prefix every name with `module.`, so a filter on the names may select other tensors.)"""
     uses = 0
     parameter_uses = 0
 
@@ -558,7 +595,7 @@ def _uses_other_than_parameters(statement: cst.CSTNode, name: str) -> bool:
             nonlocal parameter_uses
             if (
                 isinstance(node.func, cst.Attribute)
-                and node.func.attr.value in ("parameters", "named_parameters")
+                and node.func.attr.value == "parameters"
                 and dotted_name(node.func.value) == name
             ):
                 parameter_uses += 1

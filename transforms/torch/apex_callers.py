@@ -79,9 +79,7 @@ def plan_caller(
         setup = found
         calls.append(s.statement_of(call) or call)
     conversion.setups.check_models_reach_the_gpu(setup)
-    anchor = conversion.setups.anchor_before(calls, setup)
-    conversion.plan_initialize(losses, setup, anchor, f" (for {function.name.value}() in {step_display})")
-    conversion.plan_parallel_wraps(setup, anchor)
+    anchor = conversion.place_initialize(losses, setup, calls, f" (for {function.name.value}() in {step_display})")
     conversion.plan_checkpoints(setup, anchor)
     conversion.add_import()
     new_module = apply_edits(s.module, conversion.plan)
