@@ -57,6 +57,47 @@ def fuse_bce_after_sigmoid(module: cst.Module, imports: ImportMap) -> Optional[t
         return None
 
 
+def criterion_never_applied(structure, call: cst.Call) -> bool:
+    """`adversarial_loss = nn.BCELoss()` whose name is only ever moved to a device
+    (`adversarial_loss.cuda()`), never called nor passed on: no BCE runs, so nothing blocks the
+    conversion (PyTorch-GAN's Softmax GAN builds one and computes its own loss)."""
+    top = call
+    while True:
+        attribute = structure.parent(top)
+        outer = structure.parent(attribute) if attribute is not None else None
+        if isinstance(attribute, cst.Attribute) and attribute.attr.value in _DEVICE_MOVES and isinstance(outer, cst.Call):
+            top = outer
+            continue
+        break
+    assign = structure.parent(top)
+    if not (isinstance(assign, cst.Assign) and assign.value is top and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Name)):
+        return False
+    name = assign.targets[0].target
+    for node in _names_called(structure.module, name.value):
+        if node is name:
+            continue
+        attribute = structure.parent(node)
+        move = structure.parent(attribute) if attribute is not None else None
+        if not (isinstance(attribute, cst.Attribute) and attribute.value is node and attribute.attr.value in _DEVICE_MOVES
+                and isinstance(move, cst.Call) and move.func is attribute and isinstance(structure.parent(move), cst.Expr)):
+            return False
+    return True
+
+
+def _names_called(module: cst.Module, value: str) -> List[cst.Name]:
+    """Every Name node spelled `value` (also attribute names and keywords: a conservative superset)."""
+    found: List[cst.Name] = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value == value:
+                found.append(node)
+
+    walk(module, _Find())
+    return found
+
+
 class _NotFollowed(Exception):
     pass
 

@@ -28,6 +28,7 @@ from ampify.options import Options
 from ampify.transforms.base import CompanionChange, TransformResult, Verdict
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch import names as names
+from ampify.transforms.torch.bce_logits import criterion_never_applied
 from ampify.transforms.torch.helper_backwards import helper_refusal_note
 from ampify.transforms.torch.training_loop import (
     Hazard,
@@ -235,6 +236,8 @@ class TorchConversion(abc.ABC):
         for hazard in s.hazards:
             if id(hazard.node) in claimed:
                 continue
+            if hazard.detail in names.BCE_LOSS_CLASSES and criterion_never_applied(s, hazard.node):
+                continue  # built, moved to the GPU, never used: no BCE runs
             rule = self.rules.hazards.get(hazard.kind)
             if rule is None or (rule.float16_only and not self.scaling) or (rule.in_training_only and not has_training):
                 continue
