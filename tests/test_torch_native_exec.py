@@ -52,6 +52,8 @@ EXPECTED_CALLS = {
     "wgan_gp": {"step": 6, "update": 3, "scale": 9, "load_state_dict": 0},
     # 3 iterations: D and G steps, three scaled backward calls; the Sigmoid fused into the loss
     "dcgan_bce_sigmoid": {"step": 6, "update": 3, "scale": 9, "load_state_dict": 0},
+    # 3 iterations: G and D steps; the Sigmoid of the validity head fused into the loss
+    "acgan_two_heads": {"step": 6, "update": 3, "scale": 6, "load_state_dict": 0},
 }
 
 
@@ -185,3 +187,23 @@ def test_bce_after_sigmoid_fused_computes_the_same_fp32_losses_and_probabilities
     assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
     for (dx, dgz), (odx, odgz) in zip(same["PROBABILITIES"], original["PROBABILITIES"]):
         assert dx == pytest.approx(odx, abs=1e-6) and dgz == pytest.approx(odgz, abs=1e-6)
+
+
+def test_two_headed_discriminator_fused_computes_the_same_fp32_losses_and_probabilities(tmp_path):
+    """ACGAN/SGAN: only the validity head's Sigmoid goes; the unpacked validity feeds
+    BCEWithLogitsLoss, and the logged mean validity reads torch.sigmoid(real_pred). To 1e-6 in fp32."""
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
+
+    module = cst.parse_module((SCRIPTS / "acgan_two_heads.py").read_text())
+    fused, fusion = fuse_bce_after_sigmoid(module, ImportMap.from_module(module))
+    assert "nn.Sigmoid()" not in fused.code and "BCEWithLogitsLoss()" in fused.code
+    assert "torch.sigmoid(real_pred).mean()" in fused.code and len(fusion.wrapped) == 1
+    script = tmp_path / "fused.py"
+    script.write_text(fused.code)
+    original = run_script(str(SCRIPTS / "acgan_two_heads.py")).script_globals
+    same = run_script(str(script)).script_globals
+    assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
+    assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)

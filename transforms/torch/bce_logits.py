@@ -142,6 +142,9 @@ class _Fuser:
         self.replace: Dict[int, cst.CSTNode] = {}
         self.positions = Positions(module)
         self._instance_names: Set[str] = set()
+        #: (index, length) when forward returns a tuple whose element `index` is the Sequential's
+        #: output (ACGAN/SGAN discriminators: `return validity, label`); None for a single output
+        self.head: Optional[tuple] = None
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self.index.parent.get(id(node))
@@ -246,11 +249,33 @@ class _Fuser:
                     parallel and dotted_name(value.args[0].value) == f"self.{attribute}"))
         returns = [n for n in self._nodes(forward, cst.Return)]
         _need(bool(returns))
+        heads = set()
         for ret in returns:
             if id(ret) in direct:
+                heads.add(None)
+                continue
+            if isinstance(ret.value, cst.Tuple):
+                heads.add(self._head_of(ret.value, results))
                 continue
             base = _strip_shape_ops(ret.value)
             _need(isinstance(base, cst.Name) and base.value in results)
+            heads.add(None)
+        _need(len(heads) == 1)  # every return has the same shape
+        self.head = heads.pop()
+
+    def _head_of(self, returned: cst.Tuple, results: Set[str]) -> tuple:
+        """(index, length) of the one element of `return validity, label` that is the
+        Sequential's output; the other elements must not be computed from it."""
+        indices = []
+        for index, element in enumerate(returned.elements):
+            _need(isinstance(element, cst.Element))
+            base = _strip_shape_ops(element.value)
+            if isinstance(base, cst.Name) and base.value in results:
+                indices.append(index)
+                continue
+            _need(not any(isinstance(node, cst.Name) and node.value in results for node in self._nodes(element, cst.Name)))
+        _need(len(indices) == 1)
+        return indices[0], len(returned.elements)
 
     def _instances(self, klass: cst.ClassDef) -> Set[str]:
         instances: Set[str] = set()
@@ -300,29 +325,51 @@ class _Fuser:
 
     def _follow_result(self, result: cst.BaseExpression, criterion: str, fusion: Fusion) -> None:
         holder = self.parent(result)
+        if self.head is not None:
+            # `validity, label = discriminator(x)`: the head's name is followed, the rest is not
+            # the Sequential's output and stays as it is
+            index, length = self.head
+            _need(isinstance(holder, cst.Assign) and holder.value is result and len(holder.targets) == 1)
+            target = holder.targets[0].target
+            _need(isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == length)
+            _need(all(isinstance(e, cst.Element) and isinstance(e.value, cst.Name) for e in target.elements))
+            self._follow_name(target.elements[index].value.value, holder, result, criterion, fusion)
+            return
         if isinstance(holder, cst.Arg) and self._is_criterion_first_argument(holder, criterion):
             return
         if isinstance(holder, cst.Assign) and len(holder.targets) == 1 and isinstance(holder.targets[0].target, cst.Name):
-            name = holder.targets[0].target.value
-            scope = self._scope(holder)
-            for assignment in self._assignments(name, within=scope):
-                _need(assignment.value is result or self._is_forward_result(assignment.value))
-            for use in self._references(name):
-                if isinstance(self.parent(use), cst.AssignTarget):
-                    continue
-                if self._scope(use) is not scope:
-                    # another function's own local of that name is another variable; a read of
-                    # this one from elsewhere (a global, a closure) cannot be followed
-                    _need(self._binds_locally(self._scope(use), name))
-                    continue
-                argument = self.parent(use)
-                # `del output`, `global output`, `output += ...`: not a read that sigmoid can wrap
-                _need(not isinstance(argument, (cst.Del, cst.Global, cst.Nonlocal, cst.AugAssign)))
-                if isinstance(argument, cst.Arg) and self._is_criterion_first_argument(argument, criterion):
-                    continue
-                self._wrap(use, fusion)
+            self._follow_name(holder.targets[0].target.value, holder, result, criterion, fusion)
             return
         self._wrap(result, fusion)
+
+    def _follow_name(self, name: str, holder: cst.Assign, result: cst.BaseExpression, criterion: str,
+                     fusion: Fusion) -> None:
+        """Every read of `name` (bound to the model's output at `holder`) is the criterion's first
+        argument or gets torch.sigmoid(...)."""
+        scope = self._scope(holder)
+        for assignment in self._assignments(name, within=scope):
+            _need(assignment.value is result or self._is_forward_result(assignment.value))
+        for use in self._references(name):
+            if self._is_binding(use):
+                continue
+            if self._scope(use) is not scope:
+                # another function's own local of that name is another variable; a read of
+                # this one from elsewhere (a global, a closure) cannot be followed
+                _need(self._binds_locally(self._scope(use), name))
+                continue
+            argument = self.parent(use)
+            # `del output`, `global output`, `output += ...`: not a read that sigmoid can wrap
+            _need(not isinstance(argument, (cst.Del, cst.Global, cst.Nonlocal, cst.AugAssign)))
+            if isinstance(argument, cst.Arg) and self._is_criterion_first_argument(argument, criterion):
+                continue
+            self._wrap(use, fusion)
+
+    def _is_binding(self, name: cst.Name) -> bool:
+        """`name = ...` or `name, other = ...`: where the name is bound, not read."""
+        parent = self.parent(name)
+        if isinstance(parent, cst.AssignTarget):
+            return True
+        return isinstance(parent, cst.Element) and isinstance(self.parent(self.parent(parent)), cst.AssignTarget)
 
     def _is_forward_result(self, value: cst.BaseExpression) -> bool:
         return self._is_instance_call(_strip_shape_ops(value))
@@ -351,7 +398,7 @@ class _Fuser:
             assignments = self._assignments(first.value, within=scope)
             _need(bool(assignments) and all(self._is_instance_call(_strip_shape_ops(a.value)) for a in assignments))
         else:
-            _need(self._is_instance_call(first))
+            _need(self.head is None and self._is_instance_call(first))  # a tuple is no probability
 
     def _is_instance_call(self, node: cst.CSTNode) -> bool:
         return isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in self._instance_names
@@ -397,8 +444,15 @@ class _Fuser:
             elif isinstance(target, (cst.AugAssign, cst.For, cst.CompFor, cst.WithItem, cst.AsName, cst.Param, cst.Global, cst.Nonlocal)):
                 _need(False)  # bound another way: not followed
             elif isinstance(target, cst.Element):
-                grand = self.parent(self.parent(target))
-                _need(not isinstance(grand, cst.AssignTarget))
+                sequence = self.parent(target)
+                grand = self.parent(sequence)
+                if isinstance(grand, cst.AssignTarget):
+                    # only the head of a two-headed model's output: `validity, _ = discriminator(x)`
+                    assign = self.parent(grand)
+                    _need(self.head is not None and isinstance(assign, cst.Assign) and len(assign.targets) == 1)
+                    _need(len(sequence.elements) == self.head[1] and sequence.elements[self.head[0]] is target)
+                    _need(self._is_instance_call(assign.value))
+                    found.append(assign)
         return found
 
     def _binds_locally(self, scope: cst.CSTNode, name: str) -> bool:

@@ -124,6 +124,10 @@ DATA_PREPARATION_CALLS = {
     "tensor", "as_tensor", "from_numpy", "Variable", "zero_grad", "train", "eval", "print",
     "isinstance", "type", "get", "items", "keys", "values", "append", "time", "perf_counter",
     "update", "format", "str", "dict", "list", "tuple", "split", "chunk", "cat", "stack",
+    # legacy tensor constructors (also the usual aliases, `Tensor = torch.cuda.FloatTensor if cuda
+    # else torch.FloatTensor`) and numpy's random draws: `valid = Variable(Tensor(n, 1).fill_(1.0))`
+    "FloatTensor", "LongTensor", "DoubleTensor", "HalfTensor", "ByteTensor", "BoolTensor", "IntTensor", "Tensor",
+    "normal", "uniform", "choice", "permutation",
 }
 
 #: tensor methods and builtins that compute on tensors already made: a region whose calls are
