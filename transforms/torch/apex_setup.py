@@ -15,6 +15,7 @@ import libcst as cst
 
 from ampify.transforms.base import ProjectFacts
 from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.torch.apex_injected import InjectedOptimizer, injected_optimizer
 from ampify.transforms.torch.scaler_placement import callers_elsewhere_note
 from ampify.transforms.torch.statements import calls_within
 from ampify.transforms.torch.training_loop import Binding, Scope, TrainingStructure, TrainingUnit, Unconvertible
@@ -45,6 +46,8 @@ class ApexSetupFinder:
         self.amp = amp
         #: the rest of the project: callers in other files, helpers that move models to the GPU
         self.project = project
+        #: optimizers handed to a trainer class's __init__ (apex_injected.py), by id of their binding
+        self._injected: Dict[int, InjectedOptimizer] = {}
 
     def find(self, unit: TrainingUnit) -> ApexSetup:
         """Where the unit's optimizers and the models they train are created (one scope)."""
@@ -60,7 +63,10 @@ class ApexSetupFinder:
             optimizers.append(setup_name)
             renames[optimizer] = setup_name
             statements.append(binding.statement)
-            model_names = self._models_of(binding)
+            injected = self._injected.get(id(binding))
+            if injected is not None:
+                statements.extend(injected.statements)  # the model attribute is set before amp.initialize
+            model_names = injected.models if injected is not None else self._models_of(binding)
             if not model_names:
                 refuse(
                     binding.statement,
@@ -114,6 +120,10 @@ class ApexSetupFinder:
             if len({id(b.scope) for b in constructions}) > 1:
                 refuse(use, f"{name} is created in several functions")
             return constructions[-1], name
+        injected = injected_optimizer(self.s, bindings, self._models_of)
+        if injected is not None:
+            self._injected[id(injected.binding)] = injected
+            return injected.binding, name
         parameters = [b for b in bindings if b.kind == "parameter"]
         if not parameters or depth >= 3 or not isinstance(parameters[0].scope, cst.FunctionDef):
             refuse(use, self.s.not_found_reason(name, scope))

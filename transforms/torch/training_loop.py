@@ -350,6 +350,9 @@ class TrainingStructure:
         elsewhere = [b for b in self.bindings if b.name == name and b.statement is not None]
         if elsewhere:
             first = elsewhere[0]
+            if name.startswith("self.") and first.klass is not None and first.klass is self.class_of(scope):
+                return (f"{name} is set at line {self.line(first.statement)} from a value ampify does not follow to "
+                        "an optimizer construction in this file")
             if name.startswith("self."):
                 owner = first.klass.name.value if first.klass is not None else "another class"
                 return (f"{name} is created in class {owner} (line {self.line(first.statement)}), not in the class "

@@ -1,7 +1,10 @@
-"""apex backend, the DataParallel/DDP wrap before the optimizer (#15 item 5): the converted
-script builds the optimizer from the model above the wrap, so amp.initialize sees the unwrapped
-model. Run on CPU against the apex stand-in, which rejects wrapped models as apex's
-check_models does (proved here on the naive order), and compared with the float32 run."""
+"""apex backend, where amp.initialize goes when the script's layout is not the plain one, run on
+CPU against the apex stand-in (fixtures/verify/apex_standin) and compared with the float32 run:
+
+- the DataParallel/DDP wrap comes before the optimizer (#15 item 5): the optimizer is built from
+  the model above the wrap, so amp.initialize sees the unwrapped model (the stand-in rejects
+  wrapped models as apex's check_models does, proved here on the naive order);
+- the optimizer is handed to a trainer class (#14): amp.initialize goes in its __init__."""
 import os
 import subprocess
 import sys
@@ -86,3 +89,60 @@ def test_the_standin_rejects_a_wrapped_model_as_apex_does(tmp_path):
     run = _run(path, with_standin=True)
     assert run.returncode != 0
     assert "Incoming model is an instance of torch.nn.parallel.DataParallel" in run.stderr
+
+
+TRAINER = '''\
+import torch
+import torch.nn.functional as F
+
+
+class Trainer:
+    def __init__(self, model, optimizer, device):
+        self.device = device
+        self.model = model.to(device)
+        self.optimizer = optimizer
+
+    def run_batch(self, source, targets):
+        self.optimizer.zero_grad()
+        loss = F.mse_loss(self.model(source.to(self.device)), targets.to(self.device))
+        loss.backward()
+        self.optimizer.step()
+        print("loss", loss.item())
+
+
+def load_train_objs():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    return model, optimizer
+
+
+torch.manual_seed(0)
+model, optimizer = load_train_objs()
+trainer = Trainer(model, optimizer, torch.device("cpu"))
+x = torch.randn(64, 8)
+y = x.sum(dim=1, keepdim=True)
+for step in range(20):
+    trainer.run_batch(x, y)
+'''
+
+
+def test_an_optimizer_handed_to_a_trainer_class_is_initialized_in_its_init(tmp_path):
+    original = tmp_path / "original.py"
+    original.write_text(TRAINER)
+    fp32 = _run(original, with_standin=False)
+    assert fp32.returncode == 0, fp32.stderr[-2000:]
+    conversion = convert_source(TRAINER, filename="train.py", options=Options(backend="apex"))
+    assert conversion.status is FileStatus.CHANGED, (conversion.reason, conversion.findings)
+    lines = conversion.converted.splitlines()
+    initialize = lines.index('        self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1")')
+    assert lines[initialize - 1] == "        self.optimizer = optimizer"
+    converted = tmp_path / "converted.py"
+    converted.write_text(conversion.converted)
+    amp_run = _run(converted, with_standin=True)
+    assert amp_run.returncode == 0, amp_run.stderr[-2000:]
+    before, after = _losses(fp32.stdout), _losses(amp_run.stdout)
+    assert len(before) == len(after) == 20 and after[-1] < after[0] / 2
+    skipped = next(k for k in range(len(after)) if after[k + 1] != after[0])
+    assert skipped <= 3, after
+    for old, new in zip(before, after[skipped:]):
+        assert abs(old - new) <= 0.02 * max(abs(old), 1e-3), (before, after)
