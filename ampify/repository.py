@@ -77,6 +77,9 @@ class ModuleOutline:
     exported: Optional[Tuple[str, ...]] = None
     #: calls by the dotted name they are made through (`train_one_epoch`, `engine.train_one_epoch`)
     calls: Dict[str, List[Call]] = field(default_factory=dict)
+    #: method name -> [(class, line, builds its optimizer from self's parameters only)] for every
+    #: method of the module's classes that builds a torch.optim optimizer
+    optimizer_methods: Dict[str, List[Tuple[str, int, bool]]] = field(default_factory=dict)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -257,6 +260,12 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
             outline.functions[statement.name] = _function_outline(statement)
         elif isinstance(statement, ast.ClassDef):
             outline.classes[statement.name] = statement.lineno
+            for method in statement.body:
+                if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    verdict = _optimizer_over_self(method, outline.imports)
+                    if verdict is not None:
+                        outline.optimizer_methods.setdefault(method.name, []).append(
+                            (statement.name, method.lineno, verdict))
         elif isinstance(statement, ast.Import):
             for alias in statement.names:
                 if alias.asname:
@@ -317,6 +326,47 @@ def _function_outline(function) -> FunctionOutline:
     return FunctionOutline(function.name, function.lineno, params, returns_moved)
 
 
+def _optimizer_over_self(method, imports: Dict[str, Tuple[str, Optional[str], int]]) -> Optional[bool]:
+    """None when `method` builds no torch.optim optimizer; else whether it returns one built from
+    its own object's parameters only (every `.parameters()` / `.named_parameters()` it calls is on
+    `self`, an attribute of self, or a module `self.named_modules()` yields: minGPT's
+    `configure_optimizers`, Lightning's convention)."""
+    params = [*method.args.posonlyargs, *method.args.args]
+    if not params or params[0].arg != "self":
+        return None
+    builds = returns = False
+    only_self = True
+    parameter_reads = 0
+    # `for mn, m in self.named_modules():` makes m one of self's submodules
+    own = {"self"}
+    for node in ast.walk(method):
+        if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.iter, ast.Call):
+            source = _dotted(node.iter.func) or ""
+            if source.split(".")[0] == "self" and source.rsplit(".", 1)[-1] in ("modules", "named_modules", "children",
+                                                                                 "named_children"):
+                targets = node.target.elts if isinstance(node.target, ast.Tuple) else [node.target]
+                own |= {t.id for t in targets[-1:] if isinstance(t, ast.Name)}
+    for node in ast.walk(method):
+        if isinstance(node, ast.Call):
+            called = _dotted(node.func) or ""
+            head, _, rest = called.partition(".")
+            module = imports.get(head, ("", None, 0))
+            qualified = (module[0] + ("." + module[1] if module[1] else "") + ("." + rest if rest else "")
+                         if head in imports else called)
+            if qualified.startswith("torch.optim.") and not qualified.startswith("torch.optim.lr_scheduler"):
+                builds = True
+            if isinstance(node.func, ast.Attribute) and node.func.attr in ("parameters", "named_parameters"):
+                parameter_reads += 1
+                receiver = _dotted(node.func.value) or ""
+                if receiver.split(".")[0] not in own:
+                    only_self = False
+        elif isinstance(node, ast.Return) and node.value is not None:
+            returns = True
+    if not builds:
+        return None
+    return returns and only_self and parameter_reads > 0
+
+
 def _is_device_move(node: ast.AST) -> bool:
     """`x.cuda(...)` or `x.to(...)`, also chained on a constructor (`Net().cuda()`)."""
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("cuda", "to")
@@ -369,6 +419,21 @@ class ProjectView:
             return None
         path, function = found
         return f"{self.where(path, function.line)} {function.name}()"
+
+    def optimizer_method_over_self(self, method: str) -> Optional[str]:
+        """"model.py:215 GPT.configure_optimizers()" when every class of the project that defines
+        `method` builds a torch.optim optimizer from its own parameters only and returns it (and
+        at least one does); else None."""
+        found = []
+        for path in self.index.modules():
+            outline = self.index.outline(path)
+            if outline is None:
+                continue
+            for klass, line, over_self in outline.optimizer_methods.get(method, []):
+                if not over_self:
+                    return None
+                found.append(f"{self.where(path, line)} {klass}.{method}()")
+        return found[0] if len(found) == 1 else (f"{found[0]} and {len(found) - 1} more" if found else None)
 
     def call_sites_elsewhere(self, function_name: str) -> List[CallSite]:
         calls = sorted(self.index.callers(self.path, function_name), key=lambda call: (str(call.path), call.line))

@@ -48,6 +48,10 @@ class ProjectFacts(Protocol):
         """"utils.py:12 get_network()" when the project function `dotted` (as this module calls
         it) returns a model moved to a device; else None."""
 
+    def optimizer_method_over_self(self, method: str) -> Optional[str]:
+        """"model.py:215 GPT.configure_optimizers()" when every project class defining `method`
+        returns a torch.optim optimizer built from its own parameters only; else None."""
+
     def callers_elsewhere(self, function_name: str) -> Sequence[str]:
         """"main.py:212" for every call of this module's `function_name` in other project files."""
 

@@ -215,7 +215,7 @@ class ApexConversion(TorchConversion):
             )
         self.setups.check_models_reach_the_gpu(setup)
         anchor = self.place_initialize(
-            len(distinct_losses(unit)), setup, [unit.owner, *(b.call for b in unit.backwards)])
+            len(distinct_losses(unit)), setup, [unit.owner, *(b.call for b in unit.backwards)], self.setups.note_for(setup))
         self.plan_backwards(unit)
         self._plan_index_assignment_casts(unit)
         self._plan_clipping(unit)

@@ -36,6 +36,8 @@ class ApexSetup:
     construction_statements: List[cst.CSTNode]
     #: unit optimizer name -> setup-scope name
     renames: Dict[str, str] = field(default_factory=dict)
+    #: ids of the optimizers' bindings
+    binding_ids: List[int] = field(default_factory=list)
 
 
 class ApexSetupFinder:
@@ -48,6 +50,8 @@ class ApexSetupFinder:
         self.project = project
         #: optimizers handed to a trainer class's __init__ (apex_injected.py), by id of their binding
         self._injected: Dict[int, InjectedOptimizer] = {}
+        #: id(binding) -> how its model was found, when it took the project (for the finding)
+        self.notes: Dict[int, str] = {}
 
     def find(self, unit: TrainingUnit) -> ApexSetup:
         """Where the unit's optimizers and the models they train are created (one scope)."""
@@ -56,9 +60,11 @@ class ApexSetupFinder:
         models: List[str] = []
         statements: List[cst.CSTNode] = []
         renames: Dict[str, str] = {}
+        binding_ids: List[int] = []
         for optimizer in unit.optimizers:
             step = next(st for st in unit.steps if st.receiver == optimizer)
             binding, setup_name = self._construction(optimizer, step.scope, step.call, depth=0)
+            binding_ids.append(id(binding))
             scopes.append(binding.scope)
             optimizers.append(setup_name)
             renames[optimizer] = setup_name
@@ -78,7 +84,7 @@ class ApexSetupFinder:
                     models.append(model)
         if any(scope is not scopes[0] for scope in scopes):
             refuse(unit.steps[0].call, "the optimizers of this loop are created in different functions")
-        return ApexSetup(scopes[0], optimizers, models, statements, renames)
+        return ApexSetup(scopes[0], optimizers, models, statements, renames, binding_ids)
 
     def check_models_reach_the_gpu(self, setup: ApexSetup) -> None:
         """amp.initialize raises on models whose parameters are not on a CUDA device. Refuse when
@@ -172,7 +178,30 @@ class ApexSetupFinder:
                     receiver = _model_root(dotted_name(call.func.value))
                     if receiver and receiver not in found:
                         found.append(receiver)
+        if not found:
+            found = self._model_of_optimizer_method(binding)
         return found
+
+    def _model_of_optimizer_method(self, binding: Binding) -> List[str]:
+        """`model.configure_optimizers(config)` (minGPT, Lightning's convention) trains `model`
+        when every class of the project with that method builds its optimizer from its own
+        parameters and returns it."""
+        value = binding.value
+        if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and self.project is not None):
+            return []
+        receiver = dotted_name(value.func.value)
+        if receiver is None:
+            return []
+        where = self.project.optimizer_method_over_self(value.func.attr.value)
+        if where is None:
+            return []
+        self.notes[id(binding)] = f"{value.func.attr.value}() builds it from {receiver}'s parameters, {where}"
+        return [_model_root(receiver)]
+
+    def note_for(self, setup: "ApexSetup") -> str:
+        """What the finder followed to pair the setup's models and optimizers, for the finding."""
+        notes = [self.notes[i] for i in setup.binding_ids if i in self.notes]
+        return f" ({'; '.join(notes)})" if notes else ""
 
     def initialize_anchor(self, unit: TrainingUnit, setup: ApexSetup) -> cst.CSTNode:
         """The statement after which amp.initialize goes: the last construction, moved past any
