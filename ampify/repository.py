@@ -77,9 +77,6 @@ class ModuleOutline:
     exported: Optional[Tuple[str, ...]] = None
     #: calls by the dotted name they are made through (`train_one_epoch`, `engine.train_one_epoch`)
     calls: Dict[str, List[Call]] = field(default_factory=dict)
-    #: method name -> [(class, line, builds its optimizer from self's parameters only)] for every
-    #: method of the module's classes that builds a torch.optim optimizer
-    optimizer_methods: Dict[str, List[Tuple[str, int, bool]]] = field(default_factory=dict)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -110,6 +107,7 @@ class RepositoryIndex:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         self._outlines: Dict[Path, Optional[ModuleOutline]] = {}
+        self._optimizer_methods: Dict[Tuple[Path, str], List[Tuple[str, int, bool]]] = {}
         self._all_modules: Optional[List[Path]] = None
 
     # ---- where modules are -------------------------------------------------------------------
@@ -169,6 +167,15 @@ class RepositoryIndex:
         if path not in self._outlines:
             self._outlines[path] = _outline(path)
         return self._outlines[path]
+
+    def optimizer_methods(self, path: Path, method: str) -> List[Tuple[str, int, bool]]:
+        """(class, line, builds its optimizer from self's parameters only) for every class of the
+        module whose `method` builds a torch.optim optimizer. Read only when asked (a rare
+        question: outlines stay as cheap as they were), and only in files that define `method`."""
+        key = (path.resolve(), method)
+        if key not in self._optimizer_methods:
+            self._optimizer_methods[key] = _optimizer_methods(path, method, self.outline(path))
+        return self._optimizer_methods[key]
 
     def star_bound_imports(self, importer: Path, star_imports: Sequence[Tuple[str, int]]) -> Dict[str, str]:
         """Local name -> qualified import name for the names the star imports of `importer`
@@ -260,12 +267,6 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
             outline.functions[statement.name] = _function_outline(statement)
         elif isinstance(statement, ast.ClassDef):
             outline.classes[statement.name] = statement.lineno
-            for method in statement.body:
-                if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    verdict = _optimizer_over_self(method, outline.imports)
-                    if verdict is not None:
-                        outline.optimizer_methods.setdefault(method.name, []).append(
-                            (statement.name, method.lineno, verdict))
         elif isinstance(statement, ast.Import):
             for alias in statement.names:
                 if alias.asname:
@@ -324,6 +325,26 @@ def _function_outline(function) -> FunctionOutline:
             returns.append(node.value)
     returns_moved = any(_is_device_move(value) or (isinstance(value, ast.Name) and value.id in moved) for value in returns)
     return FunctionOutline(function.name, function.lineno, params, returns_moved)
+
+
+def _optimizer_methods(path: Path, method: str, outline: Optional[ModuleOutline]) -> List[Tuple[str, int, bool]]:
+    if outline is None:
+        return []
+    try:
+        data = path.read_bytes()
+        if f"def {method}(".encode() not in data:
+            return []
+        tree = ast.parse(data, filename=str(path))
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found = []
+    for statement in _module_level(tree.body):
+        if isinstance(statement, ast.ClassDef):
+            for node in statement.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == method:
+                    # a method of that name that builds no optimizer ampify can see counts against
+                    found.append((statement.name, node.lineno, bool(_optimizer_over_self(node, outline.imports))))
+    return found
 
 
 def _optimizer_over_self(method, imports: Dict[str, Tuple[str, Optional[str], int]]) -> Optional[bool]:
@@ -426,10 +447,7 @@ class ProjectView:
         at least one does); else None."""
         found = []
         for path in self.index.modules():
-            outline = self.index.outline(path)
-            if outline is None:
-                continue
-            for klass, line, over_self in outline.optimizer_methods.get(method, []):
+            for klass, line, over_self in self.index.optimizer_methods(path, method):
                 if not over_self:
                     return None
                 found.append(f"{self.where(path, line)} {klass}.{method}()")
