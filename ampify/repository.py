@@ -170,7 +170,7 @@ class RepositoryIndex:
 
     def optimizer_methods(self, path: Path, method: str) -> List[Tuple[str, int, bool]]:
         """(class, line, builds its optimizer from self's parameters only) for every class of the
-        module whose `method` builds a torch.optim optimizer. Read only when asked (a rare
+        module that defines `method`. Read only when asked (a rare
         question: outlines stay as cheap as they were), and only in files that define `method`."""
         key = (path.resolve(), method)
         if key not in self._optimizer_methods:
