@@ -52,6 +52,9 @@ EXPECTED_CALLS = {
     "wgan_gp": {"step": 6, "update": 3, "scale": 9, "load_state_dict": 0},
     # 3 iterations: D and G steps, three scaled backward calls; the Sigmoid fused into the loss
     "dcgan_bce_sigmoid": {"step": 6, "update": 3, "scale": 9, "load_state_dict": 0},
+    # 2 epochs x 3 batches; the scaler created in main() and threaded through train() into
+    # train_epoch(); train() saves it with the optimizer after each epoch
+    "two_level_threading": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0, "state_dict": 2},
     # 3 iterations: G and D steps; the Sigmoid of the validity head fused into the loss
     "acgan_two_heads": {"step": 6, "update": 3, "scale": 6, "load_state_dict": 0},
 }

@@ -22,7 +22,7 @@ import libcst as cst
 
 from ampify.options import Options
 from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
-from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.torch import screen as torch_screen
 from ampify.transforms.torch import statements as statements
@@ -447,6 +447,14 @@ class NativeConversion(TorchConversion):
             self._create_scaler(home, shared_device)
         if plan.threaded_function is not None:
             self.edits.add_parameter(plan.threaded_function, self.scaler_name)
+            for relay in plan.relay_functions:
+                self.edits.add_parameter(relay, self.scaler_name)
+                self.info(
+                    "AMP204",
+                    f"{relay.name.value}() passes the optimizer on to {plan.threaded_function.name.value}() and now "
+                    f"takes the GradScaler too (new required parameter '{self.scaler_name}'), passing it along",
+                    relay,
+                )
             for call, caller_reference in plan.threaded_calls:
                 self.edits.add_keyword(call, self.scaler_name, caller_reference)
             if plan.companions:
@@ -460,10 +468,12 @@ class NativeConversion(TorchConversion):
                     plan.threaded_function,
                 )
                 return
+            name = plan.threaded_function.name.value
+            direct = [c for c, _ in plan.threaded_calls if dotted_name(c.func) in (name, f"self.{name}")]
             self.info(
                 "AMP204",
                 f"{plan.threaded_function.name.value}() takes the GradScaler as a new required parameter "
-                f"'{self.scaler_name}'; its {len(plan.threaded_calls)} call(s) in this file pass it by keyword "
+                f"'{self.scaler_name}'; its {len(direct)} call(s) in this file pass it by keyword "
                 f"({self.scaler_name}={self.scaler_name}); calls from other files must pass it too",
                 plan.threaded_function,
             )
@@ -523,7 +533,7 @@ class NativeConversion(TorchConversion):
         if klass is not None and id(klass) in self.placement.homes:
             return self.placement.homes[id(klass)].reference
         for plan in plans:
-            if plan.threaded_function is scope:
+            if plan.threaded_function is scope or any(relay is scope for relay in plan.relay_functions):
                 return self.scaler_name
         for candidate in s.enclosing_scopes(scope):
             home = self.placement.homes.get(id(candidate))

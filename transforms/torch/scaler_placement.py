@@ -53,6 +53,8 @@ class UnitPlan:
     #: functions that receive the scaler as a new parameter, with their in-file calls
     threaded_function: Optional[cst.FunctionDef] = None
     threaded_calls: List[Tuple[cst.Call, str]] = field(default_factory=list)  # (call, scaler reference)
+    #: callers that receive the optimizers as parameters too and pass the scaler on (new parameter)
+    relay_functions: List[cst.FunctionDef] = field(default_factory=list)
     caller_homes: List[ScalerHome] = field(default_factory=list)
     #: the calling modules' edits when the step is called from other files (CallerPlan each)
     companions: List = field(default_factory=list)
@@ -242,11 +244,28 @@ class ScalerPlacement:
                 f"{callers_elsewhere_note(self.project, klass, function)}: create the GradScaler where the "
                 "optimizer is created and pass it in", node,
             )
+        homes: List[ScalerHome] = []
+        threaded: List[Tuple[cst.Call, str]] = []
+        relays: List[cst.FunctionDef] = []
+        self._thread_calls(function, klass, calls, positions, receivers, homes, threaded, relays, depth=0)
+        plan.threaded_function = function
+        plan.threaded_calls = threaded
+        plan.caller_homes = homes
+        plan.relay_functions = relays
+
+    def _thread_calls(
+        self, function: cst.FunctionDef, klass: Optional[cst.ClassDef], calls: List[cst.Call],
+        positions: Dict[str, int], receivers: List[str], homes: List[ScalerHome],
+        threaded: List[Tuple[cst.Call, str]], relays: List[cst.FunctionDef], depth: int,
+    ) -> None:
+        """Each call of `function` passes the scaler: from a scaler created after the optimizers
+        in the caller's scope, or, when the caller receives the optimizers as parameters too
+        (`main()` -> `train(optimizer)` -> `train_epoch(optimizer)`), from a new parameter of the
+        caller, threaded the same way up to where the optimizers are created (a few levels)."""
+        s = self.structure
         if klass is not None and not _is_static(function):
             # self.f(a, b): `a` goes to the parameter after self
             positions = {name: index - 1 for name, index in positions.items() if index > 0}
-        homes = []
-        threaded: List[Tuple[cst.Call, str]] = []
         for call in calls:
             caller_scope = s.scope_of(call)
             passed = []
@@ -271,16 +290,48 @@ class ScalerPlacement:
             else:
                 bindings = [b for name in passed for b in s.bindings_visible(name, caller_scope)]
                 if any(b.kind == "parameter" for b in bindings):
-                    raise Unconvertible(
-                        f"the caller at line {s.line(call)} receives the optimizer as a parameter too; "
-                        "ampify follows one level of calls", call,
-                    )
+                    self._relay(call, caller_scope, passed, bindings, homes, threaded, relays, depth)
+                    continue
                 home = self._variable_home(passed, caller_scope, s.statement_of(call), call)
             homes.append(home)
             threaded.append((call, home.reference))
-        plan.threaded_function = function
-        plan.threaded_calls = threaded
-        plan.caller_homes = homes
+
+    def _relay(self, call: cst.Call, caller: Scope, passed: List[str], bindings, homes, threaded, relays, depth: int) -> None:
+        """The caller got the optimizers as parameters too: it takes the scaler as a new
+        parameter as well and passes it on; its own callers are threaded in turn."""
+        s = self.structure
+        if not (isinstance(caller, cst.FunctionDef) and all(b.kind == "parameter" and b.scope is caller for b in bindings)):
+            raise Unconvertible(
+                f"the caller at line {s.line(call)} gets the optimizer from an enclosing function or partly as a "
+                "parameter; create the GradScaler where the optimizer is created by hand", call)
+        if depth >= 3:
+            raise Unconvertible(
+                f"the optimizer is passed down more than {depth + 1} levels of calls before line {s.line(call)}; "
+                "create the GradScaler where it is created and pass it in by hand", call)
+        if self.scaler_name in {p.name.value for p in statements.all_params(caller)}:
+            raise Unconvertible(f"{caller.name.value}() already has a parameter named like the scaler", call)
+        threaded.append((call, self.scaler_name))
+        if any(relay is caller for relay in relays):
+            return  # its own callers are threaded already
+        relays.append(caller)
+        caller_class = s.class_of(caller)
+        if caller_class is not None:
+            calls, other_uses = method_calls(s, caller, caller_class)
+        else:
+            calls, other_uses = _calls_of_function(s, caller)
+        what = f"{caller.name.value}()"
+        if other_uses:
+            raise Unconvertible(
+                f"{what}, which passes the optimizer on at line {s.line(call)}, is used at line "
+                f"{s.line(other_uses[0])} other than by a direct call in this file; ampify cannot add the scaler to "
+                "every caller", call)
+        if not calls:
+            raise Unconvertible(
+                f"{what} passes the optimizer it receives on at line {s.line(call)} and is not called in this file"
+                f"{callers_elsewhere_note(self.project, caller_class, caller)}: create the GradScaler where the "
+                "optimizer is created and pass it in", call)
+        self._thread_calls(caller, caller_class, calls, statements.parameter_positions(caller), passed, homes,
+                           threaded, relays, depth + 1)
 
     def _thread_across_files(
         self, plan: UnitPlan, receivers: List[str], positions: Dict[str, int], sites: List[CallSite]
