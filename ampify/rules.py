@@ -204,7 +204,7 @@ RULES: List[Rule] = [
          "g = torch.autograd.grad(outputs=d_out, inputs=x, create_graph=True)[0]\n"
          "  -> g = torch.autograd.grad(outputs=scaler.scale(d_out), inputs=x, create_graph=True)[0]\n"
          "     g = g / scaler.get_scale()", REVIEW),
-    Rule("AMP231", "info", "BCE after a Sigmoid fused: the model's final `nn.Sigmoid()` dropped, `nn.BCEWithLogitsLoss`, `torch.sigmoid` where the output is read as a probability",
+    Rule("AMP231", "info", "BCE after a Sigmoid fused: the model's final `nn.Sigmoid()` (or returned `torch.sigmoid`) dropped, `BCEWithLogitsLoss` / `binary_cross_entropy_with_logits`, `torch.sigmoid` where the output is read as a probability",
          "Autocast and apex refuse BCELoss; BCEWithLogitsLoss on logits is the same loss, computed stably. Done only when every use of the output is followed.",
          "nn.Sequential(..., nn.Sigmoid()); criterion = nn.BCELoss(); D_x = output.mean().item()\n"
          "  -> nn.Sequential(...,); criterion = nn.BCEWithLogitsLoss(); D_x = torch.sigmoid(output).mean().item()", REVIEW),

@@ -55,9 +55,16 @@ EXPECTED_CALLS = {
     # 2 epochs x 3 batches; the scaler created in main() and threaded through train() into
     # train_epoch(); train() saves it with the optimizer after each epoch
     "two_level_threading": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0, "state_dict": 2},
+    # 3 batches; decode()'s torch.sigmoid fused into the loss helper's BCE
+    "vae_sigmoid_decoder": {"step": 3, "update": 3, "scale": 3, "load_state_dict": 0},
     # 3 iterations: G and D steps; the Sigmoid of the validity head fused into the loss
     "acgan_two_heads": {"step": 6, "update": 3, "scale": 6, "load_state_dict": 0},
 }
+
+
+#: scripts that run inference after training, outside any step (a decoded sample): those
+#: matmuls stay float32, as ampify converts training steps only
+FLOAT32_INFERENCE_MATMULS = {"vae_sigmoid_decoder": 2}
 
 
 #: scripts whose first float16 iteration overflows at GradScaler's initial scale (the gradient
@@ -90,7 +97,7 @@ def test_converted_script_trains_in_reduced_precision(name, dtype, tmp_path):
     reduced = REDUCED[dtype]
     # every matmul and convolution, forward and backward, ran in the reduced dtype
     assert evidence.dtypes[reduced] > 0
-    assert evidence.dtypes[torch.float32] == 0, dict(evidence.dtypes)
+    assert evidence.dtypes[torch.float32] == FLOAT32_INFERENCE_MATMULS.get(name, 0), dict(evidence.dtypes)
     losses = evidence.script_globals["LOSSES"]
     if dtype == "float16" and name in FIRST_STEP_OVERFLOWS:
         losses = losses[1:]  # GradScaler's first scale (65536) overflows: that step is skipped, as designed
@@ -209,4 +216,26 @@ def test_two_headed_discriminator_fused_computes_the_same_fp32_losses_and_probab
     original = run_script(str(SCRIPTS / "acgan_two_heads.py")).script_globals
     same = run_script(str(script)).script_globals
     assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
+    assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
+
+
+def test_vae_sigmoid_decoder_fused_computes_the_same_fp32_losses_and_probabilities(tmp_path):
+    """The functional form: decode()'s torch.sigmoid goes, the helper's F.binary_cross_entropy
+    takes logits, the recorded reconstruction and the decoded sample read torch.sigmoid(...).
+    Before any mixed precision the fused script computes what the original computed, to 1e-6."""
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_functional import fuse_functional_bce
+
+    module = cst.parse_module((SCRIPTS / "vae_sigmoid_decoder.py").read_text())
+    fused, fusion = fuse_functional_bce(module, ImportMap.from_module(module))
+    assert "return self.fc4(h3)" in fused.code and "F.binary_cross_entropy_with_logits(recon_x" in fused.code
+    assert "torch.sigmoid(recon_batch).mean()" in fused.code and "torch.sigmoid(model.decode(" in fused.code
+    assert len(fusion.wrapped) == 2
+    script = tmp_path / "fused.py"
+    script.write_text(fused.code)
+    original = run_script(str(SCRIPTS / "vae_sigmoid_decoder.py")).script_globals
+    same = run_script(str(script)).script_globals
+    assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-4)
     assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)

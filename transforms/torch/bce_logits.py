@@ -43,6 +43,8 @@ class Fusion:
     criterion_line: int
     sigmoid_line: int
     wrapped: List[int] = field(default_factory=list)
+    #: the finding's first sentence when it is not the Sequential form's (bce_functional.py)
+    description: Optional[str] = None
 
 
 def fuse_bce_after_sigmoid(module: cst.Module, imports: ImportMap) -> Optional[tuple]:
@@ -458,7 +460,7 @@ class _Fuser:
     def _binds_locally(self, scope: cst.CSTNode, name: str) -> bool:
         if isinstance(scope, cst.FunctionDef) and any(p.name.value == name for p in scope.params.params):
             return True
-        return any(self._scope(n) is scope and isinstance(self.parent(n), cst.AssignTarget) for n in self._references(name))
+        return any(self._scope(n) is scope and self._is_binding(n) for n in self._references(name))
 
     def _enclosing(self, node: cst.CSTNode, kind) -> Optional[cst.CSTNode]:
         current = self.parent(node)

@@ -23,6 +23,7 @@ import libcst as cst
 
 from ampify.findings import Finding, Severity
 from ampify.transforms.base import TransformResult, Verdict
+from ampify.transforms.torch.bce_functional import fuse_functional_bce
 from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
@@ -196,7 +197,7 @@ def converted_in_shape(
     result = _converted_in_shape(module, convert)
     if imports is not None and any(f.code in _BCE_REFUSALS for f in result.findings):
         # only files the BCE hazard stopped pay for the attempt
-        fused = fuse_bce_after_sigmoid(module, imports)
+        fused = fuse_bce_after_sigmoid(module, imports) or fuse_functional_bce(module, imports)
         if fused is not None:
             fused_result = _converted_in_shape(fused[0], convert)
             if fused_result.verdict is Verdict.CONVERTED:
@@ -244,10 +245,12 @@ def _with_fusion(original: cst.Module, fused: cst.Module, fusion, result: Transf
     wrapped = sorted(set(fusion.wrapped))
     where = f"; torch.sigmoid(...) added where its output is read as a probability (line{'s' if len(wrapped) != 1 else ''} " \
         + ", ".join(map(str, wrapped)) + ")" if wrapped else ""
+    description = fusion.description or (
+        f"BCE after a Sigmoid fused: nn.Sigmoid() at line {fusion.sigmoid_line} dropped from the model, the criterion at "
+        f"line {fusion.criterion_line} is nn.BCEWithLogitsLoss (the same loss, computed from logits)")
     findings.append(Finding(
         "AMP231",
-        f"BCE after a Sigmoid fused: nn.Sigmoid() at line {fusion.sigmoid_line} dropped from the model, the criterion at "
-        f"line {fusion.criterion_line} is nn.BCEWithLogitsLoss (the same loss, computed from logits){where}",
+        f"{description}{where}",
         fusion.criterion_line, 0, Severity.INFO,
     ))
     result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
