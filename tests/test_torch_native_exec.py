@@ -55,6 +55,8 @@ EXPECTED_CALLS = {
     # 2 epochs x 3 batches; the scaler created in main() and threaded through train() into
     # train_epoch(); train() saves it with the optimizer after each epoch
     "two_level_threading": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0, "state_dict": 2},
+    # 3 iterations: D and G steps; the Sigmoid of a Sequential bound to a variable fused into the loss
+    "gan_sequential_variable": {"step": 6, "update": 3, "scale": 6, "load_state_dict": 0},
     # 3 batches; decode()'s torch.sigmoid fused into the loss helper's BCE
     "vae_sigmoid_decoder": {"step": 3, "update": 3, "scale": 3, "load_state_dict": 0},
     # 3 iterations: G and D steps; the Sigmoid of the validity head fused into the loss
@@ -197,6 +199,27 @@ def test_bce_after_sigmoid_fused_computes_the_same_fp32_losses_and_probabilities
     assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
     for (dx, dgz), (odx, odgz) in zip(same["PROBABILITIES"], original["PROBABILITIES"]):
         assert dx == pytest.approx(odx, abs=1e-6) and dgz == pytest.approx(odgz, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["acgan_two_heads", "gan_sequential_variable"])
+def test_other_bce_forms_fused_compute_the_same_fp32_losses_and_probabilities(name, tmp_path):
+    """A two-headed discriminator, a Sequential bound to a variable: fused, then run in fp32,
+    the script computes the original's losses and probabilities to 1e-6."""
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
+
+    module = cst.parse_module((SCRIPTS / f"{name}.py").read_text())
+    fused, fusion = fuse_bce_after_sigmoid(module, ImportMap.from_module(module))
+    code = fused.code.split('"""', 2)[2]  # after the docstring
+    assert "nn.Sigmoid()" not in code and "BCEWithLogitsLoss()" in code and fusion.wrapped
+    script = tmp_path / "fused.py"
+    script.write_text(fused.code)
+    original = run_script(str(SCRIPTS / f"{name}.py")).script_globals
+    same = run_script(str(script)).script_globals
+    assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
+    assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
 
 
 def test_two_headed_discriminator_fused_computes_the_same_fp32_losses_and_probabilities(tmp_path):

@@ -112,15 +112,28 @@ class _FunctionalFuser(_Fuser):
         _need(len(calls) == 1)
         call = calls[0]
         value = returns[0].value
-        if value is call:
+        returned = self._returned_as(call, forward)
+        if value is returned:
             return None
         _need(isinstance(value, cst.Tuple))
         for index, element in enumerate(value.elements):
-            if element.value is call:
+            if element.value is returned:
                 others = [e for e in value.elements if e is not element]
-                _need(not any(self._inside(call, e) for e in others))
+                _need(not any(self._inside(returned, e) for e in others))
                 return index, len(value.elements)
         raise _NotFollowed()
+
+    def _returned_as(self, call: cst.Call, forward: cst.FunctionDef) -> cst.CSTNode:
+        """The node forward returns the call's result as: the call itself, or the one read of
+        the local it is assigned to (`x_reconst = self.decode(z)` ... `return x_reconst, mu, logvar`)."""
+        holder = self.parent(call)
+        if not (isinstance(holder, cst.Assign) and len(holder.targets) == 1 and isinstance(holder.targets[0].target, cst.Name)):
+            return call
+        name = holder.targets[0].target.value
+        _need(len(self._assignments(name, within=forward)) == 1)
+        reads = [n for n in self._references(name) if self._scope(n) is forward and not self._is_binding(n)]
+        _need(len(reads) == 1)
+        return reads[0]
 
     def _outputs(self, instances: Set[str], klass_name: str, fusion: Fusion) -> List[cst.BaseExpression]:
         """The instances' forward results; `model.decode(z)` called from outside reads the

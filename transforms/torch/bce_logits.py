@@ -144,6 +144,8 @@ class _Fuser:
         self.replace: Dict[int, cst.CSTNode] = {}
         self.positions = Positions(module)
         self._instance_names: Set[str] = set()
+        #: the `nn.Sequential(...)` (with its device moves) bound to a variable, in that form
+        self._sequential_value: Optional[cst.CSTNode] = None
         #: (index, length) when forward returns a tuple whose element `index` is the Sequential's
         #: output (ACGAN/SGAN discriminators: `return validity, label`); None for a single output
         self.head: Optional[tuple] = None
@@ -163,11 +165,18 @@ class _Fuser:
         sigmoids = [c for c in self.index.calls if self.imports.resolve(c.func) == "torch.nn.Sigmoid"]
         _need(len(sigmoids) == 1 and not sigmoids[0].args)
         sigmoid = sigmoids[0]
-        klass, attribute = self._sequential_owner(sigmoid)
-        self._check_class_returns_sequential(klass, attribute)
-        instances = self._instances(klass)
-        self._instance_names = instances
-        outputs = self._forward_results(instances, klass.name.value)
+        variable = self._sequential_variable(sigmoid)
+        if variable is not None:
+            # `D = nn.Sequential(..., nn.Sigmoid())` bound to a name (the PyTorch tutorial's GAN)
+            instances = {variable}
+            self._instance_names = instances
+            outputs = self._forward_results(instances, None)
+        else:
+            klass, attribute = self._sequential_owner(sigmoid)
+            self._check_class_returns_sequential(klass, attribute)
+            instances = self._instances(klass)
+            self._instance_names = instances
+            outputs = self._forward_results(instances, klass.name.value)
         fusion = Fusion(self._line(criterion_call), self._line(sigmoid))
         for result in outputs:
             self._follow_result(result, criterion_name, fusion)
@@ -185,7 +194,8 @@ class _Fuser:
             # `nn.Linear(256, 1),\n    nn.Sigmoid(),\n)`: the trailing comma and its line break stay
             kept[-1] = kept[-1].with_changes(comma=args[-1].comma)
         elif isinstance(kept[-1].comma, cst.Comma) and "\n" in cst.Module(body=[]).code_for_node(
-                kept[-1].comma.whitespace_after):
+                kept[-1].comma.whitespace_after) and "\n" in cst.Module(body=[]).code_for_node(args[-1].whitespace_after_arg):
+            # `nn.Linear(256, 1),\n    nn.Sigmoid()\n)`: the closing parenthesis keeps its own line
             kept[-1] = kept[-1].with_changes(comma=kept[-1].comma.with_changes(whitespace_after=args[-1].whitespace_after_arg))
         elif isinstance(kept[-1].comma, cst.Comma):
             # all on one line: `nn.Linear(128, 1), nn.Sigmoid())` -> `nn.Linear(128, 1))`
@@ -197,6 +207,32 @@ class _Fuser:
         return self.module.visit(_Replace(self.replace)), fusion
 
     # ---- the model -------------------------------------------------------------------------
+
+    def _sequential_variable(self, sigmoid: cst.Call) -> Optional[str]:
+        """The name a Sequential ending in the Sigmoid is bound to, when it is a plain variable
+        (not `self.main = ...`); None for the class form."""
+        arg = self.parent(sigmoid)
+        sequential = self.parent(arg)
+        _need(isinstance(arg, cst.Arg) and isinstance(sequential, cst.Call))
+        _need(self.imports.resolve(sequential.func) == "torch.nn.Sequential" and sequential.args[-1] is arg)
+        _need(len(sequential.args) > 1 and all(a.keyword is None and not a.star for a in sequential.args))
+        top = sequential
+        while True:  # nn.Sequential(...).to(device)
+            attribute = self.parent(top)
+            outer = self.parent(attribute) if attribute is not None else None
+            if isinstance(attribute, cst.Attribute) and attribute.value is top and attribute.attr.value in _DEVICE_MOVES \
+                    and isinstance(outer, cst.Call) and outer.func is attribute:
+                top = outer
+                continue
+            break
+        assign = self.parent(top)
+        _need(isinstance(assign, cst.Assign) and len(assign.targets) == 1)
+        target = assign.targets[0].target
+        if not isinstance(target, cst.Name):
+            return None
+        _need(self._enclosing(assign, cst.ClassDef) is None)
+        self._sequential_value = top
+        return target.value
 
     def _sequential_owner(self, sigmoid: cst.Call):
         arg = self.parent(sigmoid)
@@ -303,13 +339,20 @@ class _Fuser:
         _need(bool(instances))
         return instances
 
-    def _forward_results(self, instances: Set[str], klass_name: str) -> List[cst.BaseExpression]:
+    def _forward_results(self, instances: Set[str], klass_name: Optional[str]) -> List[cst.BaseExpression]:
+        """Every call of the instances (klass_name None: the Sequential bound to a variable, whose
+        other bindings may only move it, `D = D.to(device)`)."""
         results = []
         for instance in instances:
             for assignment in self._assignments(instance):
                 value = assignment.value
+                if klass_name is None and value is self._sequential_value:
+                    continue
                 while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda", "cpu"):
                     value = value.func.value
+                if klass_name is None:
+                    _need(isinstance(value, cst.Name) and value.value == instance)
+                    continue
                 _need(isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == klass_name)
             for name in self._references(instance):
                 holder = self.parent(name)
