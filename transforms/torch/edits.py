@@ -263,4 +263,12 @@ def _append_with_comma(items: list, new):
         # bracket), the old last item gets the separator the earlier items use
         separator = _separator_like(items, len(items) - 1)
         return items[:-1] + [last.with_changes(comma=separator), new.with_changes(comma=last.comma)]
+    after = getattr(last, "whitespace_after_param", None)
+    if isinstance(after, cst.ParenthesizedWhitespace):
+        # `device\n):` -> `device, scaler\n):`: the closing bracket keeps its own line
+        separator = _separator_like(items, len(items) - 1)
+        return items[:-1] + [
+            last.with_changes(comma=separator, whitespace_after_param=cst.SimpleWhitespace("")),
+            new.with_changes(whitespace_after_param=after),
+        ]
     return items + [new]
