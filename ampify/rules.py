@@ -199,6 +199,9 @@ RULES: List[Rule] = [
     Rule("AMP226", "warning", "parameters updated by hand (no optimizer) with float16: GradScaler cannot be used; not converted",
          "GradScaler unscales and steps an optimizer; a hand-written update has none. bfloat16 needs no loss scaling.",
          "loss.backward()\nfor p in model.parameters():\n    p.data.add_(p.grad, alpha=-lr)", MANUAL, incomplete=True),
+    Rule("AMP227", "warning", "Opacus (DP-SGD) training: per-sample gradients that GradScaler would scale; file not converted",
+         "Opacus's optimizer clips and noises per-sample gradients; scaled gradients would change the clipping bound and "
+         "the privacy accounting.", "model, optimizer, loader = privacy_engine.make_private(...)", MANUAL, incomplete=True),
     Rule("AMP230", "info", "gradient penalty scaled: `autograd.grad` of `scaler.scale(outputs)`, gradients divided by `scaler.get_scale()`",
          "A penalty's float16 gradients underflow unscaled; PyTorch's AMP examples scale the outputs and unscale the gradients.",
          "g = torch.autograd.grad(outputs=d_out, inputs=x, create_graph=True)[0]\n"
@@ -275,6 +278,9 @@ RULES: List[Rule] = [
     Rule("AMP324", "warning", "an optimizer step with no `backward()` in this file: the backward pass runs elsewhere",
          "amp.scale_loss must wrap the backward that feeds this step, which this file cannot see.",
          "engine.backward_pass(loss)\noptimizer.step()", MANUAL, incomplete=True),
+    Rule("AMP325", "warning", "Opacus (DP-SGD) training: apex amp cannot scale per-sample gradients; file not converted",
+         "Opacus's DPOptimizer clips per-sample gradients, which amp.scale_loss would scale.",
+         "model, optimizer, loader = privacy_engine.make_private(...)", MANUAL, incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

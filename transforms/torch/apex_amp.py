@@ -110,6 +110,12 @@ APEX_RULES = BackendRules(
             "amp.initialize on the inner optimizer and wrap its backward in amp.scale_loss by hand",
             in_training_only=True,
         ),
+        HazardKind.DIFFERENTIAL_PRIVACY: HazardRule(
+            "AMP325",
+            "{detail}: Opacus's DPOptimizer clips per-sample gradients, which amp.scale_loss would scale, and "
+            "apex cannot patch it; file not converted",
+            blocks_file=True, in_training_only=True,
+        ),
         HazardKind.AUTOGRAD_BACKWARD: HazardRule(
             "AMP315",
             "torch.autograd.backward(...) is not rewritten; use `with amp.scale_loss(loss, optimizer) as "

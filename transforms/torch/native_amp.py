@@ -127,6 +127,14 @@ NATIVE_RULES = BackendRules(
             "MixedPrecision policy with a ShardedGradScaler by hand",
             blocks_file=True, float16_only=True, in_training_only=True,
         ),
+        HazardKind.DIFFERENTIAL_PRIVACY: HazardRule(
+            "AMP227",
+            "{detail}: Opacus clips and noises per-sample gradients in its optimizer, and GradScaler would scale "
+            "them (the clipping bound and the privacy accounting would be wrong); this file was left "
+            "unconverted: convert by hand with Opacus's own mixed precision support (bfloat16, "
+            "grad_sample_mode 'hooks' or 'ghost', Opacus 1.5.4 or later)",
+            blocks_file=True, in_training_only=True,
+        ),
         HazardKind.AUTOGRAD_BACKWARD: HazardRule(
             "AMP223",
             "torch.autograd.backward(...) is not converted: scale the tensors with scaler.scale(...) by hand",
@@ -198,6 +206,12 @@ class NativeConversion(TorchConversion):
         sites = framework_switch_sites(self.module, self.imports)
         if not sites:
             return None
+        private = next((h for h in self.structure.hazards if h.kind is HazardKind.DIFFERENTIAL_PRIVACY), None)
+        if private is not None and any(site.action == "set" for site in sites):
+            # the framework's own GradScaler would scale Opacus's per-sample gradients just the same
+            rule = self.rules.hazards[HazardKind.DIFFERENTIAL_PRIVACY]
+            self.warn(rule.code, rule.message.format(detail=private.detail), private.node)
+            return self.result(Verdict.UNCONVERTED, "Opacus (DP-SGD) training; see the warning")
         for site in sites:
             if site.action == "set":
                 keyword, value = switch_keyword(site, self.options.dtype)

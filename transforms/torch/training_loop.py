@@ -186,6 +186,8 @@ class HazardKind(str, enum.Enum):
     AUTOGRAD_BACKWARD = "autograd_backward"  # torch.autograd.backward(...), not followed
     FSDP = "fsdp"  # FullyShardedDataParallel (float16 needs ShardedGradScaler; apex refuses it)
     MANUAL_HALF = "manual_half"  # .half(), .to(torch.float16): hand-made half precision
+    #: Opacus (DP-SGD): per-sample gradients clipped by the optimizer, which loss scaling would scale
+    DIFFERENTIAL_PRIVACY = "differential_privacy"
 
 
 @dataclass
@@ -758,6 +760,10 @@ class _Collector(cst.CSTVisitor):
             return
         if qualified in names.PARALLEL_WRAPPERS:
             structure.parallel_wraps.append(site)
+            return
+        if qualified and qualified.split(".")[0] == "opacus":
+            if not any(h.kind is HazardKind.DIFFERENTIAL_PRIVACY for h in structure.hazards):
+                structure.hazards.append(Hazard(HazardKind.DIFFERENTIAL_PRIVACY, node, qualified))  # once per file
             return
         if qualified in names.FSDP_WRAPPERS:
             structure.hazards.append(Hazard(HazardKind.FSDP, node, qualified))
