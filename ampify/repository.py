@@ -33,6 +33,8 @@ MAX_MODULES_SCANNED = 2000
 MAX_OUTLINE_BYTES = 2_000_000
 #: star imports followed through at most this many modules
 MAX_STAR_DEPTH = 4
+#: project modules followed through imports when looking for model code a training file runs
+MAX_IMPORTED_MODULES = 200
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,9 @@ class ModuleOutline:
     exported: Optional[Tuple[str, ...]] = None
     #: calls by the dotted name they are made through (`train_one_epoch`, `engine.train_one_epoch`)
     calls: Dict[str, List[Call]] = field(default_factory=dict)
+    #: (line, value) of `masked_fill(mask, -1e9)` with a constant beyond the float16 range, in
+    #: model code: a method of a class, or a module-level function such a method calls
+    float16_overflows: List[Tuple[int, str]] = field(default_factory=list)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -108,6 +113,7 @@ class RepositoryIndex:
         self.root = root.resolve()
         self._outlines: Dict[Path, Optional[ModuleOutline]] = {}
         self._optimizer_methods: Dict[Tuple[Path, str], List[Tuple[str, int, bool]]] = {}
+        self._closures: Dict[Path, List[Path]] = {}
         self._all_modules: Optional[List[Path]] = None
 
     # ---- where modules are -------------------------------------------------------------------
@@ -167,6 +173,34 @@ class RepositoryIndex:
         if path not in self._outlines:
             self._outlines[path] = _outline(path)
         return self._outlines[path]
+
+    def imported_closure(self, start: Path) -> List[Path]:
+        """The project modules `start` imports, directly or through each other (bounded by
+        MAX_IMPORTED_MODULES), in the order they are reached."""
+        key = start.resolve()
+        if key in self._closures:
+            return self._closures[key]
+        seen = {key}
+        order: List[Path] = []
+        queue = [key]
+        while queue and len(order) < MAX_IMPORTED_MODULES:
+            path = queue.pop(0)
+            outline = self.outline(path)
+            if outline is None:
+                continue
+            targets = []
+            for local, (module, name, level) in outline.imports.items():
+                targets.append(self.resolve_module(path, module, level))
+                if name is not None:  # `from pkg import module`
+                    targets.append(self.resolve_module(path, f"{module}.{name}" if module else name, level))
+            targets += [self.resolve_module(path, module, level) for module, level in outline.star_imports]
+            for target in targets:
+                if target is not None and target not in seen:
+                    seen.add(target)
+                    order.append(target)
+                    queue.append(target)
+        self._closures[key] = order
+        return order
 
     def optimizer_methods(self, path: Path, method: str) -> List[Tuple[str, int, bool]]:
         """(class, line, builds its optimizer from self's parameters only) for every class of the
@@ -258,7 +292,8 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
     try:
         if path.stat().st_size > MAX_OUTLINE_BYTES:
             return None
-        tree = ast.parse(path.read_bytes(), filename=str(path))
+        data = path.read_bytes()
+        tree = ast.parse(data, filename=str(path))
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     outline = ModuleOutline(path)
@@ -289,6 +324,8 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
                 isinstance(item, ast.Constant) and isinstance(item.value, str) for item in statement.value.elts
             ):
                 outline.exported = tuple(item.value for item in statement.value.elts)
+    if b"masked_fill" in data:
+        outline.float16_overflows = _model_code_overflows(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = _dotted(node.func)
@@ -297,6 +334,50 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
                             tuple(k.arg for k in node.keywords if k.arg), sum(1 for a in node.args if not isinstance(a, ast.Starred)))
                 outline.calls.setdefault(name, []).append(call)
     return outline
+
+
+#: the largest finite float16 value: masked_fill with a bigger constant raises on float16 tensors
+_FLOAT16_MAX = 65504.0
+
+
+def _model_code_overflows(tree: ast.Module) -> List[Tuple[int, str]]:
+    """masked_fill/masked_fill_ with a finite constant beyond float16 in model code: any method
+    of a class, or a module-level function that a method of this module calls (the annotated
+    transformer's `attention()`). Data utilities (DETR's `masks_to_boxes`) run outside autocast."""
+    functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    methods = [item for node in tree.body if isinstance(node, ast.ClassDef)
+               for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    called = {_dotted(node.func) for method in methods for node in ast.walk(method) if isinstance(node, ast.Call)}
+    model_code = methods + [function for name, function in functions.items() if name in called]
+    found = []
+    for function in model_code:
+        for node in ast.walk(function):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("masked_fill", "masked_fill_")):
+                continue
+            value = next((k.value for k in node.keywords if k.arg == "value"), node.args[1] if len(node.args) > 1 else None)
+            number = _constant_number(value)
+            if number is not None and _FLOAT16_MAX < abs(number) < float("inf"):
+                found.append((node.lineno, ast.unparse(value)))
+    return sorted(set(found))
+
+
+def _constant_number(node: Optional[ast.AST]) -> Optional[float]:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _constant_number(node.operand)
+        return None if inner is None else -inner
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        try:
+            return float(node.value)
+        except OverflowError:
+            return None
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "float" and len(node.args) == 1
+            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        try:
+            return float(node.args[0].value)
+        except ValueError:
+            return None
+    return None
 
 
 def _module_level(statements: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
@@ -440,6 +521,17 @@ class ProjectView:
             return None
         path, function = found
         return f"{self.where(path, function.line)} {function.name}()"
+
+    def float16_overflows_imported(self) -> List[str]:
+        """"transformer/Modules.py:25 masked_fill(..., -1e9)" for model code of the project
+        modules this module imports, directly or through other project modules."""
+        found = []
+        for path in self.index.imported_closure(self.path):
+            outline = self.index.outline(path)
+            if outline is None or path == self.path.resolve():
+                continue
+            found += [f"{self.where(path, line)} masked_fill(..., {value})" for line, value in outline.float16_overflows]
+        return found
 
     def optimizer_method_over_self(self, method: str) -> Optional[str]:
         """"model.py:215 GPT.configure_optimizers()" when every class of the project that defines

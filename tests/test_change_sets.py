@@ -121,7 +121,16 @@ def test_kill_9_at_random_moments_never_leaves_half_a_change_set(tmp_path):
         tree = _copy(tmp_path, f"repo{attempt}")
         child = subprocess.Popen([sys.executable, "-m", "ampify", str(tree), "-j", "1"], cwd=tmp_path, env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.1, 1.0) * whole_run)
+        if attempt % 2:
+            # anywhere in the run
+            time.sleep(rng.uniform(0.1, 1.0) * whole_run)
+        else:
+            # inside the change set: once its journal exists, at a random instant of the
+            # (slowed-down) renames, whatever the machine's speed before it
+            deadline = time.monotonic() + 3 * whole_run
+            while not [p for p in tree.iterdir() if p.name.startswith(JOURNAL_PREFIX)] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.8))
         child.kill()
         child.wait()
         recovery = _ampify("--check", tree, cwd=tmp_path)  # recovers first, in any mode

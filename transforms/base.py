@@ -48,6 +48,10 @@ class ProjectFacts(Protocol):
         """"utils.py:12 get_network()" when the project function `dotted` (as this module calls
         it) returns a model moved to a device; else None."""
 
+    def float16_overflows_imported(self) -> Sequence[str]:
+        """"transformer/Modules.py:25 masked_fill(..., -1e9)" for model code of the project modules
+        this module imports (directly or through each other) that raises on float16 tensors."""
+
     def optimizer_method_over_self(self, method: str) -> Optional[str]:
         """"model.py:215 GPT.configure_optimizers()" when every project class defining `method`
         returns a torch.optim optimizer built from its own parameters only; else None."""

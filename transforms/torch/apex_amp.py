@@ -181,6 +181,9 @@ class ApexConversion(TorchConversion):
     def imports_torch(self) -> bool:
         return self.s.imports.uses("torch") or self.s.imports.uses("apex")
 
+    def scaling_is_float16(self) -> bool:
+        return True  # apex's opt levels run the forward pass in float16
+
     def snapshot(self):
         return self.plan.copy(), self.initialize_planned, list(self.planned_companions), set(self.companion_keys)
 

@@ -238,12 +238,59 @@ class TorchConversion(abc.ABC):
                 continue
             if hazard.detail in names.BCE_LOSS_CLASSES and criterion_never_applied(s, hazard.node):
                 continue  # built, moved to the GPU, never used: no BCE runs
+            if hazard.kind is HazardKind.MASKED_FILL and not has_training and not _in_model_code(s, hazard.node):
+                continue  # a data utility of a module that does not train (DETR's masks_to_boxes)
             rule = self.rules.hazards.get(hazard.kind)
             if rule is None or (rule.float16_only and not self.scaling) or (rule.in_training_only and not has_training):
                 continue
             self.warn(rule.code, rule.message.format(**_message_fields(s, hazard, sigmoids, has_training)), hazard.node)
             blocked = blocked or rule.blocks_file
-        return blocked
+        return self._report_imported_overflows(has_training) or blocked
+
+    def _report_imported_overflows(self, has_training: bool) -> bool:
+        """masked_fill(..., -1e9) in the model code of a project module this file imports raises
+        on float16 tensors once the forward pass runs under autocast (or apex O1): the file's
+        training is left unconverted, naming where to fix it."""
+        project = getattr(self, "project", None)
+        if not has_training or project is None or not self.scaling_is_float16():
+            return False
+        overflows = list(project.float16_overflows_imported())
+        if not overflows:
+            return False
+        rule = self.rules.hazards[HazardKind.MASKED_FILL]
+        shown = ", ".join(overflows[:3]) + (f" and {len(overflows) - 3} more" if len(overflows) > 3 else "")
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        self.warn(
+            rule.code,
+            f"the model code this file imports has {shown}: the constant overflows float16 and masked_fill raises "
+            "once the forward pass runs in float16; use torch.finfo(scores.dtype).min there (or -1e4), then rerun "
+            "ampify; the training steps of this file were left unconverted",
+            node,
+        )
+        return True
+
+    def scaling_is_float16(self) -> bool:
+        """Does the converted forward pass run in float16 (native float16, or apex)?"""
+        return self.scaling
+
+
+def _in_model_code(s: TrainingStructure, node: cst.CSTNode) -> bool:
+    """Is `node` in a method of a class, or in a module-level function that a method of this
+    module calls (code a model's forward may run)? The same test repository.py applies to the
+    modules a training file imports."""
+    scope = s.scope_of(node)
+    if not isinstance(scope, cst.FunctionDef):
+        return False
+    if s.class_of(scope) is not None:
+        return True
+    name = scope.name.value
+    for other in s.name_nodes.get(name, []):
+        call = s.parent(other)
+        if isinstance(call, cst.Call) and call.func is other:
+            caller = s.scope_of(call)
+            if isinstance(caller, cst.FunctionDef) and s.class_of(caller) is not None:
+                return True
+    return False
 
 
 def _message_fields(s: TrainingStructure, hazard: Hazard, sigmoids: List[Hazard], has_training: bool) -> dict:

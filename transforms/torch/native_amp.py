@@ -190,6 +190,8 @@ class NativeConversion(TorchConversion):
         self.devices = DeviceChoice(structure, self.torch, self)
         self.scaler_name = "scaler"
         self.placement = ScalerPlacement(structure, self.scaler_name, context.project, context.display)
+        #: the rest of the project (model code this module imports, callers in other files)
+        self.project = context.project
         #: the device expression each created GradScaler got, by the statement it follows
         self.scaler_devices: Dict[int, str] = {}
         #: gradient penalties that can be scaled, by id of their autograd.grad call (float16 only)
