@@ -74,6 +74,11 @@ RULES: List[Rule] = [
          "The wrapper works in both builds; removing the switch keeps an NGC run from getting two loss scales.",
          'os.environ["TF_ENABLE_AUTO_MIXED_PRECISION"] = "1"\nopt = tf.train.AdamOptimizer(1e-3)\n'
          "  -> opt = tf.compat.v1.train.experimental.enable_mixed_precision_graph_rewrite(tf.train.AdamOptimizer(1e-3))", REVIEW),
+    Rule("AMP105", "info", "the Session a caller in another module created first gets the rewrite through its config",
+         "TensorFlow turns the rewrite on only for Sessions created after the wrapper; a Session created earlier by the "
+         "caller gets `auto_mixed_precision` set in its ConfigProto instead (both files, one change set).",
+         "with tf.Session(config=run_config) as sess:  # main.py\n  -> run_config.graph_options.rewrite_options"
+         ".auto_mixed_precision = rewriter_config_pb2.RewriterConfig.ON", REVIEW),
     Rule("AMP110", "warning", "`tf.gradients` reaches `apply_gradients` in a form that cannot be rewritten safely, or is handed to other code with the optimizer",
          "Gradients that bypass the wrapper's compute_gradients are never loss-scaled: float16 gradients underflow silently.",
          "variable_mgr.append_apply_gradients_ops(state, opt, tf.gradients(loss, params), ops)", MANUAL, incomplete=True),

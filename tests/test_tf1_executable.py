@@ -45,7 +45,12 @@ _original_init = session_lib.BaseSession.__init__
 def _init(self, target="", graph=None, config=None):
     # TF turns the GPU AMP pass on for Sessions created after enable_mixed_precision_graph_rewrite;
     # turn the CPU pass on under exactly the same condition.
-    if mixed_precision_global_state.is_mixed_precision_graph_rewrite_enabled():
+    # A Session whose config asks for the GPU pass itself (ampify sets it where the caller's Session
+    # exists before the wrapper) gets the CPU pass the same way.
+    asked = config is not None and config.graph_options.rewrite_options.auto_mixed_precision == (
+        rewriter_config_pb2.RewriterConfig.ON
+    )
+    if mixed_precision_global_state.is_mixed_precision_graph_rewrite_enabled() or asked:
         new_config = tf.compat.v1.ConfigProto()
         new_config.CopyFrom(config if config is not None else context.context().config)
         new_config.graph_options.rewrite_options.auto_mixed_precision_cpu = (
@@ -248,3 +253,47 @@ def test_tf_from_a_star_import_is_converted_and_trains_with_the_rewrite(tmp_path
     _assert_trains(_losses(result.stdout))
     assert "AMPIFY_RUNNER loss-scale compute_gradients" in result.stderr
     assert _converted_nodes(result.stderr) > 0, result.stderr[-4000:]
+
+
+def test_a_session_created_by_the_caller_module_gets_the_rewrite_through_its_config(tmp_path):
+    """DCGAN-tensorflow's layout (#14): main.py opens the Session, model.py builds the optimizer
+    afterwards. Converted as a repository, main.py's config turns the rewrite on and the graph
+    really runs in float16; model.py converted alone keeps the AMP113 warning, and its Session
+    really gets no rewrite."""
+    case = Path(__file__).resolve().parent.parent / "fixtures" / "repositories" / "tf1_session_elsewhere" / "input"
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'dcgan-like'\n")
+    for name in ("main.py", "model.py"):
+        (project / name).write_text((case / name).read_text())
+    alone = subprocess.run([sys.executable, "-m", "ampify", str(project / "model.py")], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=120)
+    assert "AMP113" in alone.stdout and "run ampify on both files or on the repository" in alone.stdout, alone.stdout
+    assert "rewriter_config_pb2" not in (project / "main.py").read_text()
+    before = _run_module(project)
+    _assert_trains(_losses(before.stdout))
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" in before.stderr
+    assert _converted_nodes(before.stderr) == 0, before.stderr[-4000:]
+
+    (project / "model.py").write_text((case / "model.py").read_text())
+    both = subprocess.run([sys.executable, "-m", "ampify", str(project)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert both.returncode == 0, both.stdout + both.stderr
+    assert "auto_mixed_precision = rewriter_config_pb2.RewriterConfig.ON" in (project / "main.py").read_text()
+    after = _run_module(project)
+    _assert_trains(_losses(after.stdout))
+    assert "AMPIFY_RUNNER session with graph rewrite" in after.stderr
+    assert _converted_nodes(after.stderr) > 0, after.stderr[-4000:]
+
+
+def _run_module(project: Path):
+    """main.py of a two-module project under the runner, from the project folder."""
+    runner = project / "amp_runner.py"
+    runner.write_text(RUNNER)
+    env = dict(os.environ)
+    env.update(TF_USE_LEGACY_KERAS="1", TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16="0",
+               TF_CPP_MIN_LOG_LEVEL="0", CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run([sys.executable, str(runner), str(project / "main.py")], capture_output=True, text=True,
+                            env=env, cwd=project, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result

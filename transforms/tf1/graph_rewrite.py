@@ -12,6 +12,7 @@ Its rule codes (AMP1xx) and what each means: ampify/rules.py (`ampify rules`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, List
 
 import libcst as cst
@@ -38,6 +39,7 @@ from ampify.transforms.tf1.names import (
 from ampify.transforms.tf1.ngc_switch import ngc_switches, past_ngc_switches
 from ampify.transforms.tf1.optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
 from ampify.transforms.tf1.optimizer_hoist import StatementMove, move_statements
+from ampify.transforms.tf1.session_config import SessionConfigRefused, plan_session_config
 from ampify.transforms.tf1.site_reports import SiteReports
 from ampify.transforms.tf1.survey import ModuleSurvey, OptimizerSite, survey_module
 
@@ -80,10 +82,11 @@ class TF1GraphRewrite(Transform):
         switches = ngc_switches(module, imports, context.source)
         if switches:
             return past_ngc_switches(
-                module, switches, lambda: _GraphRewrite(module, imports, options, NGC_AUTO_MIXED_PRECISION_STRINGS).run(),
-                lambda: _GraphRewrite(module, imports, options).run(),
+                module, switches,
+                lambda: _GraphRewrite(module, imports, options, NGC_AUTO_MIXED_PRECISION_STRINGS, context).run(),
+                lambda: _GraphRewrite(module, imports, options, context=context).run(),
             )
-        return _GraphRewrite(module, imports, options).run()
+        return _GraphRewrite(module, imports, options, context=context).run()
 
 
 def _tf_from_star_import(imports: ImportMap) -> bool:
@@ -159,8 +162,11 @@ class _GraphRewrite:
     """One apply() of the transform on one module."""
 
     def __init__(self, module: cst.Module, imports: ImportMap, options: Options,
-                 ignored_markers: frozenset = frozenset()):
+                 ignored_markers: frozenset = frozenset(), context: UnitContext = UnitContext()):
         self.options = options
+        #: the rest of the project (a caller that creates the Session), and this module's name
+        self.project = context.project
+        self.display = context.display
         self.imports = imports
         self.module = module
         self.original = module
@@ -242,6 +248,7 @@ class _GraphRewrite:
         reports = SiteReports(self.module, self.positions, self.survey, self.findings)
         reports.optimizer_sites(to_wrap)
         reports.sessions_before(to_wrap)
+        companions = self._sessions_elsewhere(reports.sessions_elsewhere)
         plan = self._plan_gradients(
             rewrite=bool(to_wrap),
             why_not_rewritten=(
@@ -281,7 +288,54 @@ class _GraphRewrite:
             self.findings,
             f"wrapped {wrapped} optimizer{'s' if wrapped != 1 else ''} with the mixed precision "
             "graph rewrite",
+            companions=companions,
         )
+
+    def _sessions_elsewhere(self, sessions_elsewhere) -> list:
+        """An optimizer built in a method or function that runs a Session created in another
+        module (DCGAN-tensorflow's main.py): that Session's config gets the rewrite, in the same
+        change set (session_config.py). Where that cannot be done, the AMP113 warning says why."""
+        companions = []
+        if self.project is None:
+            return companions
+        for site, index in sessions_elsewhere:
+            function, owner = self.survey.function_names.get(site.scope, ("", ""))
+            callee = owner or function
+            if not callee:
+                continue
+            built_in = f"{owner}.{function}()" if owner else f"{function}()"
+            sites = list(self.project.call_sites_elsewhere(callee))
+            keys = sorted({s.key for s in sites})
+            here = f"{self.display}:{site.line}"
+            reason = None
+            if not sites:
+                reason = f"no other module of the project calls {callee}()"
+            elif len(keys) > 1:
+                reason = f"{callee}() is called from several modules ({', '.join(sorted({s.display for s in sites}))})"
+            elif not self.project.in_this_run(keys[0]):
+                reason = (f"the Session is created in {sites[0].display}, which this run does not cover: run ampify on "
+                          "both files or on the repository")
+            else:
+                source = self.project.source_of(keys[0])
+                try:
+                    if source is None:
+                        raise SessionConfigRefused(f"{sites[0].display} cannot be read")
+                    companions.append(plan_session_config(source, sites, callee, here))
+                except SessionConfigRefused as refused:
+                    reason = str(refused)
+            old = self.findings[index]
+            if reason is not None:
+                self.findings[index] = replace(old, message=f"{old.message}; ampify did not set it in the caller: {reason}")
+                continue
+            where = f"{sites[0].display}:{sites[0].line}"
+            self.findings[index] = Finding(
+                "AMP105",
+                f"{site.display} is built in {built_in}, which runs the Session its caller {where} created "
+                f"first: that Session's config turns the graph rewrite on (auto_mixed_precision), written in "
+                f"{sites[0].display} together with this file, as one change set",
+                old.line, old.column, Severity.INFO,
+            )
+        return companions
 
     def _report_eager_execution(self) -> None:
         """Eager execution on, and no tf.function, Session, tf.Graph or Estimator: the wrapper

@@ -25,6 +25,9 @@ class SiteReports:
         self.positions = positions
         self.survey = survey
         self.findings = findings
+        #: (optimizer site, index of its AMP113 finding) for optimizers built in a function that
+        #: runs a Session created elsewhere (session_config.py may give that Session the rewrite)
+        self.sessions_elsewhere: List[tuple] = []
 
     def optimizer_sites(self, to_wrap: List[OptimizerSite]) -> None:
         for site in to_wrap:
@@ -222,6 +225,7 @@ class SiteReports:
                 continue
             shown, receiver = run
             line = self.positions[receiver].start.line
+            self.sessions_elsewhere.append((site, len(self.findings)))
             self.findings.append(
                 _warning(
                     "AMP113",

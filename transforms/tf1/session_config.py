@@ -1,0 +1,224 @@
+"""TF1: the Session is created in another module before this one builds the optimizer.
+
+DCGAN-tensorflow's layout: `main.py` opens `with tf.Session(config=run_config) as sess:` and
+builds `DCGAN(sess, ...)`, whose `train()` (in `model.py`) builds and wraps the optimizers. TF turns
+the graph rewrite on only for Sessions created after `enable_mixed_precision_graph_rewrite`, so
+that Session would run everything in float32 while the loss is scaled. The caller's Session
+config gets the rewrite itself, as TF would have set it:
+
+    run_config = tf.ConfigProto()
+    run_config.gpu_options.allow_growth = True
+  + run_config.graph_options.rewrite_options.auto_mixed_precision = rewriter_config_pb2.RewriterConfig.ON
+    with tf.Session(config=run_config) as sess:
+        dcgan = DCGAN(sess, ...)
+
+(`from tensorflow.core.protobuf import rewriter_config_pb2` is added with the imports.) The
+optimizers stay wrapped in this module (their loss scaling), and both modules are written as one
+change set. Only when the call that hands the work on sits inside that `with` (or after
+`sess = tf.Session(config=...)` in the same block) and the config is a variable bound before it;
+anything else raises SessionConfigRefused with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import libcst as cst
+
+from ampify.findings import Finding, Severity
+from ampify.transforms.base import CallSite, CompanionChange
+from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.kit.positions import Positions
+from ampify.transforms.tf1.names import normalise_tf_name
+
+SESSION_CONSTRUCTORS = ("tensorflow.Session", "tensorflow.InteractiveSession")
+RULE_IMPORT = "from tensorflow.core.protobuf import rewriter_config_pb2"
+
+
+class SessionConfigRefused(Exception):
+    """The caller's Session cannot be given the rewrite safely; the message says why."""
+
+
+def plan_session_config(source: bytes, sites: Sequence[CallSite], callee: str, here: str) -> CompanionChange:
+    """The calling module's edit: its Session config turns the graph rewrite on."""
+    display = sites[0].display
+    try:
+        module = cst.parse_module(source)
+    except Exception as error:
+        raise SessionConfigRefused(f"{display} does not parse ({type(error).__name__})") from None
+    planner = _Planner(module, display)
+    configs: List[Tuple[cst.CSTNode, str]] = []
+    for site in sites:
+        found = planner.session_config_for(site.line, site.column, callee)
+        if found not in configs:
+            configs.append(found)
+    if len({id(statement) for statement, _ in configs}) != len(configs):
+        raise SessionConfigRefused(f"{display} creates its Sessions in a way ampify cannot follow")
+    new_module = module.visit(_Insert({id(statement): config for statement, config in configs}))
+    new_module = _with_import(new_module)
+    lines = ", ".join(f"{display}:{planner.line(statement)}" for statement, _ in configs)
+    findings = [
+        Finding("AMP105", f"{config}.graph_options.rewrite_options.auto_mixed_precision turned on before the Session is "
+                          f"created: {callee}() in {here} builds the optimizer after it exists (written together with "
+                          "that file, as one change set)", planner.line(statement), 0, Severity.INFO)
+        for statement, config in configs
+    ]
+    return CompanionChange(
+        key=sites[0].key, display=display, old=source, new=new_module.bytes, findings=findings,
+        reason=f"changed with {here}: the Session created at {lines} gets the mixed precision graph rewrite "
+               f"through its config ({callee}() builds the optimizer after it exists)",
+    )
+
+
+class _Planner:
+    def __init__(self, module: cst.Module, display: str) -> None:
+        self.module = module
+        self.display = display
+        self.imports = ImportMap.from_module(module)
+        self.positions = Positions(module)
+        self.parents: dict = {}
+        walk(module, _ParentIndex(self.parents))
+
+    def line(self, node: cst.CSTNode) -> int:
+        return self.positions[node].start.line
+
+    def session_config_for(self, line: int, column: int, callee: str) -> Tuple[cst.CSTNode, str]:
+        """(statement the config edit goes before, config variable) for the call at line:column."""
+        call = self._call_at(line, column)
+        if call is None:
+            raise SessionConfigRefused(f"the call of {callee}() at {self.display}:{line} was not found")
+        current = self.parents.get(id(call))
+        while current is not None:
+            if isinstance(current, cst.With):
+                session = self._session_of_with(current)
+                if session is not None:
+                    return current, self._config_variable(session, current)
+            if isinstance(current, (cst.IndentedBlock, cst.Module)):
+                session = self._session_assigned_before(current, call)
+                if session is not None:
+                    return session
+            if isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+                break
+            current = self.parents.get(id(current))
+        raise SessionConfigRefused(
+            f"{callee}() at {self.display}:{line} runs in a Session ampify cannot find there (no `with tf.Session(...)` "
+            "around it, no `sess = tf.Session(...)` before it in its block)")
+
+    def _call_at(self, line: int, column: int) -> Optional[cst.Call]:
+        found = []
+
+        class _Find(cst.CSTVisitor):
+            def visit_Call(inner, node: cst.Call) -> None:
+                position = self.positions[node].start
+                if position.line == line and position.column == column:
+                    found.append(node)
+
+        walk(self.module, _Find())
+        return found[0] if found else None
+
+    def _is_session(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, cst.Call) and normalise_tf_name(self.imports.resolve(node.func)) in SESSION_CONSTRUCTORS
+
+    def _session_of_with(self, statement: cst.With) -> Optional[cst.Call]:
+        sessions = [item.item for item in statement.items if self._is_session(item.item)]
+        return sessions[0] if len(sessions) == 1 else None
+
+    def _session_assigned_before(self, block, call: cst.Call) -> Optional[Tuple[cst.CSTNode, str]]:
+        body = list(block.body)
+        holder = call
+        while holder is not None and not any(holder is statement for statement in body):
+            holder = self.parents.get(id(holder))
+        if holder is None:
+            return None
+        index = next(i for i, statement in enumerate(body) if statement is holder)
+        for statement in reversed(body[:index]):
+            if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+                small = statement.body[0]
+                if isinstance(small, cst.Assign) and self._is_session(small.value):
+                    return statement, self._config_variable(small.value, statement)
+        return None
+
+    def _config_variable(self, session: cst.Call, before: cst.CSTNode) -> str:
+        config = next((arg.value for arg in session.args if arg.keyword is not None and arg.keyword.value == "config"), None)
+        if config is None:
+            plain = [arg for arg in session.args if arg.keyword is None]
+            config = plain[2].value if len(plain) > 2 else None
+        name = dotted_name(config) if config is not None else None
+        if name is None or "." in name:
+            raise SessionConfigRefused(
+                f"the Session at {self.display}:{self.line(session)} is created without a config variable "
+                "(`config=run_config`) that the rewrite can be set on")
+        block = self.parents.get(id(before))
+        body = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
+        index = next((i for i, statement in enumerate(body) if statement is before), None)
+        bound = index is not None and any(
+            isinstance(statement, cst.SimpleStatementLine) and any(
+                isinstance(small, cst.Assign) and any(dotted_name(t.target) == name for t in small.targets)
+                for small in statement.body)
+            for statement in body[:index]
+        )
+        if not bound:
+            raise SessionConfigRefused(
+                f"{name}, the config of the Session at {self.display}:{self.line(session)}, is not created in the "
+                "same block before it")
+        return name
+
+
+class _ParentIndex(cst.CSTVisitor):
+    def __init__(self, parents: dict) -> None:
+        super().__init__()
+        self.parents = parents
+        self.stack: List[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.stack:
+            self.parents[id(node)] = self.stack[-1]
+        self.stack.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+
+class _Insert(cst.CSTTransformer):
+    """`<config>.graph_options.rewrite_options.auto_mixed_precision = ...ON` before each statement."""
+
+    def __init__(self, before: dict) -> None:
+        super().__init__()
+        self.before = before
+
+    def _rebuild(self, original, updated):
+        body = []
+        for o, u in zip(original, updated):
+            config = self.before.get(id(o))
+            if config is not None:
+                line = cst.parse_statement(
+                    f"{config}.graph_options.rewrite_options.auto_mixed_precision = rewriter_config_pb2.RewriterConfig.ON\n")
+                body.append(line.with_changes(leading_lines=u.leading_lines))
+                u = u.with_changes(leading_lines=[])
+            body.append(u)
+        return body
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        return updated_node.with_changes(body=self._rebuild(original_node.body, updated_node.body))
+
+    def leave_Module(self, original_node, updated_node):
+        return updated_node.with_changes(body=self._rebuild(original_node.body, updated_node.body))
+
+
+def _with_import(module: cst.Module) -> cst.Module:
+    """`from tensorflow.core.protobuf import rewriter_config_pb2` after the module's last
+    top-level import (or at its top)."""
+    if RULE_IMPORT in module.code:
+        return module
+    body = list(module.body)
+    last = -1
+    for index, statement in enumerate(body):
+        if isinstance(statement, cst.SimpleStatementLine) and all(
+                isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body):
+            last = index
+    statement = cst.parse_statement(RULE_IMPORT + "\n")
+    if last < 0:
+        return module.with_changes(body=[statement, *body])
+    return module.with_changes(body=[*body[: last + 1], statement, *body[last + 1:]])
