@@ -172,12 +172,13 @@ class _Planner:
             for call in calls_within(statement):
                 if isinstance(call.func, cst.Attribute) and call.func.attr.value in _DEVICE_METHODS:
                     receiver = dotted_name(call.func.value)
-                    on_wrap = any(call.func.value is w.call for w in wraps)
-                    if receiver in models or on_wrap:
+                    wrap = next((w for w in wraps if call.func.value is w.call), None)
+                    if receiver in models or wrap is not None:
+                        what = (f"{receiver} is moved to a device at or after its DataParallel/DDP wrap" if wrap is None
+                                else f"the DataParallel/DDP wrap of {_wrapped_name(wrap)} is moved to a device")
                         raise Unconvertible(
-                            f"{receiver or 'the wrap'} is moved to a device at or after its DataParallel/DDP wrap "
-                            f"(line {self.s.line(call)}), and amp.initialize needs the model on the GPU before the "
-                            "wrap; move the model to the GPU before wrapping it, then rerun ampify", call)
+                            f"{what} (line {self.s.line(call)}), and amp.initialize needs the model on the GPU before "
+                            "the wrap; move the model to the GPU before wrapping it, then rerun ampify", call)
 
     # ---- what moves ---------------------------------------------------------------------------
 
@@ -240,6 +241,10 @@ class _Planner:
 
 
 # ---- small helpers ---------------------------------------------------------------------------
+
+
+def _wrapped_name(wrap: CallSite) -> str:
+    return (dotted_name(wrap.call.args[0].value) if wrap.call.args else None) or "the model"
 
 
 def _bound_names(wraps: Sequence[CallSite]) -> Set[str]:
