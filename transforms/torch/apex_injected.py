@@ -98,8 +98,7 @@ class _Follower:
                 f"{klass_name} holds it", self.binding.statement)
         matches = []
         for attribute in self._model_attributes():
-            parameter_name, statement = attribute[1], attribute[2]
-            origins = [self._origin_of_argument(call, parameter_name) for call in sites]
+            origins = [self._origin_of_argument(call, attribute[1]) for call in sites]
             if origins and all(o is model_origin for o in origins):
                 matches.append(attribute)
         if len({name for name, _, _ in matches}) != 1:

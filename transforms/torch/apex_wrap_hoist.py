@@ -91,7 +91,9 @@ class _Planner:
         reads: Set[str] = set()
         for statement in moved:
             reads |= _reads(statement)
-        aliases = self._aliases(body, start, holders, wraps, wrap_names, wrapped, reads)
+        # names the wrapping statements set that the moved statements read must be aliases that
+        # hold the unwrapped model on both sides of the wrap (checked, else refused)
+        self._aliases(body, start, holders, wraps, wrap_names, wrapped, reads)
         renames = {name: wrapped for name in wrap_names if name != wrapped}
         for statement in moved:
             self._check_reads_of_the_wrap(statement, wrap_names, wrapped)
@@ -101,7 +103,6 @@ class _Planner:
             model = renames.get(model, model)
             if model not in models:
                 models.append(model)
-        del aliases  # checked: they hold the unwrapped model on both sides of the wrap
         return Hoist(body[start], moved, code, models, wrapped, wraps)
 
     # ---- the wrap -----------------------------------------------------------------------------
@@ -286,7 +287,18 @@ def _is_plain_assignment(statement: cst.CSTNode) -> bool:
 def _reads(statement: cst.CSTNode) -> Set[str]:
     """The variables a statement reads, as dotted chains (`args.lr`, `model`), its own
     assignment targets left out."""
-    found: Set[str] = set()
+    return set(_read_chains(statement))
+
+
+def _name_nodes(statement: cst.CSTNode) -> List[str]:
+    """The variable each read starts from (`model` for `model.parameters()`), once per read."""
+    return [chain.split(".")[0] for chain in _read_chains(statement)]
+
+
+def _read_chains(statement: cst.CSTNode) -> List[str]:
+    """Every read of a variable, as the longest dotted chain it starts (not an attribute's own
+    name, not a keyword's name, not a plain assignment target)."""
+    found: List[str] = []
 
     class _Find(cst.CSTVisitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
@@ -297,33 +309,8 @@ def _reads(statement: cst.CSTNode) -> Set[str]:
         def visit_Attribute(self, node: cst.Attribute) -> bool:
             name = dotted_name(node)
             if name is not None:
-                found.add(name)
+                found.append(name)
                 return False
-            node.value.visit(self)
-            return False
-
-        def visit_Arg(self, node: cst.Arg) -> bool:
-            node.value.visit(self)
-            return False
-
-        def visit_Name(self, node: cst.Name) -> None:
-            found.add(node.value)
-
-    statement.visit(_Find())
-    return found
-
-
-def _overlap(bound: str, read: str) -> bool:
-    """Does binding `bound` change what reading `read` sees (`args` vs `args.lr`, `a.b` vs `a`)?"""
-    return bound == read or read.startswith(bound + ".") or bound.startswith(read + ".")
-
-
-def _name_nodes(statement: cst.CSTNode) -> List[str]:
-    """The value of every Name read as a variable (not an attribute's name, not a keyword)."""
-    found: List[str] = []
-
-    class _Find(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
             node.value.visit(self)
             return False
 
@@ -336,6 +323,11 @@ def _name_nodes(statement: cst.CSTNode) -> List[str]:
 
     statement.visit(_Find())
     return found
+
+
+def _overlap(bound: str, read: str) -> bool:
+    """Does binding `bound` change what reading `read` sees (`args` vs `args.lr`, `a.b` vs `a`)?"""
+    return bound == read or read.startswith(bound + ".") or bound.startswith(read + ".")
 
 
 def _all_nodes(node: cst.CSTNode) -> List[cst.CSTNode]:
