@@ -212,6 +212,11 @@ class _Planner:
         for statement in between:
             if id(statement) in group:
                 continue
+            if _freezes_parameters(statement):
+                # which parameters the optimizer takes may depend on it (`requires_grad` filters)
+                raise Unconvertible(
+                    f"line {self.s.line(statement)} freezes or unfreezes parameters between the DataParallel/DDP "
+                    "wrap and the optimizer, so the optimizer cannot be built above the wrap", statement)
             clash = sorted(b for b in bound if any(_overlap(b, r) for r in _reads(statement) | assigned_names(statement)))
             if clash:
                 raise Unconvertible(
@@ -242,6 +247,15 @@ class _Planner:
 
 
 # ---- small helpers ---------------------------------------------------------------------------
+
+
+def _freezes_parameters(statement: cst.CSTNode) -> bool:
+    """`p.requires_grad = False`, `model.backbone.requires_grad_(False)` anywhere in the statement."""
+    for target in assigned_names(statement):
+        if target.endswith(".requires_grad"):
+            return True
+    return any(isinstance(call.func, cst.Attribute) and call.func.attr.value == "requires_grad_"
+               for call in calls_within(statement))
 
 
 def _wrapped_name(wrap: CallSite) -> str:
