@@ -31,7 +31,7 @@ import libcst as cst
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.module_names import fresh_name, names_in
 from ampify.transforms.kit.imports import ImportMap, dotted_name
-from ampify.transforms.keras.survey import keras_member, keras_root_of
+from ampify.transforms.keras.survey import keras_member, keras_optimizer_alias, keras_root_of
 
 from ampify.transforms.keras.keras_version import EITHER, KERAS_2, KERAS_3, keras_api
 
@@ -81,7 +81,7 @@ class _Collector(cst.CSTVisitor):
             elif node.func.attr.value == "apply_gradients":
                 self.apply_calls.append(node)
         if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call):
-            qualified = self.imports.resolve(node.value.func)
+            qualified = keras_optimizer_alias(self.imports.resolve(node.value.func))
             target = dotted_name(node.targets[0].target)
             if target and keras_root_of(qualified) and keras_member(qualified).startswith("optimizers."):
                 self.constructors.setdefault(target, []).append(node.value)

@@ -35,6 +35,14 @@ def keras_root_of(qualified: Optional[str]) -> Optional[str]:
     return None
 
 
+def keras_optimizer_alias(qualified: Optional[str]) -> Optional[str]:
+    """`tf.optimizers.SGD` is `tf.keras.optimizers.SGD` in TensorFlow 2 (Keras 2 and 3 alike):
+    "tensorflow.optimizers.SGD" -> "tensorflow.keras.optimizers.SGD"; other names unchanged."""
+    if qualified and qualified.startswith("tensorflow.optimizers."):
+        return "tensorflow.keras." + qualified[len("tensorflow."):]
+    return qualified
+
+
 def keras_member(qualified: str) -> str:
     """"layers.Dense" for "tensorflow.keras.layers.Dense"."""
     root = keras_root_of(qualified) or ""
