@@ -109,6 +109,55 @@ def _assigned_names(block: cst.BaseSuite) -> Set[str]:
     return names
 
 
+_MODEL_VARIABLES = ("trainable_variables", "trainable_weights", "variables", "weights")
+
+
+def raw_variable_training(module: cst.Module) -> Optional[Tuple[cst.CSTNode, str]]:
+    """(tape.gradient call, its sources) when a tape differentiates with respect to variables
+    that are not a Keras model's (`[W, b]`, `weights.values()`): the mixed precision policy casts
+    what Keras layers compute, never raw `tf.matmul` on raw `tf.Variable`s, so nothing would run
+    in reduced precision. Sources read through `<model>.trainable_variables` (also summed, or
+    through one local) are a model's."""
+    bound: Dict[str, List[cst.BaseExpression]] = {}
+    gradients: List[cst.Call] = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    bound.setdefault(target.target.value, []).append(node.value)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value == "gradient":
+                gradients.append(node)
+
+    walk(module, _Find())
+    for call in gradients:
+        positional = [arg.value for arg in call.args if arg.keyword is None]
+        sources = next((arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "sources"),
+                       positional[1] if len(positional) > 1 else None)
+        if sources is None:
+            continue
+        values = bound.get(sources.value, []) if isinstance(sources, cst.Name) else [sources]
+        if not values:
+            continue  # a parameter or a name from elsewhere: not known to be raw
+        if not all(_reads_model_variables(value) for value in values):
+            return call, cst.Module(body=[]).code_for_node(sources)
+    return None
+
+
+def _reads_model_variables(expression: cst.BaseExpression) -> bool:
+    found = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            if node.attr.value in _MODEL_VARIABLES:
+                found.append(node)
+
+    walk(expression, _Find())
+    return bool(found)
+
+
 def plan_custom_loops(module: cst.Module, imports: ImportMap, roots: List[str],
                       pins: Optional[Dict[str, Tuple[str, str]]] = None) -> LoopPlan:
     """`pins`: the repository's dependency pins (ProjectFacts.dependency_pins), which decide the

@@ -34,6 +34,7 @@ from ampify.transforms.keras.custom_loops import (
     LoopPlan,
     LoopRewriter,
     plan_custom_loops,
+    raw_variable_training,
     wrap_tape_check,
 )
 from ampify.transforms.keras.hazards import float16_losses, keras_hazards
@@ -89,6 +90,13 @@ class KerasMixedPrecision(Transform):
                                    reason=f"uses {survey.mixed_precision[0]}")
         positions = Positions(module)
         loops: Optional[LoopPlan] = None
+        raw = raw_variable_training(module) if custom_loop else None
+        if raw is not None:
+            return self._refuse(module, positions, raw[0], CUSTOM_LOOP,
+                                f"a custom tf.GradientTape loop that differentiates raw variables ({raw[1]}), not a Keras "
+                                "model's: the mixed precision policy casts what Keras layers compute, never raw tf ops "
+                                "on tf.Variables, so nothing would run in reduced precision; build the model from Keras "
+                                "layers, or cast by hand; not converted", "custom GradientTape loop over raw variables")
         if custom_loop and options.dtype != "bfloat16":
             pins = context.project.dependency_pins() if context.project is not None else {}
             loops = plan_custom_loops(module, imports, survey.roots, pins)
