@@ -62,7 +62,9 @@ class _Collector(cst.CSTVisitor):
         self.imports = imports
         self.stack: List[cst.CSTNode] = []
         self.tapes: Dict[str, cst.With] = {}
-        self.gradient_calls: List[Tuple[cst.Call, Tuple[cst.CSTNode, ...]]] = []
+        #: (tape.gradient call, its ancestors, the `with` that bound the tape's name last before it:
+        #: two tapes named `g` one after the other in a GAN step each serve their own gradient)
+        self.gradient_calls: List[Tuple[cst.Call, Tuple[cst.CSTNode, ...], Optional[cst.With]]] = []
         self.apply_calls: List[cst.Call] = []
         self.constructors: Dict[str, List[cst.Call]] = {}
         self.names: Set[str] = set()
@@ -77,7 +79,8 @@ class _Collector(cst.CSTVisitor):
                     self.tapes[item.asname.name.value] = node
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
             if node.func.attr.value == "gradient":
-                self.gradient_calls.append((node, tuple(reversed(self.stack))))
+                tape = dotted_name(node.func.value)
+                self.gradient_calls.append((node, tuple(reversed(self.stack)), self.tapes.get(tape or "")))
             elif node.func.attr.value == "apply_gradients":
                 self.apply_calls.append(node)
         if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call):
@@ -167,11 +170,9 @@ def plan_custom_loops(module: cst.Module, imports: ImportMap, roots: List[str],
     api, reason = keras_api(roots, pins or {})
     plan = LoopPlan(api=api, api_reason=reason)
     used_optimizers: Set[str] = set()
-    for call, ancestors in collector.gradient_calls:
-        tape = dotted_name(call.func.value)
-        if tape not in collector.tapes:
+    for call, ancestors, block in collector.gradient_calls:
+        if block is None:
             continue  # not a GradientTape's gradient (or a tape bound another way: reported below)
-        block = collector.tapes[tape]
         statement = ancestors[1] if len(ancestors) > 1 else None
         if any(ancestor is block for ancestor in ancestors):
             plan.obstacle = (call, "tape.gradient is called inside the tape's own `with` block")
