@@ -253,8 +253,9 @@ RULES: List[Rule] = [
     Rule("AMP312", "warning", "gradient penalty (`create_graph=True`) not scaled by `amp.scale_loss`",
          "The penalty's gradients are computed unscaled in float16.",
          "torch.autograd.grad(d_out, x, create_graph=True)", MANUAL, incomplete=True),
-    Rule("AMP313", "warning", "`masked_fill` with a constant that overflows float16 under O1",
-         "-1e9 is -inf in float16.", "scores.masked_fill(mask, -1e9)", MANUAL),
+    Rule("AMP313", "warning", "`masked_fill` with a constant that overflows float16 under O1; file not converted",
+         "apex does not patch masked_fill: on float16 scores -1e9 raises `value cannot be converted to type at::Half "
+         "without overflow`.", "scores.masked_fill(mask, -1e9)", MANUAL),
     Rule("AMP314", "warning", "optimizer wrapper class with its own `step()`",
          "amp.initialize needs the real optimizer, hidden inside the wrapper.",
          "class ScheduledOptim:\n    def step(self): self._optimizer.step()", MANUAL),

@@ -101,8 +101,10 @@ APEX_RULES = BackendRules(
         ),
         HazardKind.MASKED_FILL: HazardRule(
             "AMP313",
-            "masked_fill with {detail} overflows float16 under apex O1; use a value within the float16 range "
-            "(e.g. -1e4) or torch.finfo(scores.dtype).min",
+            "masked_fill with {detail} overflows float16 under apex O1 (apex does not patch masked_fill: it raises "
+            "`value cannot be converted to type at::Half without overflow`); use a value within the float16 range "
+            "(e.g. -1e4) or torch.finfo(scores.dtype).min{left_unconverted}",
+            blocks_file=True,
         ),
         HazardKind.WRAPPER_CLASS: HazardRule(
             "AMP314",
