@@ -174,6 +174,10 @@ RULES: List[Rule] = [
     Rule("AMP216", "warning", 'device: `"cuda"` assumed, or used for both autocast and the GradScaler because the step cannot see the script\'s device',
          "autocast and GradScaler switch themselves off on a device they do not name; both must name the same one.",
          'with torch.autocast(device_type="cuda", ...)', REVIEW, incomplete=False),
+    Rule("AMP228", "warning", "the script never moves the model or the data to a device: it trains on the CPU, where CUDA autocast and GradScaler do nothing",
+         "autocast(\"cuda\") and GradScaler(\"cuda\") switch themselves off for CPU tensors: every op stays float32 until "
+         "the model and the batches are moved to the GPU.", "model = Net()  # never .cuda() / .to(device)", MANUAL,
+         incomplete=True),
     Rule("AMP217", "warning", "hand-made half precision (`.half()`, `.to(torch.float16)`)",
          "A model already in float16 gets float16 gradients, which GradScaler refuses.",
          "model = model.half()", MANUAL),

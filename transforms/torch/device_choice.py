@@ -14,6 +14,11 @@ from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.training_loop import Scope, TrainingStructure
 
 
+#: names that show the script may put tensors on a GPU without a .cuda()/.to() of its own
+#: (`torch.set_default_device`, `torch.cuda.FloatTensor`, a `device` it hands elsewhere)
+_DEFAULT_DEVICE_SETTERS = {"set_default_device", "set_default_tensor_type", "device", "cuda"}
+
+
 class DeviceChoice:
     """Finds the script's device expression; says once per file when it had to assume "cuda"."""
 
@@ -37,8 +42,20 @@ class DeviceChoice:
                     node,
                 )
             return '"cuda"'
-        if any(f.code in ("AMP207", "AMP216") for f in self.report.findings):
+        if any(f.code in ("AMP207", "AMP216", "AMP228") for f in self.report.findings):
             return '"cuda"'  # said once per file is enough
+        if not self.structure.all_names & _DEFAULT_DEVICE_SETTERS and self._models_built_here():
+            # no .cuda(), no .to(...), no torch.device, no default device: the tensors stay on the
+            # CPU, where autocast("cuda") and GradScaler("cuda") switch themselves off
+            self.report.warn(
+                "AMP228",
+                'nothing in this file moves the model or the data to a device (no .cuda(), .to(device), '
+                'torch.device(...)): it trains on the CPU, where autocast("cuda") and GradScaler("cuda") switch '
+                'themselves off and every op stays float32; move the model and the batches to the GPU (the '
+                'converted step then runs in float16), or pass --dtype bfloat16 and use the CPU by hand',
+                node,
+            )
+            return '"cuda"'
         self.report.warn(
             "AMP216",
             'no device expression found in the script (torch.device(...), args.device, .to(device)): '
@@ -46,6 +63,33 @@ class DeviceChoice:
             node,
         )
         return '"cuda"'
+
+    def _models_built_here(self) -> bool:
+        """Are the models this file's optimizers train all built here, on the CPU, from torch.nn /
+        torchvision or a class of this file? (A model from another module's factory, such as
+        CUT's `networks.define_G(opt)`, may come back on the GPU.)"""
+        s = self.structure
+        local_classes = {node.name.value for node in s.module.body if isinstance(node, cst.ClassDef)}
+        models = set()
+        for binding in s.bindings:
+            if binding.qualified_call and names.is_optimizer_qualname(binding.qualified_call) and binding.value is not None:
+                for call in statements.calls_within(binding.value):
+                    if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("parameters", "named_parameters"):
+                        models.add((dotted_name(call.func.value) or "").split(".")[0])
+        if not models or "" in models:
+            return False
+        for model in models:
+            built = [b for b in s.bindings if b.name == model and b.statement is not None]
+            if not built:
+                return False
+            for binding in built:
+                value = binding.value
+                if not isinstance(value, cst.Call):
+                    return False
+                called = binding.qualified_call or dotted_name(value.func) or ""
+                if not (called.startswith(("torch.nn.", "torchvision.models.")) or called in local_classes):
+                    return False
+        return True
 
     def expression(self, scope: Scope, before_line: int) -> Optional[str]:
         """The device expression the script itself makes visible in `scope` at `before_line`, or None."""
