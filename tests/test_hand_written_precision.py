@@ -71,7 +71,7 @@ def test_a_tf1_library_file_using_float16_is_not_applicable():
 
 TORCH_TRAINING = """
 import torch
-model = torch.nn.Linear(4, 2)
+model = torch.nn.Linear(4, 2).cuda()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for x, y in [(torch.randn(3, 4), torch.randn(3, 2))]:
     optimizer.zero_grad()

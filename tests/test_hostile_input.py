@@ -41,7 +41,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 TORCH_STEP = textwrap.dedent(
     """\
     import torch
-    model = torch.nn.Linear(4, 2)
+    model = torch.nn.Linear(4, 2).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in [(torch.randn(3, 4), torch.randn(3, 2))]:
         opt.zero_grad()

@@ -166,7 +166,7 @@ def sweep(tmp_path: Path, root: Path, relatives: List[str], hostile: Dict[str, b
         assert status_checked == status_written, (rel, status_checked, status_written)
     for path, entry in written.items():
         data = path.read_bytes()
-        if entry["status"] == "changed":
+        if entry["status"].startswith("changed"):  # "changed, incomplete" files are written too
             assert entry["written"], entry
             compile(data, str(path), "exec", dont_inherit=True)
         else:
@@ -196,7 +196,7 @@ def test_sweep_stdlib_with_bad_inputs(tmp_path):
     if (root / "lib2to3" / "tests" / "data" / "py2_test_grammar.py").exists():
         assert len([p for p in written if "lib2to3" in p.parts]) >= 6
     bom = tmp_path / "copy" / "hostile" / "bom_crlf_training.py"
-    if hostile["bom_crlf_training.py"]["status"] == "changed":
+    if hostile["bom_crlf_training.py"]["status"].startswith("changed"):
         data = bom.read_bytes()
         assert data.startswith(b"\xef\xbb\xbf") and data.count(b"\n") == data.count(b"\r\n")
     latin1 = tmp_path / "copy" / "hostile" / "latin1_training.py"
