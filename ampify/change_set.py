@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, List, Sequence
 
-from ampify.source_io import TEMP_SUFFIX, SourceFile, SourceIOError, _exclusive_lock, _fsync_directory, _folder_writable, _stat_for_write
+from ampify.source_io import TEMP_SUFFIX, SourceFile, SourceIOError, _exclusive_lock, holds_already, _fsync_directory, _folder_writable, _stat_for_write
 
 #: `.ampify-changeset.<16 hex>.json`, in the folder of the set's first target
 JOURNAL_PREFIX = ".ampify-changeset."
@@ -54,18 +54,31 @@ def write_change_set(changes: Sequence[Change]) -> None:
     changes = sorted(changes, key=lambda change: str(change.source.path))
     temps: List[str] = []
     try:
+        to_write = []
         for change in changes:
             try:
                 temps.append(_write_temp(change))
+                to_write.append(change)
             except SourceIOError as error:
+                if holds_already(change.source.path, change.new_data):
+                    continue  # another change set of this run wrote the same edit
                 raise SourceIOError(f"{change.source.path.name}: {error}; no file of the change set was written") from None
+        changes = to_write
         with contextlib.ExitStack() as locks:
-            for change in changes:
+            pending = []
+            for change, temp in zip(changes, temps):
                 try:
                     locks.enter_context(_exclusive_lock(change.source.path))
                     _stat_for_write(change.source.path, change.source)
+                    pending.append((change, temp))
                 except SourceIOError as error:
+                    if holds_already(change.source.path, change.new_data):
+                        _remove_all([temp])  # another change set of this run wrote the same edit
+                        continue
                     raise SourceIOError(f"{change.source.path.name}: {error}; no file of the change set was written") from None
+            if not pending:
+                return
+            changes, temps = [c for c, _ in pending], [t for _, t in pending]
             journal = _write_journal(changes, temps)
             _pause()
             renamed = []

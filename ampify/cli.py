@@ -28,7 +28,7 @@ from ampify.registry import declared_options, options_from
 from ampify.change_set import recover_change_sets
 from ampify.output_formats import FORMATS, render_github, render_json, render_markdown, render_sarif, write_json_report
 from ampify.report import (
-    apply_selection, exit_code, in_conditional, merge_change_sets, render_file, render_summary, summarize,
+    apply_selection, diffs_to_print, exit_code, in_conditional, merge_change_sets, render_file, render_summary, summarize,
 )
 from ampify.rules import Selection, UnknownRule, render_list, render_rule, rule
 from ampify.runner import DEFAULT_FILE_TIMEOUT, Interrupted, default_jobs, run_tasks
@@ -202,9 +202,9 @@ def rewrite(
     interrupted = stopped_by is not None
     if not selection.everything:
         results = [apply_selection(result, selection) for result in results]
+    for diff in diffs_to_print(results):
+        sys.stdout.write(diff)
     for result in results:
-        if result.diff:
-            sys.stdout.write(result.diff)
         if output_format != "text":
             continue
         lines = render_file(result, verbose, problems_only=quiet, conditional=mode is not Mode.WRITE)

@@ -113,16 +113,17 @@ def _process_change_set(task: FileTask, source, conversion, result: FileResult, 
             other = read_source(Path(companion.key))
         except SourceIOError as error:
             return _change_set_failed(result, f"{shown} ({error})")
-        if other.data != companion.old:
+        if other.data != companion.old and other.data != companion.new:
+            # (holding the new version already: another change set of this run wrote the same edit)
             return _change_set_failed(result, f"{shown} changed during the run")
         others.append((shown, other, companion))
     result.companions = [
         FileResult(shown, FileStatus.CHANGED, companion.reason, list(companion.findings)) for shown, _, companion in others
     ]
     if task.mode is Mode.DIFF:
-        result.diff = unified_diff(result.path, source.data, conversion.converted) + "".join(
-            unified_diff(shown, other.data, companion.new) for shown, other, companion in others
-        )
+        result.diff = unified_diff(result.path, source.data, conversion.converted)
+        for companion_result, (shown, other, companion) in zip(result.companions, others):
+            companion_result.diff = unified_diff(shown, other.data, companion.new)
     elif task.mode is Mode.WRITE:
         if before_write is not None:
             before_write()

@@ -6,7 +6,7 @@ import dataclasses
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, Iterator, List
 
 from ampify.findings import FileResult, FileStatus, Finding, Severity, incomplete_codes
 from ampify.names import for_terminal
@@ -29,7 +29,7 @@ def apply_selection(result: FileResult, selection: Selection) -> FileResult:
     status, reason = result.status, result.reason
     if status is FileStatus.CHANGED_INCOMPLETE and not incomplete_codes(kept):
         status, reason = FileStatus.CHANGED, ""
-    return FileResult(result.path, status, reason, kept, result.written, result.diff)
+    return FileResult(result.path, status, reason, kept, result.written, result.diff, result.companions)
 
 
 def render_finding(path: str, finding: Finding) -> str:
@@ -101,10 +101,23 @@ def merge_change_sets(results: List[FileResult]) -> List[FileResult]:
         if companion is None or result.status is FileStatus.FAILED:
             merged.append(result)
         else:
-            merged.append(FileResult(result.path, companion.status, companion.reason,
-                                     companion.findings + result.findings, companion.written))
-    merged.extend(companions.values())  # changed, though not themselves in the run's file list
+            findings = companion.findings + [f for f in result.findings if f not in companion.findings]
+            merged.append(FileResult(result.path, companion.status, companion.reason, findings,
+                                     companion.written or result.written, result.diff))
+    # changed, though not themselves in the run's file list (their diff is printed with the set)
+    merged.extend(FileResult(c.path, c.status, c.reason, c.findings, c.written) for c in companions.values())
     return merged
+
+
+def diffs_to_print(results: Iterable[FileResult]) -> Iterator[str]:
+    """Every file's diff once, a change set's files together: a module that two training files
+    both change the same way (the attention code whose masked_fill both need fixed) is shown once."""
+    printed = set()
+    for result in results:
+        for path, diff in [(result.path, result.diff)] + [(c.path, c.diff) for c in result.companions]:
+            if diff and (path, diff) not in printed:
+                printed.add((path, diff))
+                yield diff
 
 
 def exit_code(results: Iterable[FileResult], would_change_fails: bool) -> int:

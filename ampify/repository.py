@@ -82,6 +82,8 @@ class ModuleOutline:
     #: (line, value) of `masked_fill(mask, -1e9)` with a constant beyond the float16 range, in
     #: model code: a method of a class, or a module-level function such a method calls
     float16_overflows: List[Tuple[int, str]] = field(default_factory=list)
+    #: the module calls `.backward(...)`: it has a training step of its own
+    trains: bool = False
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -328,6 +330,8 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
         outline.float16_overflows = _model_code_overflows(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
+                outline.trains = True
             name = _dotted(node.func)
             if name is not None:
                 call = Call(path, node.lineno, node.col_offset,
@@ -531,6 +535,17 @@ class ProjectView:
             if outline is None or path == self.path.resolve():
                 continue
             found += [f"{self.where(path, line)} masked_fill(..., {value})" for line, value in outline.float16_overflows]
+        return found
+
+    def float16_overflow_modules(self) -> List[Tuple[str, str, bool]]:
+        """(key, display, trains) of the project modules this module imports whose model code
+        has a masked_fill constant beyond float16 (see float16_overflows_imported)."""
+        found = []
+        for path in self.index.imported_closure(self.path):
+            outline = self.index.outline(path)
+            if outline is None or path == self.path.resolve() or not outline.float16_overflows:
+                continue
+            found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], outline.trains))
         return found
 
     def optimizer_method_over_self(self, method: str) -> Optional[str]:

@@ -220,6 +220,12 @@ RULES: List[Rule] = [
          "Autocast and apex refuse BCELoss; BCEWithLogitsLoss on logits is the same loss, computed stably. Done only when every use of the output is followed.",
          "nn.Sequential(..., nn.Sigmoid()); criterion = nn.BCELoss(); D_x = output.mean().item()\n"
          "  -> nn.Sequential(...,); criterion = nn.BCEWithLogitsLoss(); D_x = torch.sigmoid(output).mean().item()", REVIEW),
+    Rule("AMP232", "info", "`masked_fill(mask, -1e9)` before a softmax: the constant is now `torch.finfo(scores.dtype).min`",
+         "-1e9 overflows float16, and masked_fill raises once the scores are float16 (autocast, apex O1). The scores' own "
+         "minimum gives the same softmax in float32. Done only when the filled scores are read by a softmax alone; "
+         "in a module the training file imports, written with it as one change set.",
+         "scores = scores.masked_fill(mask == 0, -1e9)\n"
+         "  -> scores = scores.masked_fill(mask == 0, torch.finfo(scores.dtype).min)", REVIEW),
     Rule("AMP300", "error", "error: internal error in the apex transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP300 internal error in the torch-apex-amp transform (KeyError: ...); this file is left unchanged", MANUAL),

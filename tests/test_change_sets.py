@@ -215,3 +215,60 @@ def test_workers_do_not_outlive_a_run_killed_with_sigkill(tmp_path):
     assert not alive, f"worker processes left running: {alive}"
     recovery = _ampify("--check", tree, cwd=tmp_path)
     assert _tree(tree) in (_tree(CASE / "input"), _tree(CASE / "expected")), recovery.stdout
+
+
+# ---- one edit of a module that several change sets share ----------------------------------------
+
+SHARED = ROOT / "fixtures" / "repositories" / "imported_float16_overflow"
+
+
+def _rel_tree(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*.py"))}
+
+
+def test_an_imported_module_outside_the_run_is_not_written_and_the_refusal_says_so(tmp_path):
+    tree = tmp_path / "repo"
+    shutil.copytree(SHARED / "input", tree)
+    completed = _ampify(tree / "train.py", cwd=tmp_path)
+    assert completed.returncode == 1
+    assert _rel_tree(tree) == _rel_tree(SHARED / "input")
+    assert "model/attention.py is not in this run: run ampify on both files or on the repository" in completed.stdout
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_two_trainers_sharing_the_attention_fix_both_convert(tmp_path, workers):
+    """train.py and finetune.py both need model/attention.py's masked_fill rewritten: each change
+    set holds the same edit, the module's own conversion makes it too, and whichever comes later
+    finds it made (no "changed during the run" failure, also with two workers racing)."""
+    for attempt in range(3 if workers == "2" else 1):
+        tree = tmp_path / f"repo{attempt}"
+        shutil.copytree(SHARED / "input", tree)
+        completed = _ampify(tree, "-j", workers, cwd=tmp_path)
+        assert completed.returncode == 0, completed.stdout + completed.stderr
+        assert "failed" not in completed.stdout.split("scanned")[0]
+        assert _rel_tree(tree) == _rel_tree(SHARED / "expected")
+
+
+def test_diff_shows_a_shared_edit_once(tmp_path):
+    tree = tmp_path / "repo"
+    shutil.copytree(SHARED / "input", tree)
+    completed = _ampify(tree, "--diff", "-j", "1", cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.count("+++ b/") == 4  # attention.py, finetune.py, prepare.py, train.py
+    assert completed.stdout.count("torch.finfo(attn.dtype).min") == 1
+    assert _rel_tree(tree) == _rel_tree(SHARED / "input")
+
+
+def test_a_change_set_skips_a_file_that_already_holds_its_new_version(tmp_path):
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    first.write_bytes(b"a = 1\n")
+    second.write_bytes(b"b = 1\n")
+    old_first, old_second = read_source(first), read_source(second)
+    first.write_bytes(b"a = 2\n")  # another change set of the run wrote the same edit
+    write_change_set([Change(old_first, b"a = 2\n"), Change(old_second, b"b = 2\n")])
+    assert first.read_bytes() == b"a = 2\n" and second.read_bytes() == b"b = 2\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    first.write_bytes(b"a = 3\n")  # someone else's edit still aborts the set
+    with pytest.raises(SourceIOError):
+        write_change_set([Change(read_source(second), b"b = 3\n"), Change(old_first, b"a = 2\n")])
+    assert first.read_bytes() == b"a = 3\n" and second.read_bytes() == b"b = 2\n"

@@ -61,12 +61,14 @@ EXPECTED_CALLS = {
     "vae_sigmoid_decoder": {"step": 3, "update": 3, "scale": 3, "load_state_dict": 0},
     # 3 iterations: G and D steps; the Sigmoid of the validity head fused into the loss
     "acgan_two_heads": {"step": 6, "update": 3, "scale": 6, "load_state_dict": 0},
+    # 4 batches; masked_fill's -1e9 made the scores' dtype minimum, one row masked everywhere
+    "attention_masked_fill": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
 }
 
 
 #: scripts that run inference after training, outside any step (a decoded sample): those
 #: matmuls stay float32, as ampify converts training steps only
-FLOAT32_INFERENCE_MATMULS = {"vae_sigmoid_decoder": 2}
+FLOAT32_INFERENCE_MATMULS = {"vae_sigmoid_decoder": 2, "attention_masked_fill": 2}
 
 
 #: scripts whose first float16 iteration overflows at GradScaler's initial scale (the gradient

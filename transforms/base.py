@@ -52,6 +52,10 @@ class ProjectFacts(Protocol):
         """"transformer/Modules.py:25 masked_fill(..., -1e9)" for model code of the project modules
         this module imports (directly or through each other) that raises on float16 tensors."""
 
+    def float16_overflow_modules(self) -> Sequence[Tuple[str, str, bool]]:
+        """(key, display, has a training step of its own) of the project modules this module
+        imports whose model code has a masked_fill constant beyond float16."""
+
     def optimizer_method_over_self(self, method: str) -> Optional[str]:
         """"model.py:215 GPT.configure_optimizers()" when every project class defining `method`
         returns a torch.optim optimizer built from its own parameters only; else None."""

@@ -161,9 +161,7 @@ class ApexConversion(TorchConversion):
     rules = APEX_RULES
 
     def __init__(self, structure: TrainingStructure, options: Options, context: UnitContext = UnitContext()) -> None:
-        super().__init__(structure, options)
-        self.project = context.project
-        self.display = context.display
+        super().__init__(structure, options, context)
         #: edits of calling modules planned for the units converted so far, and their modules
         self.planned_companions: List[CompanionChange] = []
         self.companion_keys: set = set()

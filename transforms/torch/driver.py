@@ -25,11 +25,12 @@ import libcst as cst
 
 from ampify.findings import Finding, Severity
 from ampify.options import Options
-from ampify.transforms.base import CompanionChange, TransformResult, Verdict
+from ampify.transforms.base import CompanionChange, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch.bce_logits import criterion_never_applied
 from ampify.transforms.torch.helper_backwards import helper_refusal_note
+from ampify.transforms.torch.masked_fill_limits import plan_imported_fill_limits
 from ampify.transforms.torch.training_loop import (
     Hazard,
     HazardKind,
@@ -84,13 +85,18 @@ class TorchConversion(abc.ABC):
 
     rules: BackendRules
 
-    def __init__(self, structure: TrainingStructure, options: Options) -> None:
+    def __init__(self, structure: TrainingStructure, options: Options, context: UnitContext = UnitContext()) -> None:
         self.structure = structure
         self.options = options
+        #: the rest of the project (model code this module imports, callers in other files)
+        self.project = context.project
+        self.display = context.display
         self.scaling = options.dtype == "float16"
         self.findings: List[Finding] = []
         #: edits of other modules that belong to this module's change (one change set)
         self.companions: List[CompanionChange] = []
+        #: what the companions change, reported here only when this module is converted
+        self.companion_notes: List[Tuple[str, Optional[cst.CSTNode]]] = []
 
     # ---- what a backend supplies ------------------------------------------------------------
 
@@ -152,6 +158,9 @@ class TorchConversion(abc.ABC):
         self.add_finding(code, message, node, Severity.INFO)
 
     def result(self, verdict: Verdict, reason: str = "", module: Optional[cst.Module] = None) -> TransformResult:
+        if verdict is Verdict.CONVERTED:
+            for message, node in self.companion_notes:
+                self.info("AMP232", message, node)
         findings = sorted(self.findings, key=lambda f: (f.line, f.column, f.code))
         companions = self.companions if verdict is Verdict.CONVERTED else []
         return TransformResult(module or self.structure.module, verdict, findings, reason, companions)
@@ -251,20 +260,26 @@ class TorchConversion(abc.ABC):
         """masked_fill(..., -1e9) in the model code of a project module this file imports raises
         on float16 tensors once the forward pass runs under autocast (or apex O1): the file's
         training is left unconverted, naming where to fix it."""
-        project = getattr(self, "project", None)
+        project = self.project
         if not has_training or project is None or not self.scaling_is_float16():
             return False
         overflows = list(project.float16_overflows_imported())
         if not overflows:
             return False
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        companions, notes, refused = plan_imported_fill_limits(project, self.display)
+        if refused is None:
+            self.companions.extend(companions)
+            self.companion_notes += [(note + "; written together with this file, as one change set", node)
+                                     for note in notes]
+            return False
         rule = self.rules.hazards[HazardKind.MASKED_FILL]
         shown = ", ".join(overflows[:3]) + (f" and {len(overflows) - 3} more" if len(overflows) > 3 else "")
-        node = self.structure.backwards[0].call if self.structure.backwards else None
         self.warn(
             rule.code,
             f"the model code this file imports has {shown}: the constant overflows float16 and masked_fill raises "
-            "once the forward pass runs in float16; use torch.finfo(scores.dtype).min there (or -1e4), then rerun "
-            "ampify; the training steps of this file were left unconverted",
+            f"once the forward pass runs in float16; ampify did not rewrite it: {refused}; the training steps of "
+            "this file were left unconverted",
             node,
         )
         return True

@@ -180,7 +180,7 @@ class NativeConversion(TorchConversion):
     def __init__(
         self, structure: TrainingStructure, imports: ImportMap, options: Options, context: UnitContext = UnitContext()
     ) -> None:
-        super().__init__(structure, options)
+        super().__init__(structure, options, context)
         self.imports = imports
         self.module = structure.module
         self.torch = self._torch_name()
@@ -190,8 +190,6 @@ class NativeConversion(TorchConversion):
         self.devices = DeviceChoice(structure, self.torch, self)
         self.scaler_name = "scaler"
         self.placement = ScalerPlacement(structure, self.scaler_name, context.project, context.display)
-        #: the rest of the project (model code this module imports, callers in other files)
-        self.project = context.project
         #: the device expression each created GradScaler got, by the statement it follows
         self.scaler_devices: Dict[int, str] = {}
         #: gradient penalties that can be scaled, by id of their autograd.grad call (float16 only)

@@ -25,6 +25,7 @@ from ampify.findings import Finding, Severity
 from ampify.transforms.base import TransformResult, Verdict
 from ampify.transforms.torch.bce_functional import fuse_functional_bce
 from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
+from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_fills
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.module_names import names_in
@@ -195,6 +196,13 @@ def converted_in_shape(
     With `imports`, a BCE loss after a model's Sigmoid is fused (bce_logits.py) when the BCE
     warning stopped the module and the fused module converts."""
     result = _converted_in_shape(module, convert)
+    if imports is not None and any(f.code in _FILL_REFUSALS for f in result.findings):
+        limited = float16_safe_fills(module, imports)
+        if limited is not None:
+            limited_result = converted_in_shape(limited.module, convert, imports)
+            if not any(f.code in _FILL_REFUSALS for f in limited_result.findings) and limited_result.verdict in (
+                    Verdict.CONVERTED, Verdict.NOTHING_TO_DO):
+                return _with_fill_limits(module, limited, limited_result)
     if imports is not None and any(f.code in _BCE_REFUSALS for f in result.findings):
         # only files the BCE hazard stopped pay for the attempt
         fused = fuse_bce_after_sigmoid(module, imports) or fuse_functional_bce(module, imports)
@@ -204,6 +212,9 @@ def converted_in_shape(
                 return _with_fusion(module, fused[0], fused[1], fused_result)
     return result
 
+
+#: the masked_fill overflow warnings of the two backends
+_FILL_REFUSALS = ("AMP213", "AMP313")
 
 #: the BCE warnings of the two backends
 _BCE_REFUSALS = ("AMP210", "AMP310")
@@ -254,4 +265,20 @@ def _with_fusion(original: cst.Module, fused: cst.Module, fusion, result: Transf
         fusion.criterion_line, 0, Severity.INFO,
     ))
     result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
+    return result
+
+
+def _with_fill_limits(original: cst.Module, limited: FillLimits, result: TransformResult) -> TransformResult:
+    """The module converted after its masked_fill constants became the scores' dtype minimum; a
+    module with no training of its own (attention code a training file imports) is changed by
+    that alone."""
+    lines = LineMap(original.code, limited.module.code)
+    findings = [replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings]
+    line, column = limited.rewritten[0][:2]
+    findings.append(Finding("AMP232", limited.describe(), line, column, Severity.INFO))
+    result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
+    if result.verdict is Verdict.NOTHING_TO_DO:
+        result.verdict = Verdict.CONVERTED
+        result.module = limited.module
+        result.reason = ""
     return result
