@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ampify.dependency_pins import dependency_pins
+from ampify.optimizer_wrappers import WrapperStep, wrapper_steps
 from ampify.transforms.base import CallSite
 
 #: files that mark the root of a project
@@ -117,6 +118,7 @@ class RepositoryIndex:
         self._optimizer_methods: Dict[Tuple[Path, str], List[Tuple[str, int, bool]]] = {}
         self._closures: Dict[Path, List[Path]] = {}
         self._all_modules: Optional[List[Path]] = None
+        self._wrapper_steps: Optional[List[WrapperStep]] = None
 
     # ---- where modules are -------------------------------------------------------------------
 
@@ -203,6 +205,20 @@ class RepositoryIndex:
                     queue.append(target)
         self._closures[key] = order
         return order
+
+    def wrapper_steps(self) -> List[WrapperStep]:
+        """The stepping methods of every optimizer wrapper class of the project (read once, and
+        only when a training file calls a method ampify does not know after its backward)."""
+        if self._wrapper_steps is None:
+            found: List[WrapperStep] = []
+            for path in self.modules():
+                try:
+                    data = path.read_bytes() if path.stat().st_size <= MAX_OUTLINE_BYTES else b""
+                except OSError:
+                    continue
+                found += wrapper_steps(path, data)
+            self._wrapper_steps = found
+        return self._wrapper_steps
 
     def optimizer_methods(self, path: Path, method: str) -> List[Tuple[str, int, bool]]:
         """(class, line, builds its optimizer from self's parameters only) for every class of the
@@ -548,6 +564,26 @@ class ProjectView:
             found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], outline.trains))
         return found
 
+    def wrapper_step(self, method: str) -> Optional[Tuple[str, str, WrapperStep]]:
+        """(key, display, the method) when exactly one optimizer wrapper class of the project has a
+        stepping method of this name (optimizer_wrappers.py); else None."""
+        found = [step for step in self.index.wrapper_steps() if step.method == method]
+        if len(found) != 1:
+            return None
+        return str(found[0].path), self.where(found[0].path, 0).rsplit(":", 1)[0], found[0]
+
+    def wrapper_steps_here(self) -> List[WrapperStep]:
+        """The stepping methods of the wrapper classes of this module (read from this module only)."""
+        try:
+            data = self.path.read_bytes()
+        except OSError:
+            return []
+        return wrapper_steps(self.path, data)
+
+    def wrapper_step_methods(self) -> List[str]:
+        """Names of the stepping methods of the project's optimizer wrapper classes."""
+        return sorted({step.method for step in self.index.wrapper_steps()})
+
     def optimizer_method_over_self(self, method: str) -> Optional[str]:
         """"model.py:215 GPT.configure_optimizers()" when every class of the project that defines
         `method` builds a torch.optim optimizer from its own parameters only and returns it (and
@@ -575,6 +611,9 @@ class ProjectView:
             return path.read_bytes()
         except OSError:
             return None
+
+    def is_this_module(self, key: str) -> bool:
+        return Path(key).resolve() == self.path
 
     def in_this_run(self, key: str) -> bool:
         path = Path(key).resolve()

@@ -226,6 +226,13 @@ RULES: List[Rule] = [
          "in a module the training file imports, written with it as one change set.",
          "scores = scores.masked_fill(mask == 0, -1e9)\n"
          "  -> scores = scores.masked_fill(mask == 0, torch.finfo(scores.dtype).min)", REVIEW),
+    Rule("AMP233", "info", "an optimizer wrapper class of the project steps through the GradScaler: its stepping method takes `scaler=None`",
+         "GradScaler must step the optimizer inside `ScheduledOptim` (a wrapper has no param_groups). The method keeps "
+         "stepping as before without a scaler; one that clips first unscales first. Written with the training file as "
+         "one change set.",
+         "def step_and_update_lr(self):\n    self._optimizer.step()\n"
+         "  -> def step_and_update_lr(self, scaler=None):\n    if scaler is not None:\n        scaler.step(self._optimizer)\n"
+         "    else:\n        self._optimizer.step()", REVIEW),
     Rule("AMP300", "error", "error: internal error in the apex transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP300 internal error in the torch-apex-amp transform (KeyError: ...); this file is left unchanged", MANUAL),

@@ -128,3 +128,45 @@ def test_a_converted_multi_module_project_trains_on_cpu(tmp_path):
     completed = subprocess.run([sys.executable, "train.py"], cwd=tree, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr
     assert "trained" in completed.stdout
+
+
+_WRAPPER_PROBE = """
+import json, sys
+import torch
+calls = {"step": [], "unscale_": 0}
+step, unscale = torch.amp.GradScaler.step, torch.amp.GradScaler.unscale_
+def counted_step(self, optimizer, *args, **kwargs):
+    calls["step"].append(type(optimizer).__name__)
+    return step(self, optimizer, *args, **kwargs)
+def counted_unscale(self, optimizer):
+    calls["unscale_"] += 1
+    return unscale(self, optimizer)
+torch.amp.GradScaler.step, torch.amp.GradScaler.unscale_ = counted_step, counted_unscale
+import {module}
+{module}.{entry}()
+print(json.dumps({{"losses": {module}.LOSSES, **calls}}))
+"""
+
+
+@pytest.mark.parametrize("module, entry, steps, unscales", [("train", "main", 8, 8), ("seq2seq_trainer", "run", 4, 4)])
+def test_training_through_a_converted_optimizer_wrapper_runs_on_cpu(tmp_path, module, entry, steps, unscales):
+    """The converted scripts step Adam through GradScaler inside the project's wrapper classes
+    (ScheduledOptim's Noam schedule, seq2seq's clipping Optimizer, which unscales first), under
+    CPU float16 autocast, and train like the float32 originals. (GradScaler.step unscales
+    itself when nothing did before: one unscale_ per step either way; a second would raise.)"""
+    pytest.importorskip("torch")
+    case = ROOT / "fixtures" / "repositories" / "optimizer_wrapper_classes"
+    results = {}
+    for side in ("input", "expected"):
+        tree = tmp_path / side
+        shutil.copytree(case / side, tree)
+        probe = _WRAPPER_PROBE.replace("{module}", module).replace("{entry}", entry).replace("{{", "{").replace("}}", "}")
+        completed = subprocess.run([sys.executable, "-c", probe], cwd=tree, capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr
+        results[side] = json.loads(completed.stdout.strip().splitlines()[-1])
+    original, converted = results["input"], results["expected"]
+    assert original["step"] == [] and original["unscale_"] == 0
+    assert converted["step"] == ["Adam"] * steps and converted["unscale_"] == unscales
+    assert len(converted["losses"]) == len(original["losses"]) == steps
+    for mixed, full in zip(converted["losses"], original["losses"]):
+        assert mixed == pytest.approx(full, rel=5e-2), (converted["losses"], original["losses"])

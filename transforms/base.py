@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import libcst as cst
 
@@ -68,6 +68,19 @@ class ProjectFacts(Protocol):
 
     def source_of(self, key: str) -> Optional[bytes]:
         """The bytes of another project module (a CallSite's `key`); None when unreadable."""
+
+    def wrapper_step_methods(self) -> Sequence[str]:
+        """Names of the stepping methods of the project's optimizer wrapper classes."""
+
+    def wrapper_step(self, method: str) -> Optional[Tuple[str, str, Any]]:
+        """(key, display, ampify.optimizer_wrappers.WrapperStep) when exactly one wrapper class of
+        the project has a stepping method of this name; else None."""
+
+    def wrapper_steps_here(self) -> Sequence[Any]:
+        """The stepping methods (WrapperStep) of the wrapper classes of this module."""
+
+    def is_this_module(self, key: str) -> bool:
+        """Is `key` the module this view is of?"""
 
     def in_this_run(self, key: str) -> bool:
         """Did the user name that module (itself or a folder holding it)? Only those are written."""

@@ -29,6 +29,7 @@ from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConver
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
 from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, distinct_losses, pair_helper_backwards
 from ampify.transforms.torch.normalize import converted_in_shape
+from ampify.transforms.torch.wrapper_steps import project_wrapper_steps
 from ampify.transforms.torch.statements import code_of
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.training_loop import (
@@ -148,6 +149,9 @@ class TorchApexAmp(Transform):
     ) -> TransformResult:
         def convert(shaped: cst.Module) -> TransformResult:
             structure = analyze_training(shaped, imports)
+            wrappers = project_wrapper_steps(structure, shaped, context.project)
+            if wrappers:  # known only to refuse with the true reason
+                structure = analyze_training(shaped, imports, wrappers)
             pair_helper_backwards(structure)
             return ApexConversion(structure, options, context).run()
 
@@ -191,6 +195,12 @@ class ApexConversion(TorchConversion):
         self.plan, self.initialize_planned, self.planned_companions, self.companion_keys = state
 
     def plan_unit(self, unit: TrainingUnit) -> TrainingUnit:
+        for step in unit.steps:
+            if step.wrapper is not None:
+                raise Unconvertible(
+                    f"{step.receiver} steps through the project's wrapper class {step.wrapper.described}: "
+                    "amp.initialize and amp.scale_loss need the optimizer inside it, which ampify does not reach for "
+                    "apex; use --backend native (the wrapper then takes the GradScaler), or convert by hand", step.call)
         self._convert_unit(unit)
         return unit
 

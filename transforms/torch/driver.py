@@ -31,6 +31,7 @@ from ampify.transforms.torch import names as names
 from ampify.transforms.torch.bce_logits import criterion_never_applied
 from ampify.transforms.torch.helper_backwards import helper_refusal_note
 from ampify.transforms.torch.masked_fill_limits import plan_imported_fill_limits
+from ampify.transforms.torch.wrapper_steps import steps_of_wrapper_methods
 from ampify.transforms.torch.training_loop import (
     Hazard,
     HazardKind,
@@ -187,6 +188,9 @@ class TorchConversion(abc.ABC):
             return self.result(Verdict.NOT_APPLICABLE, names.LOOP_OWNING_FRAMEWORKS[s.loop_owning_framework])
         has_training = bool(s.backwards) or any(h.kind is HazardKind.AUTOGRAD_BACKWARD for h in s.hazards)
         blocked = self._report_hazards(has_training)
+        if not has_training and s.steps and steps_of_wrapper_methods(s, self.project):
+            return self.result(Verdict.NOTHING_TO_DO, "optimizer wrapper classes: the training files that step them "
+                                                      "pass them the GradScaler")
         if not has_training and s.steps:
             code, message = self.rules.steps_without_backward
             self.warn(code, message.format(receiver=s.steps[0].receiver), s.steps[0].call)

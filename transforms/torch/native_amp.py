@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Set
 import libcst as cst
 
 from ampify.options import Options
-from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
+from ampify.transforms.base import CompanionChange, Transform, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.torch import screen as torch_screen
@@ -42,6 +42,13 @@ from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.manual_updates import backwards_of, manual_update_units
 from ampify.transforms.torch.normalize import converted_in_shape
+from ampify.transforms.torch.wrapper_steps import (
+    WrapperEditRefused,
+    plan_wrapper_edit,
+    project_wrapper_steps,
+    refusal_for_ambiguous_step,
+    wrapper_call,
+)
 from ampify.transforms.torch.scaler_calls import ScalerCallPlanner
 from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
 from ampify.transforms.torch.scaler_placement import ScalerHome, ScalerPlacement, UnitPlan
@@ -164,6 +171,9 @@ class TorchNativeAmp(Transform):
     ) -> TransformResult:
         def convert(shaped: cst.Module) -> TransformResult:
             structure = analyze_training(shaped, imports)
+            wrappers = project_wrapper_steps(structure, shaped, context.project)
+            if wrappers:  # `optimizer.step_and_update_lr()` of the project's ScheduledOptim
+                structure = analyze_training(shaped, imports, wrappers)
             pair_helper_backwards(structure)
             return NativeConversion(structure, imports, options, context).run()
 
@@ -196,6 +206,8 @@ class NativeConversion(TorchConversion):
         self.penalties: Optional[Dict[int, PenaltySite]] = None
         #: modules of other files already edited for a unit of this module (one edit per module)
         self.companion_keys: Set[str] = set()
+        #: the edit of each wrapper class module a step goes through, by module key
+        self.wrapper_edits: Dict[str, CompanionChange] = {}
         #: ids of backward() calls already rewritten (a helper's backward is reached from several units)
         self.scaled_backwards: Set[int] = set()
 
@@ -262,10 +274,10 @@ class NativeConversion(TorchConversion):
         self.placement.scaler_name = self.scaler_name
 
     def snapshot(self):
-        return dict(self.placement.homes), set(self.companion_keys)
+        return dict(self.placement.homes), set(self.companion_keys), dict(self.wrapper_edits)
 
     def restore(self, state) -> None:
-        self.placement.homes, self.companion_keys = state
+        self.placement.homes, self.companion_keys, self.wrapper_edits = state
 
     def write(self, plans: List[UnitPlan]) -> cst.Module:
         for plan in plans:
@@ -305,6 +317,8 @@ class NativeConversion(TorchConversion):
         for step in unit.steps:
             if step.has_closure:
                 raise Unconvertible(f"{step.receiver}.step(closure) cannot go through GradScaler", step.call)
+            if step.wrapper is not None and step.wrapper.ambiguous:
+                raise Unconvertible(refusal_for_ambiguous_step(step.wrapper, step.receiver or ""), step.call)
         regions = self.regions.autocast_regions(unit)
         plan = UnitPlan(unit, self.scaler_name, regions)
         if not self.scaling:
@@ -312,6 +326,7 @@ class NativeConversion(TorchConversion):
         plan.update_after = self.scaler_calls.update_anchor(unit)
         plan.early_exit_updates = list(self.scaler_calls.early_exit_updates.get(id(unit), []))
         plan.unscale_before = self.scaler_calls.unscale_points(unit)
+        self._plan_wrapper_edits(plan)
         self.placement.place(plan)
         if plan.companions:
             for caller in plan.companions:
@@ -331,6 +346,46 @@ class NativeConversion(TorchConversion):
                 delegated[0].call,
             )
         return plan
+
+    def _plan_wrapper_edits(self, plan: UnitPlan) -> None:
+        """Steps through a wrapper class of the project: its stepping method takes the scaler, in
+        its own module (one change set with this file); clipping here unscales the optimizer
+        inside the wrapper."""
+        wrapped = {step.receiver: step.wrapper for step in plan.unit.steps if step.wrapper is not None}
+        if not wrapped:
+            return
+        for receiver, use in wrapped.items():
+            if use.key in self.wrapper_edits or use.step.takes_scaler:
+                continue  # planned for another step, or converted before: it takes the scaler already
+            if self.project is None or self.project.is_this_module(use.key):
+                raise Unconvertible(f"{use.described} is defined in this file: ampify threads the scaler into wrapper "
+                                    "classes of other modules only; convert by hand")
+            if not self.project.in_this_run(use.key):
+                raise Unconvertible(f"{use.described} must take the GradScaler, and {use.display} is not in this run: "
+                                    "run ampify on both files or on the repository")
+            if use.key in self.companion_keys:
+                raise Unconvertible(f"{use.display} is already changed for another step of this module; convert by hand")
+            source = self.project.source_of(use.key)
+            if source is None:
+                raise Unconvertible(f"{use.display} cannot be read")
+            try:
+                edit = plan_wrapper_edit(use, source, self.display)
+            except WrapperEditRefused as refused:
+                raise Unconvertible(str(refused)) from None
+            if edit is not None:
+                self.wrapper_edits[use.key] = edit
+                self.companion_keys.add(use.key)
+        unscaled = []
+        for clip_statement, receiver in plan.unscale_before:
+            use = wrapped.get(receiver)
+            if use is None:
+                unscaled.append((clip_statement, receiver))
+            elif use.step.reads_gradients:
+                raise Unconvertible(f"gradients are read here and in {use.described} before its step: GradScaler "
+                                    "unscales once per step; convert by hand", clip_statement)
+            else:
+                unscaled.append((clip_statement, f"{receiver}.{use.step.inner}"))
+        plan.unscale_before = unscaled
 
     # ---- writing ----------------------------------------------------------------------
 
@@ -433,6 +488,16 @@ class NativeConversion(TorchConversion):
             self.edits.replace_call(backward.call, _scaled_backward(backward.call, reference))
             self.info("AMP202", f"{reference}.scale({statements.code_of(backward.loss)}).backward(...)", backward.call)
         for step in unit.steps:
+            if step.wrapper is not None:
+                method = step.wrapper.step.method
+                self.edits.replace_call(step.call, wrapper_call(step.call, reference))
+                self.info("AMP203", f"{step.receiver}.{method}() now {step.receiver}.{method}(scaler={reference}): "
+                                    f"{step.wrapper.described} steps the optimizer it wraps through the GradScaler",
+                          step.call)
+                edit = self.wrapper_edits.get(step.wrapper.key)
+                if edit is not None and edit not in self.companions:
+                    self.companions.append(edit)
+                continue
             self.edits.replace_call(step.call, _scaler_call(reference, "step", step.receiver))
             self.info("AMP203", f"{step.receiver}.step() now {reference}.step({step.receiver})", step.call)
         assert plan.update_after is not None

@@ -393,9 +393,35 @@ def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) 
             continue
         elif isinstance(parent, cst.Arg) and parent.keyword is node:
             continue  # f(train=True) names a keyword, not the function
+        elif _local_of_another_function(structure, node, name):
+            continue  # `train = TranslationDataset(...)` inside another function: a local variable
         else:
             others.append(node)
     return calls, others
+
+
+def _local_of_another_function(structure: TrainingStructure, node: cst.CSTNode, name: str) -> bool:
+    """Is `node` in a function that binds `name` itself (so the name is that function's local)?"""
+    function = next((a for a in structure.ancestors(node) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
+    if not isinstance(function, cst.FunctionDef):
+        return False
+    if any(isinstance(g, cst.Global) and any(n.name.value == name for n in g.names)
+           for line in _simple_lines(function) for g in line.body):
+        return False
+    return any(b.name == name and b.scope is function and b.kind in ("assign", "tuple", "for", "with")
+               for b in structure.bindings)
+
+
+def _simple_lines(function: cst.FunctionDef):
+    stack = [function.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.SimpleStatementLine):
+            yield node
+            continue
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node is not function:
+            continue
+        stack.extend(child for child in node.children if isinstance(child, (cst.BaseStatement, cst.BaseSuite, cst.CSTNode)))
 
 
 def _is_static(function: cst.FunctionDef) -> bool:

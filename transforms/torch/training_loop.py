@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import enum
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 from libcst.metadata import CodePosition
@@ -131,9 +132,27 @@ class Delegation:
 
 @dataclass
 class StepCall(CallSite):
-    """`<optimizer>.step(...)` on an identified optimizer."""
+    """`<optimizer>.step(...)` on an identified optimizer, or a stepping method of an optimizer
+    wrapper class of the project (`optimizer.step_and_update_lr()`, see `wrapper`)."""
 
     has_closure: bool = False
+    #: the wrapper's stepping method this call runs, or None for an optimizer's own step()
+    wrapper: Optional["WrapperUse"] = None
+
+
+@dataclass(frozen=True)
+class WrapperUse:
+    """A stepping method of an optimizer wrapper class of the project (`ScheduledOptim`)."""
+
+    key: str  # its module, for ProjectFacts
+    display: str  # its module, for people
+    step: Any  # ampify.optimizer_wrappers.WrapperStep
+    #: `optimizer.step()` on a name that may hold that wrapper or a plain optimizer: not converted
+    ambiguous: bool = False
+
+    @property
+    def described(self) -> str:
+        return f"{self.display}:{self.step.line} {self.step.klass}.{self.step.method}()"
 
 
 @dataclass
@@ -415,9 +434,13 @@ def _position_in(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> Optiona
     return None
 
 
-def analyze_training(module: cst.Module, imports: ImportMap) -> TrainingStructure:
-    """Walk `module` once and describe its training structure (see the module docstring)."""
+def analyze_training(module: cst.Module, imports: ImportMap,
+                     wrapper_steps: Optional[Dict[str, WrapperUse]] = None) -> TrainingStructure:
+    """Walk `module` once and describe its training structure (see the module docstring).
+    `wrapper_steps`: stepping methods of the project's optimizer wrapper classes, by name (a call
+    `x.<name>()` steps the optimizer x wraps)."""
     collector = _Collector(imports)
+    collector.wrapper_steps = wrapper_steps or {}
     walk(module, collector, parents=collector.parents)
     structure = collector.structure
     structure.module = module
@@ -533,6 +556,7 @@ class _Collector(cst.CSTVisitor):
         #: names bound (by assignment) to instances of optimizer wrapper classes
         self.wrapper_classes: Dict[str, cst.ClassDef] = {}
         self.step_candidates: List[CallSite] = []
+        self.wrapper_steps: Dict[str, WrapperUse] = {}
         self.parents: Dict[cst.CSTNode, cst.CSTNode] = {}
         self.state_dict_calls: List[CallSite] = []
         self.load_state_dict_calls: List[CallSite] = []
@@ -723,7 +747,8 @@ class _Collector(cst.CSTVisitor):
                 BackwardCall(node, statement, receiver, self.scope, loss=node.func.value)
             )
             return
-        if method == "step" and isinstance(node.func, cst.Attribute) and receiver is not None:
+        if (method == "step" or (method in self.wrapper_steps and not node.args)) \
+                and isinstance(node.func, cst.Attribute) and receiver is not None:
             self.step_candidates.append(site)
             return
         if method == "zero_grad":
@@ -814,7 +839,23 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
     """Decide which `.step()` receivers are optimizers; record them, their state saves and loads."""
     for site in collector.step_candidates:
         receiver = site.receiver or ""
-        reason = _optimizer_reason(structure, collector, receiver, site.scope)
+        wrapper = collector.wrapper_steps.get(_method_name(site.call) or "")
+        if wrapper is not None and _method_name(site.call) == "step":
+            # `optimizer.step()` where the project's wrapper class has a step() of its own: the
+            # wrapper when the name is bound to an instance of that class here; a name known by
+            # its name only may be either
+            reason = _optimizer_reason(structure, collector, receiver, site.scope)
+            bound = [b.qualified_call or "" for b in structure.bindings_visible(receiver, site.scope)]
+            if any(q == wrapper.step.klass or q.endswith("." + wrapper.step.klass) for q in bound):
+                reason = f"{wrapper.described} steps the optimizer it wraps"
+            elif reason == NAMED_LIKE_AN_OPTIMIZER:
+                wrapper = dataclasses.replace(wrapper, ambiguous=True)
+            else:
+                wrapper = None
+        elif wrapper is not None:
+            reason = f"{wrapper.described} steps the optimizer it wraps"
+        else:
+            reason = _optimizer_reason(structure, collector, receiver, site.scope)
         if reason is None:
             structure.other_steps.append(site)
             continue
@@ -823,7 +864,9 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
             structure.optimizers[receiver] = Optimizer(receiver, bindings, reason, _parameter_owners(bindings))
         call = site.call
         has_closure = bool(call.args) or False
-        step = StepCall(call, site.statement, receiver, site.scope, has_closure=has_closure)
+        if wrapper is not None:
+            has_closure = bool(call.args)
+        step = StepCall(call, site.statement, receiver, site.scope, has_closure=has_closure, wrapper=wrapper)
         structure.steps.append(step)
         if has_closure:
             structure.hazards.append(Hazard(HazardKind.CLOSURE, call, receiver))
@@ -868,8 +911,12 @@ def _optimizer_reason(
     if receiver in collector.wrapper_classes:
         return None
     if names.looks_like_optimizer_name(receiver):
-        return "named like an optimizer"
+        return NAMED_LIKE_AN_OPTIMIZER
     return None
+
+
+#: the reason of an optimizer known by its name only (a parameter, an attribute set elsewhere)
+NAMED_LIKE_AN_OPTIMIZER = "named like an optimizer"
 
 
 # ---- grouping -------------------------------------------------------------------------------
