@@ -107,7 +107,8 @@ class AutocastPlanner:
                 "around it by hand",
                 backward.call,
             )
-        if not any(self._calls_model(body[index]) for index in range(start, end + 1)):
+        if not any(self._calls_model(body[index]) for index in range(start, end + 1)) and not self._forward_in_earlier_region(
+                body, end, barriers, planned):
             first, last = s.line(body[start]), s.line(body[end])
             lines = f"line {first}" if first == last else f"lines {first}-{last}"
             raise Unconvertible(
@@ -119,6 +120,25 @@ class AutocastPlanner:
         start = self._stateful_forward_start(body, start, barriers)
         ranges = by_block.setdefault(id(block), (block, []))[1]
         ranges.append((start, end))
+
+    def _forward_in_earlier_region(self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int],
+                                   planned: List[Tuple[int, int]]) -> bool:
+        """The loss (Softmax GAN's `g_loss`, after the discriminator's backward and step) is built
+        from model outputs computed before an earlier backward()/step() of this iteration, each
+        inside that earlier backward's autocast region: its forward pass did run under autocast."""
+        needed = statements.used_names(body[end])
+        model_calls = []
+        for index in range(end - 1, -1, -1):
+            statement = body[index]
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                break
+            if id(statement) in barriers:
+                continue
+            if statements.assigned_names(statement) & needed:
+                needed |= statements.used_names(statement)
+                if self._calls_model(statement):
+                    model_calls.append(index)
+        return bool(model_calls) and all(any(a <= index <= b for a, b in planned) for index in model_calls)
 
     def _stateful_forward_start(self, body: Sequence[cst.CSTNode], start: int, barriers: Set[int]) -> int:
         """Move a region's start back over `self.forward()`: a method call whose result is dropped
