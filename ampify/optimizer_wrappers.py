@@ -22,12 +22,13 @@ own, and run no backward(). A training step that calls one is converted through 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-#: a file can hold a wrapper only if it holds this
-MARKER = b".step()"
+#: a file can hold a wrapper only if it calls `self.<attribute>.step()`
+_MARKER = re.compile(rb"self\.\w+\.step\(\)")
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class WrapperStep:
 
 def wrapper_steps(path: Path, data: bytes) -> List[WrapperStep]:
     """The stepping methods of the wrapper classes defined at the top level of a module."""
-    if MARKER not in data or b"class " not in data:
+    if b".step()" not in data or _MARKER.search(data) is None:
         return []
     try:
         tree = ast.parse(data, filename=str(path))

@@ -635,6 +635,13 @@ def project_view(path: Path, named: Sequence[Path] = ()) -> ProjectView:
     """The project `path` belongs to, as seen from it; the index is shared by the files of one
     project within a process. `named`: the paths the user gave (only those are written)."""
     root = find_root(path)
+    if not any((root / marker).exists() for marker in _ROOT_MARKERS):
+        # no project marker above the file (a downloaded archive, no .git): the outermost folder
+        # the user named that holds it is the project (`ampify Speech-Transformer/` reads all of it)
+        resolved = path.resolve()
+        holders = [p.resolve() for p in named if p.is_dir() and p.resolve() in resolved.parents]
+        if holders:
+            root = min(holders, key=lambda p: len(p.parts))
     index = _INDEXES.get(root)
     if index is None:
         index = _INDEXES[root] = RepositoryIndex(root)

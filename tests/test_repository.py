@@ -170,3 +170,40 @@ def test_training_through_a_converted_optimizer_wrapper_runs_on_cpu(tmp_path, mo
     assert len(converted["losses"]) == len(original["losses"]) == steps
     for mixed, full in zip(converted["losses"], original["losses"]):
         assert mixed == pytest.approx(full, rel=5e-2), (converted["losses"], original["losses"])
+
+
+def test_without_a_project_marker_the_named_folder_is_the_project(tmp_path):
+    """A downloaded archive has no .git: the folder the user names is the project, so a wrapper
+    class in a sibling package (Speech-Transformer's src/transformer/optimizer.py) is seen from
+    src/solver/solver.py, whose self.optimizer may be one: refused, not turned into
+    scaler.step(wrapper)."""
+    tree = tmp_path / "Speech-Transformer"
+    (tree / "src" / "transformer").mkdir(parents=True)
+    (tree / "src" / "solver").mkdir(parents=True)
+    (tree / "src" / "transformer" / "optimizer.py").write_text(
+        "class TransformerOptimizer(object):\n"
+        "    def __init__(self, optimizer, k):\n"
+        "        self.optimizer = optimizer\n"
+        "        self.k = k\n"
+        "    def step(self):\n"
+        "        self.optimizer.step()\n"
+    )
+    (tree / "src" / "solver" / "solver.py").write_text(
+        "import torch\n\n\n"
+        "class Solver(object):\n"
+        "    def __init__(self, model, optimizer):\n"
+        "        self.model = model.cuda()\n"
+        "        self.optimizer = optimizer\n\n"
+        "    def run_epoch(self, loader):\n"
+        "        for x, y in loader:\n"
+        "            loss = torch.nn.functional.mse_loss(self.model(x.cuda()), y.cuda())\n"
+        "            self.optimizer.zero_grad()\n"
+        "            loss.backward()\n"
+        "            self.optimizer.step()\n"
+    )
+    before = _tree(tree)
+    completed = subprocess.run([sys.executable, "-m", "ampify", "Speech-Transformer"], cwd=tmp_path,
+                               capture_output=True, text=True)
+    assert completed.returncode == 1, completed.stdout + completed.stderr
+    assert "src/transformer/optimizer.py:5 TransformerOptimizer.step() has a step() of its own" in completed.stdout
+    assert _tree(tree) == before
