@@ -63,17 +63,20 @@ EXPECTED_CALLS = {
     "acgan_two_heads": {"step": 6, "update": 3, "scale": 6, "load_state_dict": 0},
     # 4 batches; masked_fill's -1e9 made the scores' dtype minimum, one row masked everywhere
     "attention_masked_fill": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
+    # 3 iterations: G and D steps; the Sigmoid fused, the penalty helper reads torch.sigmoid(D(x))
+    # and is scaled: g_loss, d_loss and the penalty's outputs
+    "dragan_penalty_helper": {"step": 6, "update": 3, "scale": 9, "load_state_dict": 0},
 }
 
 
 #: scripts that run inference after training, outside any step (a decoded sample): those
 #: matmuls stay float32, as ampify converts training steps only
-FLOAT32_INFERENCE_MATMULS = {"vae_sigmoid_decoder": 2, "attention_masked_fill": 2}
+FLOAT32_INFERENCE_MATMULS = {"vae_sigmoid_decoder": 2, "attention_masked_fill": 2, "dragan_penalty_helper": 6}
 
 
 #: scripts whose first float16 iteration overflows at GradScaler's initial scale (the gradient
 #: penalty differentiates the scaled outputs): the scaler skips that step and lowers the scale
-FIRST_STEP_OVERFLOWS = {"wgan_gp"}
+FIRST_STEP_OVERFLOWS = {"wgan_gp", "dragan_penalty_helper"}
 
 
 def _convert(name: str, dtype: str, tmp_path: Path) -> Path:
@@ -203,7 +206,7 @@ def test_bce_after_sigmoid_fused_computes_the_same_fp32_losses_and_probabilities
         assert dx == pytest.approx(odx, abs=1e-6) and dgz == pytest.approx(odgz, abs=1e-6)
 
 
-@pytest.mark.parametrize("name", ["acgan_two_heads", "gan_sequential_variable"])
+@pytest.mark.parametrize("name", ["acgan_two_heads", "gan_sequential_variable", "dragan_penalty_helper"])
 def test_other_bce_forms_fused_compute_the_same_fp32_losses_and_probabilities(name, tmp_path):
     """A two-headed discriminator, a Sequential bound to a variable: fused, then run in fp32,
     the script computes the original's losses and probabilities to 1e-6."""

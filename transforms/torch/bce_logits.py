@@ -149,6 +149,8 @@ class _Fuser:
         #: (index, length) when forward returns a tuple whose element `index` is the Sequential's
         #: output (ACGAN/SGAN discriminators: `return validity, label`); None for a single output
         self.head: Optional[tuple] = None
+        #: module-level functions the model is handed to, already followed
+        self._followed_helpers: Set[int] = set()
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self.index.parent.get(id(node))
@@ -363,7 +365,59 @@ class _Fuser:
                     continue
                 if isinstance(holder, cst.Arg) and isinstance(self.parent(holder), cst.Call) and dotted_name(self.parent(holder).func) == "print":
                     continue
+                if isinstance(holder, cst.Arg) and holder.value is name:
+                    # `compute_gradient_penalty(discriminator, x)` (DRAGAN): the helper's parameter
+                    # is the model, and its calls are the model's outputs
+                    results += self._results_through_parameter(holder, instances)
+                    continue
                 _need(isinstance(holder, cst.Attribute) and holder.value is name and holder.attr.value in _MODEL_ATTRIBUTES)
+        return results
+
+    def _results_through_parameter(self, argument: cst.Arg, instances: Set[str]) -> List[cst.BaseExpression]:
+        """The model handed to a module-level function of this file: every call of that function
+        hands an instance in the same place, and the parameter is only called (or used through
+        the model's own attributes) there. Its calls are the outputs to follow."""
+        call = self.parent(argument)
+        _need(isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and not argument.star)
+        function = next((s for s in self.module.body if isinstance(s, cst.FunctionDef) and s.name.value == call.func.value), None)
+        _need(function is not None)
+        if id(function) in self._followed_helpers:
+            return []
+        self._followed_helpers.add(id(function))
+        params = function.params
+        _need(params.star_arg is cst.MaybeSentinel.DEFAULT and params.star_kwarg is None and not params.posonly_params)
+        positional = list(params.params)
+        if argument.keyword is None:
+            index = [a for a in call.args if a.keyword is None].index(argument)
+            _need(index < len(positional))
+            parameter = positional[index].name.value
+        else:
+            parameter = argument.keyword.value
+            _need(any(p.name.value == parameter for p in [*positional, *params.kwonly_params]))
+        index = next((i for i, p in enumerate(positional) if p.name.value == parameter), None)
+        for use in self._references(call.func.value):
+            if use is function.name:
+                continue
+            site = self.parent(use)
+            _need(isinstance(site, cst.Call) and site.func is use)
+            passed = [a for a in site.args if a.keyword is not None and a.keyword.value == parameter]
+            if not passed and index is not None:
+                unnamed = [a for a in site.args if a.keyword is None]
+                _need(not any(a.star for a in unnamed))
+                passed = unnamed[index:index + 1]
+            _need(len(passed) == 1 and isinstance(passed[0].value, cst.Name) and passed[0].value.value in instances)
+        results = []
+        for use in self._references(parameter):
+            if self._scope(use) is not function:
+                continue
+            holder = self.parent(use)
+            if isinstance(holder, cst.Param):
+                continue
+            _need(not self._is_binding(use))
+            if isinstance(holder, cst.Call) and holder.func is use:
+                results.append(_outermost_shape_op(holder, self.parent))
+                continue
+            _need(isinstance(holder, cst.Attribute) and holder.value is use and holder.attr.value in _MODEL_ATTRIBUTES)
         return results
 
     # ---- its outputs -----------------------------------------------------------------------
