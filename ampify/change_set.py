@@ -48,20 +48,24 @@ class Change:
     new_data: bytes
 
 
-def write_change_set(changes: Sequence[Change]) -> None:
+def write_change_set(changes: Sequence[Change]) -> List[Path]:
     """Replace every `source.path` by its `new_data`, all or none (see the module docstring).
-    Raises SourceIOError naming the file that stopped the set; then nothing was replaced."""
+    Raises SourceIOError naming the file that stopped the set; then nothing was replaced.
+    Returns the targets left alone because they already held their new version (written by
+    another change set of this run, or by another run): not this set's changes."""
     changes = sorted(changes, key=lambda change: str(change.source.path))
     temps: List[str] = []
     try:
         to_write = []
+        held: List[Path] = []
         for change in changes:
             try:
                 temps.append(_write_temp(change))
                 to_write.append(change)
             except SourceIOError as error:
                 if holds_already(change.source.path, change.new_data):
-                    continue  # another change set of this run wrote the same edit
+                    held.append(change.source.path)  # another change set wrote the same version
+                    continue
                 raise SourceIOError(f"{change.source.path.name}: {error}; no file of the change set was written") from None
         changes = to_write
         with contextlib.ExitStack() as locks:
@@ -73,11 +77,12 @@ def write_change_set(changes: Sequence[Change]) -> None:
                     pending.append((change, temp))
                 except SourceIOError as error:
                     if holds_already(change.source.path, change.new_data):
-                        _remove_all([temp])  # another change set of this run wrote the same edit
+                        _remove_all([temp])  # another change set wrote the same version
+                        held.append(change.source.path)
                         continue
                     raise SourceIOError(f"{change.source.path.name}: {error}; no file of the change set was written") from None
             if not pending:
-                return
+                return held
             changes, temps = [c for c, _ in pending], [t for _, t in pending]
             journal = _write_journal(changes, temps)
             _pause()
@@ -103,6 +108,7 @@ def write_change_set(changes: Sequence[Change]) -> None:
     except OSError as error:
         _remove_all(temps)
         raise SourceIOError(f"cannot write the change set: {error.strerror or error}") from None
+    return held
 
 
 def _write_temp(change: Change) -> str:

@@ -93,12 +93,14 @@ def process_file(task: FileTask, before_write: Optional[Callable[[], None]] = No
         if before_write is not None:
             before_write()
         try:
-            replace_atomically(source, new_data, write_through_hardlinks=task.write_through_hardlinks)
+            written = replace_atomically(source, new_data, write_through_hardlinks=task.write_through_hardlinks)
         except SourceIOError as error:
             result.status = FileStatus.FAILED
             result.reason = str(error)
             result.findings.append(Finding("AMP001", f"not written: {error}", 0, 0, Severity.ERROR))
             return result
+        if not written:
+            return _written_meanwhile(result)
         result.written = True
     return result
 
@@ -129,12 +131,23 @@ def _process_change_set(task: FileTask, source, conversion, result: FileResult, 
             before_write()
         changes = [Change(source, conversion.converted)] + [Change(other, companion.new) for _, other, companion in others]
         try:
-            write_change_set(changes)
+            held = set(write_change_set(changes))
         except SourceIOError as error:
             return _change_set_failed(result, str(error))
+        for companion_result, (_, other, _) in zip(result.companions, others):
+            companion_result.written = other.path not in held
+        if source.path in held:
+            return _written_meanwhile(result)
         result.written = True
-        for companion_result in result.companions:
-            companion_result.written = True
+    return result
+
+
+def _written_meanwhile(result: FileResult) -> FileResult:
+    """The file changed during the run and now holds exactly the version this run would write:
+    another run, or another change set of this run, wrote it. Not reported as this run's change."""
+    result.status = FileStatus.ALREADY_MIXED_PRECISION
+    result.reason = "converted meanwhile: the file already holds this version (written by another change of this run or by another run)"
+    result.findings = [f for f in result.findings if f.severity is not Severity.INFO]
     return result
 
 

@@ -92,7 +92,10 @@ def merge_change_sets(results: List[FileResult]) -> List[FileResult]:
     """A file changed as part of another file's change set (main.py, where the GradScaler of
     engine.py's step is created) is reported as changed, with its own findings, instead of the
     "not applicable" its own conversion found."""
-    companions = {c.path: c for result in results for c in result.companions}
+    companions = {}
+    for companion in (c for result in results for c in result.companions):
+        if companion.path not in companions or companion.written:
+            companions[companion.path] = companion  # the set that wrote it, when two hold the same edit
     if not companions:
         return results
     merged = []

@@ -117,7 +117,7 @@ def is_writable(path: Path, mode: int) -> bool:
     return os.access(path, os.W_OK)
 
 
-def replace_atomically(source: SourceFile, new_data: bytes, write_through_hardlinks: bool = False) -> None:
+def replace_atomically(source: SourceFile, new_data: bytes, write_through_hardlinks: bool = False) -> bool:
     """Replace `source.path` by `new_data`: temp file in the same folder, fsync, rename.
 
     At every instant the path holds either the old bytes or the new bytes, even if the
@@ -129,13 +129,17 @@ def replace_atomically(source: SourceFile, new_data: bytes, write_through_hardli
     The last check and the rename happen under an exclusive lock on the file, so two ampify
     runs over the same tree never both replace one file: the second sees the first's new
     inode and refuses.
+
+    Returns False, writing nothing, when the file changed since it was read but now holds exactly
+    `new_data` (another change of this run, or another run, wrote the same version): the caller
+    must not report it as its own change.
     """
     path = source.path
     try:
         current = _stat_for_write(path, source)
     except SourceIOError:
         if holds_already(path, new_data):
-            return
+            return False
         raise
     directory = path.parent
     if current.st_nlink > 1:
@@ -145,7 +149,7 @@ def replace_atomically(source: SourceFile, new_data: bytes, write_through_hardli
                 "(--write-through-hardlinks rewrites it in place, keeping the links)"
             )
         _write_through(source, new_data)
-        return
+        return True
     if not _folder_writable(directory):
         raise SourceIOError("its folder is read-only, not overwritten")
     try:
@@ -171,7 +175,7 @@ def replace_atomically(source: SourceFile, new_data: bytes, write_through_hardli
                 if not holds_already(path, new_data):
                     raise
                 _remove_quietly(tmp_name)
-                return
+                return False
             os.replace(tmp_name, path)
     except SourceIOError:
         _remove_quietly(tmp_name)
@@ -180,6 +184,7 @@ def replace_atomically(source: SourceFile, new_data: bytes, write_through_hardli
         _remove_quietly(tmp_name)
         raise SourceIOError(f"cannot write the file: {error.strerror or error}") from None
     _fsync_directory(directory)
+    return True
 
 
 def holds_already(path: Path, new_data: bytes) -> bool:
