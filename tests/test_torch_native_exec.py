@@ -66,12 +66,15 @@ EXPECTED_CALLS = {
     # 3 iterations: G and D steps; the Sigmoid fused, the penalty helper reads torch.sigmoid(D(x))
     # and is scaled: g_loss, d_loss and the penalty's outputs
     "dragan_penalty_helper": {"step": 6, "update": 3, "scale": 9, "load_state_dict": 0},
+    # 2 epochs x 3 batches; self.sigmoid no longer applied, the model handed to train() and test()
+    "siamese_sigmoid_attribute": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
 }
 
 
 #: scripts that run inference after training, outside any step (a decoded sample): those
 #: matmuls stay float32, as ampify converts training steps only
-FLOAT32_INFERENCE_MATMULS = {"vae_sigmoid_decoder": 2, "attention_masked_fill": 2, "dragan_penalty_helper": 6}
+FLOAT32_INFERENCE_MATMULS = {"vae_sigmoid_decoder": 2, "attention_masked_fill": 2, "dragan_penalty_helper": 6,
+                             "siamese_sigmoid_attribute": 18}
 
 
 #: scripts whose first float16 iteration overflows at GradScaler's initial scale (the gradient
@@ -206,7 +209,8 @@ def test_bce_after_sigmoid_fused_computes_the_same_fp32_losses_and_probabilities
         assert dx == pytest.approx(odx, abs=1e-6) and dgz == pytest.approx(odgz, abs=1e-6)
 
 
-@pytest.mark.parametrize("name", ["acgan_two_heads", "gan_sequential_variable", "dragan_penalty_helper"])
+@pytest.mark.parametrize("name", ["acgan_two_heads", "gan_sequential_variable", "dragan_penalty_helper",
+                                  "siamese_sigmoid_attribute"])
 def test_other_bce_forms_fused_compute_the_same_fp32_losses_and_probabilities(name, tmp_path):
     """A two-headed discriminator, a Sequential bound to a variable: fused, then run in fp32,
     the script computes the original's losses and probabilities to 1e-6."""
@@ -218,7 +222,8 @@ def test_other_bce_forms_fused_compute_the_same_fp32_losses_and_probabilities(na
     module = cst.parse_module((SCRIPTS / f"{name}.py").read_text())
     fused, fusion = fuse_bce_after_sigmoid(module, ImportMap.from_module(module))
     code = fused.code.split('"""', 2)[2]  # after the docstring
-    assert "nn.Sigmoid()" not in code and "BCEWithLogitsLoss()" in code and fusion.wrapped
+    applied = "self.sigmoid(" if name == "siamese_sigmoid_attribute" else "nn.Sigmoid()"
+    assert applied not in code and "BCEWithLogitsLoss()" in code and fusion.wrapped
     script = tmp_path / "fused.py"
     script.write_text(fused.code)
     original = run_script(str(SCRIPTS / f"{name}.py")).script_globals

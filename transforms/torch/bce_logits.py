@@ -151,6 +151,8 @@ class _Fuser:
         self.head: Optional[tuple] = None
         #: module-level functions the model is handed to, already followed
         self._followed_helpers: Set[int] = set()
+        #: ids of the parameters every call of their function hands a model instance
+        self._instance_parameters: Set[int] = set()
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self.index.parent.get(id(node))
@@ -159,16 +161,28 @@ class _Fuser:
         torch = sorted(self.imports.local_names_for("torch"))
         _need("torch" in torch)
         criteria = [c for c in self.index.calls if self.imports.resolve(c.func) == "torch.nn.BCELoss"]
-        _need(len(criteria) == 1 and isinstance(criteria[0].func, cst.Attribute))
+        _need(bool(criteria) and all(isinstance(c.func, cst.Attribute) for c in criteria))
         _need(not any(self.imports.resolve(c.func) in ("torch.nn.functional.binary_cross_entropy",) for c in self.index.calls))
         criterion_call = criteria[0]
         criterion_name = self._assigned_name(criterion_call)
-        _need(criterion_name is not None and len(self._assignments(criterion_name)) == 1)
+        # one criterion, or one per function under the same name (`criterion = nn.BCELoss()` in
+        # both train() and test(), pytorch/examples' siamese network), each assigned once there
+        _need(criterion_name is not None and all(self._assigned_name(c) == criterion_name for c in criteria))
+        _need(len(self._assignments(criterion_name)) == len(criteria))
+        _need(len({id(self._scope(c)) for c in criteria}) == len(criteria))
         sigmoids = [c for c in self.index.calls if self.imports.resolve(c.func) == "torch.nn.Sigmoid"]
         _need(len(sigmoids) == 1 and not sigmoids[0].args)
         sigmoid = sigmoids[0]
-        variable = self._sequential_variable(sigmoid)
-        if variable is not None:
+        owner = self._sigmoid_attribute_owner(sigmoid)
+        variable = self._sequential_variable(sigmoid) if owner is None else None
+        if owner is not None:
+            # `self.sigmoid = nn.Sigmoid()`, applied last in forward()
+            klass, attribute = owner
+            application = self._check_class_applies_sigmoid_last(klass, attribute)
+            instances = self._instances(klass)
+            self._instance_names = instances
+            outputs = self._forward_results(instances, klass.name.value)
+        elif variable is not None:
             # `D = nn.Sequential(..., nn.Sigmoid())` bound to a name (the PyTorch tutorial's GAN)
             instances = {variable}
             self._instance_names = instances
@@ -180,13 +194,26 @@ class _Fuser:
             self._instance_names = instances
             outputs = self._forward_results(instances, klass.name.value)
         fusion = Fusion(self._line(criterion_call), self._line(sigmoid))
+        seen: Set[int] = set()
         for result in outputs:
-            self._follow_result(result, criterion_name, fusion)
+            if id(result) not in seen:  # a call reached both by name and through a parameter
+                seen.add(id(result))
+                self._follow_result(result, criterion_name, fusion)
         for use in self._references(criterion_name):
             self._check_criterion_use(use, criterion_name)
-        self.replace[id(criterion_call)] = criterion_call.with_changes(
-            func=criterion_call.func.with_changes(attr=cst.Name("BCEWithLogitsLoss"))
-        )
+        for criterion in criteria:
+            self.replace[id(criterion)] = criterion.with_changes(
+                func=criterion.func.with_changes(attr=cst.Name("BCEWithLogitsLoss"))
+            )
+        if owner is not None:
+            node, replacement = application
+            self.replace[id(node)] = replacement
+            fusion.description = (
+                f"BCE after a Sigmoid fused: self.{owner[1]}(...) no longer applied at the end of "
+                f"{owner[0].name.value}.forward() (line {self._line(node)}), the criterion at line "
+                f"{self._line(criterion_call)} is nn.BCEWithLogitsLoss (the same loss, computed from logits)")
+            fusion.wrapped.sort()
+            return self.module.visit(_Replace(self.replace)), fusion
         sequential = self.parent(self.parent(sigmoid))
         args = list(sequential.args)
         kept = args[:-1]
@@ -209,6 +236,58 @@ class _Fuser:
         return self.module.visit(_Replace(self.replace)), fusion
 
     # ---- the model -------------------------------------------------------------------------
+
+    def _sigmoid_attribute_owner(self, sigmoid: cst.Call):
+        """(class, attribute) for `self.<attribute> = nn.Sigmoid()` in a class's `__init__`; None
+        for any other place of the Sigmoid."""
+        assign = self.parent(sigmoid)
+        if not (isinstance(assign, cst.Assign) and assign.value is sigmoid and len(assign.targets) == 1):
+            return None
+        target = dotted_name(assign.targets[0].target) or ""
+        if not (target.startswith("self.") and target.count(".") == 1):
+            return None
+        function = self._enclosing(assign, cst.FunctionDef)
+        _need(function is not None and function.name.value == "__init__")
+        klass = self._enclosing(function, cst.ClassDef)
+        _need(klass is not None)
+        return klass, target.split(".")[1]
+
+    def _check_class_applies_sigmoid_last(self, klass: cst.ClassDef, attribute: str):
+        """forward() applies `self.<attribute>` once, last: `return self.sigmoid(x)`, or
+        `out = self.sigmoid(x)` right before `return out`. Returns (node to replace, replacement):
+        the call by its argument, or the whole statement removed when it was `out = self.sigmoid(out)`."""
+        forward = next((s for s in klass.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"), None)
+        _need(forward is not None and isinstance(forward.body, cst.IndentedBlock))
+        uses = []
+        for name in self.index.names.get(attribute, []):
+            attr = self.parent(name)
+            if isinstance(attr, cst.Attribute) and attr.attr is name and dotted_name(attr) == f"self.{attribute}" \
+                    and self._inside(attr, klass):
+                uses.append(attr)
+        calls = [u for u in uses if isinstance(self.parent(u), cst.Call) and self.parent(u).func is u]
+        _need(len(uses) == 2 and len(calls) == 1)  # the assignment in __init__ and one application
+        call = self.parent(calls[0])
+        _need(self._enclosing(call, cst.FunctionDef) is forward and len(call.args) == 1 and call.args[0].keyword is None)
+        _need(len(list(self._nodes(forward, cst.Return))) == 1)
+        body = list(forward.body.body)
+        last = body[-1]
+        _need(isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 and isinstance(last.body[0], cst.Return))
+        returned = last.body[0].value
+        argument = call.args[0].value
+        if returned is call:
+            self.head = None
+            return call, argument
+        _need(len(body) >= 2 and isinstance(returned, cst.Name))
+        before = body[-2]
+        _need(isinstance(before, cst.SimpleStatementLine) and len(before.body) == 1)
+        assign = before.body[0]
+        _need(isinstance(assign, cst.Assign) and assign.value is call and len(assign.targets) == 1)
+        target = assign.targets[0].target
+        _need(isinstance(target, cst.Name) and target.value == returned.value)
+        self.head = None
+        if isinstance(argument, cst.Name) and argument.value == target.value:
+            return before, cst.RemoveFromParent()  # `output = self.sigmoid(output)`: gone
+        return call, argument
 
     def _sequential_variable(self, sigmoid: cst.Call) -> Optional[str]:
         """The name a Sequential ending in the Sigmoid is bound to, when it is a plain variable
@@ -345,6 +424,7 @@ class _Fuser:
         """Every call of the instances (klass_name None: the Sequential bound to a variable, whose
         other bindings may only move it, `D = D.to(device)`)."""
         results = []
+        self._instance_parameters_named_like(instances)
         for instance in instances:
             for assignment in self._assignments(instance):
                 value = assignment.value
@@ -360,6 +440,8 @@ class _Fuser:
                 holder = self.parent(name)
                 if isinstance(holder, cst.AssignTarget):
                     continue
+                if isinstance(holder, cst.Param) and id(holder) in self._instance_parameters:
+                    continue
                 if isinstance(holder, cst.Call) and holder.func is name:
                     results.append(_outermost_shape_op(holder, self.parent))
                     continue
@@ -372,6 +454,45 @@ class _Fuser:
                     continue
                 _need(isinstance(holder, cst.Attribute) and holder.value is name and holder.attr.value in _MODEL_ATTRIBUTES)
         return results
+
+    def _verify_helper_parameter(self, function: cst.FunctionDef, parameter: str, instances: Set[str]) -> None:
+        """Every call of the module-level `function` passes an instance as `parameter`."""
+        params = function.params
+        _need(params.star_arg is cst.MaybeSentinel.DEFAULT and params.star_kwarg is None and not params.posonly_params)
+        _need(any(self._enclosing(function, t) is None for t in (cst.ClassDef, cst.FunctionDef)))
+        positional = list(params.params)
+        index = next((i for i, p in enumerate(positional) if p.name.value == parameter), None)
+        calls = 0
+        for use in self._references(function.name.value):
+            if use is function.name:
+                continue
+            scope = self._scope(use)
+            if scope is not self.module and self._binds_locally(scope, function.name.value):
+                continue  # another function's own `train` (a parameter, a local)
+            site = self.parent(use)
+            _need(isinstance(site, cst.Call) and site.func is use)
+            passed = [a for a in site.args if a.keyword is not None and a.keyword.value == parameter]
+            if not passed and index is not None:
+                unnamed = [a for a in site.args if a.keyword is None]
+                _need(not any(a.star for a in unnamed))
+                passed = unnamed[index:index + 1]
+            _need(len(passed) == 1 and isinstance(passed[0].value, cst.Name) and passed[0].value.value in instances)
+            calls += 1
+        _need(calls > 0)
+        for param in [*positional, *params.kwonly_params]:
+            if param.name.value == parameter:
+                self._instance_parameters.add(id(param))
+
+    def _instance_parameters_named_like(self, instances: Set[str]) -> None:
+        """A module-level function whose parameter has an instance's name (`def train(args, model,
+        ...)`): its calls must all hand it an instance, so that the name means the model there too."""
+        for instance in instances:
+            for name in self._references(instance):
+                param = self.parent(name)
+                if isinstance(param, cst.Param) and param.name is name:
+                    function = self._enclosing(param, cst.FunctionDef)
+                    _need(function is not None and self.parent(function) is self.module)
+                    self._verify_helper_parameter(function, instance, instances)
 
     def _results_through_parameter(self, argument: cst.Arg, instances: Set[str]) -> List[cst.BaseExpression]:
         """The model handed to a module-level function of this file: every call of that function
@@ -394,18 +515,7 @@ class _Fuser:
         else:
             parameter = argument.keyword.value
             _need(any(p.name.value == parameter for p in [*positional, *params.kwonly_params]))
-        index = next((i for i, p in enumerate(positional) if p.name.value == parameter), None)
-        for use in self._references(call.func.value):
-            if use is function.name:
-                continue
-            site = self.parent(use)
-            _need(isinstance(site, cst.Call) and site.func is use)
-            passed = [a for a in site.args if a.keyword is not None and a.keyword.value == parameter]
-            if not passed and index is not None:
-                unnamed = [a for a in site.args if a.keyword is None]
-                _need(not any(a.star for a in unnamed))
-                passed = unnamed[index:index + 1]
-            _need(len(passed) == 1 and isinstance(passed[0].value, cst.Name) and passed[0].value.value in instances)
+        self._verify_helper_parameter(function, parameter, instances)
         results = []
         for use in self._references(parameter):
             if self._scope(use) is not function:
@@ -540,6 +650,8 @@ class _Fuser:
                 assign = self.parent(target)
                 _need(isinstance(assign, cst.Assign) and len(assign.targets) == 1)
                 found.append(assign)
+            elif isinstance(target, cst.Param) and id(target) in self._instance_parameters:
+                continue  # a helper's parameter that every call hands an instance
             elif isinstance(target, (cst.AugAssign, cst.For, cst.CompFor, cst.WithItem, cst.AsName, cst.Param, cst.Global, cst.Nonlocal)):
                 _need(False)  # bound another way: not followed
             elif isinstance(target, cst.Element):

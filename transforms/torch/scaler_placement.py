@@ -394,7 +394,7 @@ def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) 
         elif isinstance(parent, cst.Arg) and parent.keyword is node:
             continue  # f(train=True) names a keyword, not the function
         elif _local_of_another_function(structure, node, name):
-            continue  # `train = TranslationDataset(...)` inside another function: a local variable
+            continue  # `train = TranslationDataset(...)`, `def __init__(self, root, train)`: another function's local
         else:
             others.append(node)
     return calls, others
@@ -408,7 +408,7 @@ def _local_of_another_function(structure: TrainingStructure, node: cst.CSTNode, 
     if any(isinstance(g, cst.Global) and any(n.name.value == name for n in g.names)
            for line in _simple_lines(function) for g in line.body):
         return False
-    return any(b.name == name and b.scope is function and b.kind in ("assign", "tuple", "for", "with")
+    return any(b.name == name and b.scope is function and b.kind in ("assign", "tuple", "for", "with", "parameter")
                for b in structure.bindings)
 
 
