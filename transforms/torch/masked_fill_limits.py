@@ -38,6 +38,7 @@ from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.torch import names as names
+from ampify.transforms.torch.training_loop import numeric_value
 
 _SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
 _SOFTMAX_METHODS = {"softmax"}
@@ -95,7 +96,7 @@ def overflowing_fill_value(call: cst.Call, imports: ImportMap) -> Optional[cst.A
     for index, arg in enumerate(call.args):
         keyword = arg.keyword.value if arg.keyword is not None else None
         if keyword == "value" or (keyword is None and index == position):
-            value = _numeric_value(arg.value)
+            value = numeric_value(arg.value)
             if value is not None and names.FLOAT16_MAX < abs(value) < float("inf"):
                 return arg
             if _is_wide_finfo_limit(arg.value, imports):
@@ -150,9 +151,9 @@ class _Rewriter:
             if not torch_names:
                 raise _NotSafe("torch is not imported by name")
             receiver = self._receiver(call)
-            if _numeric_value(arg.value) is None and not _is_float32_limit(arg.value, self.imports):
+            if numeric_value(arg.value) is None and not _is_float32_limit(arg.value, self.imports):
                 raise _NotSafe("float64's limit is -inf in float32: changing it changes rows masked everywhere")
-            self.log_softmax_allowed = _numeric_value(arg.value) is None  # float32's own minimum
+            self.log_softmax_allowed = numeric_value(arg.value) is None  # float32's own minimum
             self._check_read_by_softmax_only(call, receiver)
             limit = cst.Attribute(
                 value=cst.Call(
@@ -429,28 +430,9 @@ def _is_plain_reference(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name)
 
 
-def _numeric_value(node: cst.BaseExpression) -> Optional[float]:
-    """The value of `1e9`, `-1e9`, `float("-1e9")`; None for anything else."""
-    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
-        inner = _numeric_value(node.expression)
-        return None if inner is None else -inner
-    if isinstance(node, (cst.Integer, cst.Float)):
-        try:
-            return float(node.evaluated_value)
-        except (ValueError, OverflowError):
-            return None
-    if (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "float"
-            and len(node.args) == 1 and isinstance(node.args[0].value, cst.SimpleString)):
-        try:
-            return float(node.args[0].value.evaluated_value)
-        except (ValueError, TypeError):
-            return None
-    return None
-
-
 def _is_negative(node: cst.BaseExpression) -> bool:
     """-1e9, float("-1e9"), torch.finfo(torch.float32).min, -torch.finfo(torch.float32).max."""
-    value = _numeric_value(node)
+    value = numeric_value(node)
     if value is not None:
         return value < 0
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):

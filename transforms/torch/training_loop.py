@@ -502,10 +502,10 @@ def _is_true(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value == "True"
 
 
-def _numeric_value(node: cst.BaseExpression) -> Optional[float]:
+def numeric_value(node: cst.BaseExpression) -> Optional[float]:
     """The value of `1e9`, `-1e9`, `float("-1e9")`; None for anything else."""
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
-        inner = _numeric_value(node.expression)
+        inner = numeric_value(node.expression)
         return None if inner is None else -inner
     if isinstance(node, (cst.Integer, cst.Float)):
         try:
@@ -810,7 +810,7 @@ class _Collector(cst.CSTVisitor):
                     value_arg = arg.value
                 elif arg.keyword is None and index == (1 if isinstance(node.func, cst.Attribute) and qualified is None else 2):
                     value_arg = arg.value
-            number = _numeric_value(value_arg) if value_arg is not None else None
+            number = numeric_value(value_arg) if value_arg is not None else None
             if number is not None and abs(number) > names.FLOAT16_MAX and abs(number) != float("inf"):
                 structure.hazards.append(Hazard(HazardKind.MASKED_FILL, node, str(number)))
             elif value_arg is not None and self._is_wide_finfo_limit(value_arg):
