@@ -119,6 +119,7 @@ class RepositoryIndex:
         self._closures: Dict[Path, List[Path]] = {}
         self._all_modules: Optional[List[Path]] = None
         self._wrapper_steps: Optional[List[WrapperStep]] = None
+        self._definitions: Dict[str, int] = {}
 
     # ---- where modules are -------------------------------------------------------------------
 
@@ -219,6 +220,19 @@ class RepositoryIndex:
                 found += wrapper_steps(path, data)
             self._wrapper_steps = found
         return self._wrapper_steps
+
+    def definitions(self, name: str) -> int:
+        """How many `def <name>(` the project's modules hold (read as bytes, once per name)."""
+        if name not in self._definitions:
+            marker = f"def {name}(".encode()
+            count = 0
+            for path in self.modules():
+                try:
+                    count += path.read_bytes().count(marker)
+                except OSError:
+                    continue
+            self._definitions[name] = count
+        return self._definitions[name]
 
     def optimizer_methods(self, path: Path, method: str) -> List[Tuple[str, int, bool]]:
         """(class, line, builds its optimizer from self's parameters only) for every class of the
@@ -570,6 +584,8 @@ class ProjectView:
         found = [step for step in self.index.wrapper_steps() if step.method == method]
         if len(found) != 1:
             return None
+        if method != "step" and self.index.definitions(method) != 1:
+            return None  # another class of the project has a method of that name: a call may mean it
         return str(found[0].path), self.where(found[0].path, 0).rsplit(":", 1)[0], found[0]
 
     def wrapper_steps_here(self) -> List[WrapperStep]:

@@ -207,3 +207,24 @@ def test_without_a_project_marker_the_named_folder_is_the_project(tmp_path):
     assert completed.returncode == 1, completed.stdout + completed.stderr
     assert "src/transformer/optimizer.py:5 TransformerOptimizer.step() has a step() of its own" in completed.stdout
     assert _tree(tree) == before
+
+
+def test_a_wrapper_method_name_another_class_defines_too_is_not_followed(tmp_path):
+    """`step_and_update_lr` is ScheduledOptim's stepping method, but a scheduler class of the
+    project has a method of that name too: `sched.step_and_update_lr()` may be either, so no
+    scaler is threaded through it and the step stays refused (AMP220)."""
+    tree = tmp_path / "repo"
+    shutil.copytree(ROOT / "fixtures" / "repositories" / "optimizer_wrapper_classes" / "input", tree)
+    (tree / "nmt" / "schedule.py").write_text(
+        "class WarmupSchedule:\n"
+        "    def __init__(self, optimizer):\n"
+        "        self.optimizer = optimizer\n"
+        "    def step_and_update_lr(self):\n"
+        "        for group in self.optimizer.param_groups:\n"
+        "            group['lr'] *= 0.99\n"
+    )
+    completed = subprocess.run([sys.executable, "-m", "ampify", "--check", str(tree / "train.py"), "--report",
+                                str(tmp_path / "r.json")], capture_output=True, text=True, cwd=tmp_path)
+    entry = json.loads((tmp_path / "r.json").read_text())["files"][0]
+    assert entry["status"] == "not converted", completed.stdout
+    assert {f["code"] for f in entry["findings"]} == {"AMP220"}
