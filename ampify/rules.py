@@ -194,7 +194,9 @@ RULES: List[Rule] = [
          "Without `import torch` ampify cannot spell torch.autocast / torch.amp.GradScaler for this file.",
          "from model import *\nloss.backward()\noptimizer.step()", MANUAL, incomplete=True),
     Rule("AMP222", "warning", "FullyShardedDataParallel with float16: a plain GradScaler is wrong here; not converted",
-         "FSDP needs ShardedGradScaler (ranks must agree on skipped steps); or use bfloat16.",
+         "FSDP (FullyShardedDataParallel, or the private torch.distributed._composable.fsdp.fully_shard) needs "
+         "ShardedGradScaler (ranks must agree on skipped steps); or use bfloat16. torch.distributed.fsdp.fully_shard "
+         "(PyTorch >= 2.6) is converted: its DTensor gradients make GradScaler's inf check agree over the mesh.",
          "model = FSDP(model)", MANUAL, incomplete=True),
     Rule("AMP223", "warning", "`torch.autograd.backward(...)` not converted",
          "Only `loss.backward()` is rewritten to scaler.scale(loss).backward().",

@@ -81,6 +81,12 @@ APEX_RULES = BackendRules(
             "(use the native backend, e.g. --dtype bfloat16, or FSDP's MixedPrecision policy)",
             blocks_file=True, in_training_only=True,
         ),
+        HazardKind.FULLY_SHARD: HazardRule(
+            "AMP320",
+            "{short_detail}: apex amp does not support FSDP's fully_shard (its parameters are DTensors); this file "
+            "is left unconverted (the native backend converts it: GradScaler reduces its inf check over the mesh)",
+            blocks_file=True, in_training_only=True,
+        ),
         HazardKind.MANUAL_HALF: HazardRule(
             "AMP321",
             "{short_detail}: this script casts to half precision by hand; amp.initialize raises on float16 model "

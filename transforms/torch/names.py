@@ -67,6 +67,12 @@ FSDP_WRAPPERS = (
     "torch.distributed._composable.fsdp.fully_shard",
 )
 
+#: FSDP2 as PyTorch >= 2.6 publishes it: its parameters and gradients are DTensors, and DTensor
+#: reduces the inf/NaN check of GradScaler.unscale_ over the mesh (PyTorch's own FSDP2 tests use a
+#: plain torch.amp.GradScaler), so ranks agree on skipped steps. The private
+#: torch.distributed._composable.fsdp spelling is older (2.4, 2.5) and stays refused.
+DTENSOR_FSDP_WRAPPERS = ("torch.distributed.fsdp.fully_shard",)
+
 #: binary cross entropy on probabilities: CUDA autocast raises on these
 BCE_LOSS_CLASSES = ("torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss")
 BCE_FUNCTIONS = ("torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy")

@@ -204,6 +204,9 @@ class HazardKind(str, enum.Enum):
     WRAPPER_CLASS = "wrapper_class"  # a class with its own step() that steps an inner optimizer
     AUTOGRAD_BACKWARD = "autograd_backward"  # torch.autograd.backward(...), not followed
     FSDP = "fsdp"  # FullyShardedDataParallel (float16 needs ShardedGradScaler; apex refuses it)
+    #: torch.distributed.fsdp.fully_shard (FSDP2, PyTorch >= 2.6): DTensor parameters, whose inf check
+    #: GradScaler's unscale_ reduces over the mesh; only apex refuses it
+    FULLY_SHARD = "fully_shard"
     MANUAL_HALF = "manual_half"  # .half(), .to(torch.float16): hand-made half precision
     #: Opacus (DP-SGD): per-sample gradients clipped by the optimizer, which loss scaling would scale
     DIFFERENTIAL_PRIVACY = "differential_privacy"
@@ -791,7 +794,8 @@ class _Collector(cst.CSTVisitor):
                 structure.hazards.append(Hazard(HazardKind.DIFFERENTIAL_PRIVACY, node, qualified))  # once per file
             return
         if qualified in names.FSDP_WRAPPERS:
-            structure.hazards.append(Hazard(HazardKind.FSDP, node, qualified))
+            kind = HazardKind.FULLY_SHARD if qualified in names.DTENSOR_FSDP_WRAPPERS else HazardKind.FSDP
+            structure.hazards.append(Hazard(kind, node, qualified))
             return
         if qualified in names.BCE_LOSS_CLASSES or qualified in names.BCE_FUNCTIONS:
             structure.hazards.append(Hazard(HazardKind.BCE, node, qualified))
