@@ -112,7 +112,7 @@ class DeviceChoice:
         for candidate_scope in chain:
             if isinstance(candidate_scope, cst.FunctionDef):
                 for param in statements.all_params(candidate_scope):
-                    if param.name.value == "device":
+                    if param.name.value == "device" and not _defaults_to_none(param):
                         return f"{torch}.device(device).type"
         for argument, arg_scope in s.to_device_arguments:
             text = self._visible_device_argument(argument, scope, before_line)
@@ -146,6 +146,9 @@ class DeviceChoice:
             bindings = s.bindings_visible(base, scope)
             if not bindings:
                 return None
+            if any(b.kind == "parameter" and isinstance(b.scope, cst.FunctionDef) and _param_defaults_to_none(b.scope, base)
+                   for b in bindings):
+                return None  # `.to(device)` with device=None moves nothing; torch.device(None) raises
             if bindings[0].scope is scope and all(
                 b.statement is not None and s.line(b.statement) >= before_line for b in bindings
             ):
@@ -154,3 +157,12 @@ class DeviceChoice:
         if name in device_names:
             return f"{name}.type"
         return f"{self.torch}.device({name}).type"
+
+
+def _defaults_to_none(param: cst.Param) -> bool:
+    """`device=None`: a call may leave it out, and torch.device(None) raises."""
+    return isinstance(param.default, cst.Name) and param.default.value == "None"
+
+
+def _param_defaults_to_none(function: cst.FunctionDef, name: str) -> bool:
+    return any(param.name.value == name and _defaults_to_none(param) for param in statements.all_params(function))
