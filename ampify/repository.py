@@ -17,7 +17,7 @@ import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from ampify.dependency_pins import dependency_pins
 from ampify.optimizer_wrappers import WrapperStep, wrapper_steps
@@ -292,17 +292,62 @@ class RepositoryIndex:
 
     def callers(self, defining: Path, function_name: str) -> Iterator[Call]:
         """Calls of `function_name` of module `defining` anywhere else in the project, through
-        `from module import function`, `import module` / `module.function` or
-        `from package import module` / `module.function`."""
+        `from module import function`, `import module` / `module.function`,
+        `from package import module` / `module.function` or `from module import *`, also where a
+        package re-exports it (`utils/__init__.py`: `from .train_utils import train`)."""
         defining = defining.resolve()
+        exposures = self.exposures(defining, function_name)
+        seen: Set[Tuple[Path, int, int]] = set()
         for path in self.modules():
             if path == defining:
                 continue
             outline = self.outline(path)
             if outline is None:
                 continue
-            for called in self._names_reaching(path, outline, defining, function_name):
-                yield from outline.calls.get(called, [])
+            for module, name in exposures:
+                if module == path:
+                    continue
+                for called in self._names_reaching(path, outline, module, name):
+                    for call in outline.calls.get(called, []):
+                        if (call.path, call.line, call.column) not in seen:
+                            seen.add((call.path, call.line, call.column))
+                            yield call
+
+    def exposures(self, defining: Path, function_name: str) -> List[Tuple[Path, str]]:
+        """(module, name) for every module of the project that binds the function at module
+        level: the one defining it, and those re-exporting it (`from .train_utils import train`,
+        `from .train_utils import *`), followed through re-exports of re-exports."""
+        found: List[Tuple[Path, str]] = [(defining.resolve(), function_name)]
+        frontier = list(found)
+        for _ in range(MAX_STAR_DEPTH):
+            reached: List[Tuple[Path, str]] = []
+            for path in self.modules():
+                outline = self.outline(path)
+                if outline is None:
+                    continue
+                for target, name in frontier:
+                    if path == target:
+                        continue
+                    for local in self._rebinding(path, outline, target, name):
+                        if (path, local) not in found and (path, local) not in reached:
+                            reached.append((path, local))
+            if not reached:
+                break
+            found += reached
+            frontier = reached
+        return found
+
+    def _rebinding(self, path: Path, outline: ModuleOutline, target: Path, name: str) -> List[str]:
+        """The module-level names `path` binds to `target.name` by importing it."""
+        bound = [local for local, (module, imported, level) in outline.imports.items()
+                 if imported == name and local not in outline.functions
+                 and self.resolve_module(path, module, level) == target]
+        target_outline = self.outline(target)
+        if (name not in outline.functions and name not in outline.imports and target_outline is not None
+                and target_outline.exports(name)
+                and any(self.resolve_module(path, module, level) == target for module, level in outline.star_imports)):
+            bound.append(name)
+        return bound
 
     def _names_reaching(self, path: Path, outline: ModuleOutline, defining: Path, function_name: str) -> List[str]:
         names = []
@@ -317,6 +362,8 @@ class RepositoryIndex:
         for module in outline.dotted_imports:
             if self.resolve_module(path, module) == defining:
                 names.append(f"{module}.{function_name}")
+        names += [name for name in self._rebinding(path, outline, defining, function_name)
+                  if name not in outline.imports]
         return names
 
 
