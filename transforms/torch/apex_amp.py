@@ -276,7 +276,8 @@ class ApexConversion(TorchConversion):
                     module_sites, function, unit.optimizers, len(distinct_losses(unit)), self.display,
                 )
             except Unconvertible as problem:
-                refuse(node, f"{function.name.value}() is called from {where}: {problem}")
+                # the same kind of refusal (MixedPrecisionElsewhere stays one), now naming the caller
+                raise type(problem)(f"{function.name.value}() is called from {where}: {problem}", node) from None
             self.planned_companions.append(change)
             self.companion_keys.add(key)
         self.plan_backwards(unit)

@@ -18,7 +18,7 @@ from ampify.options import Options
 from ampify.transforms.base import CallSite, CompanionChange, ProjectFacts
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.torch import statements as statements
-from ampify.transforms.torch.caller_threading import call_and_passed_optimizers
+from ampify.transforms.torch.caller_threading import call_and_passed_optimizers, check_caller_setup
 from ampify.transforms.torch.edits import apply_edits
 from ampify.transforms.torch.training_loop import TrainingStructure, TrainingUnit, Unconvertible, analyze_training
 
@@ -62,8 +62,7 @@ def plan_caller(
             f"{display} trains too (backward() at {display}:{s.line(s.backwards[0].call)}); ampify places "
             "amp.initialize in a module that only sets the training up"
         )
-    if s.mixed_precision_uses:
-        raise Unconvertible(f"{display} already uses mixed precision (line {s.line(s.mixed_precision_uses[0])})")
+    check_caller_setup(s, display, "apex")
     conversion = make_conversion(s, options)
     positions = statements.parameter_positions(function)
     setup = None

@@ -23,7 +23,15 @@ from ampify.transforms.torch.device_choice import DeviceChoice
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
 from ampify.transforms.torch.scaler_placement import ScalerHome, ScalerPlacement
 from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
-from ampify.transforms.torch.training_loop import Scope, Unconvertible, analyze_training
+from ampify.transforms.torch.training_loop import (
+    HazardKind,
+    MixedPrecisionElsewhere,
+    Scope,
+    TrainingStructure,
+    Unconvertible,
+    analyze_training,
+    describe_mixed_precision_use,
+)
 
 
 @dataclass
@@ -80,6 +88,7 @@ def thread_scaler_into_caller(
             f"{display} trains too (backward() at {display}:{s.line(s.backwards[0].call)}); ampify threads a scaler "
             "into a module that only sets the training up"
         )
+    check_caller_setup(s, display, "native")
     report = _Findings(s)
     local = sorted(module_level_aliases(module, "torch"))
     torch_import_needed = not local
@@ -133,6 +142,45 @@ def thread_scaler_into_caller(
         reason=f"changed with {step_display}: the GradScaler of {function_name}() is created here and passed in",
     )
     return CallerPlan(change, found_device)
+
+
+def check_caller_setup(s: TrainingStructure, display: str, backend: str) -> None:
+    """The module that creates the optimizer and calls the step also decides how the model
+    trains: when it already sets mixed precision up (FSDP's policy, a GradScaler, amp), the step
+    is in mixed precision already (MixedPrecisionElsewhere); when it wraps the model in a way
+    loss scaling cannot follow (FullyShardedDataParallel under float16, Opacus, hand-made half
+    precision), the step is refused with that reason."""
+    if s.mixed_precision_uses:
+        use = s.mixed_precision_uses[0]
+        raise MixedPrecisionElsewhere(
+            f"{display}, which creates the optimizer, sets mixed precision up at line {s.line(use)} "
+            f"({describe_mixed_precision_use(s, use)})", None,
+        )
+    if s.hand_written_mixed_precision is not None:
+        what, node = s.hand_written_mixed_precision
+        raise MixedPrecisionElsewhere(
+            f"{display}, which creates the optimizer, does mixed precision by hand at line {s.line(node)} ({what})"
+        )
+    for hazard in s.hazards:
+        where = f"{display}:{s.line(hazard.node)}"
+        if hazard.kind is HazardKind.FSDP or (backend == "apex" and hazard.kind is HazardKind.FULLY_SHARD):
+            if backend == "apex":
+                raise Unconvertible(f"{where} wraps the model in {hazard.detail}, which apex amp does not support")
+            raise Unconvertible(
+                f"{where} wraps the model in {hazard.detail}: float16 loss scaling needs "
+                "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler there (a plain GradScaler lets "
+                "ranks disagree on skipped steps); use --dtype bfloat16, or FSDP's MixedPrecision policy"
+            )
+        if hazard.kind is HazardKind.DIFFERENTIAL_PRIVACY:
+            raise Unconvertible(
+                f"{where} trains with Opacus ({hazard.detail}): loss scaling would scale the per-sample gradients "
+                "its optimizer clips"
+            )
+        if hazard.kind is HazardKind.MANUAL_HALF:
+            raise Unconvertible(
+                f"{where} casts to half precision by hand ({hazard.detail}); autocast and GradScaler expect "
+                "float32 weights"
+            )
 
 
 def call_and_passed_optimizers(

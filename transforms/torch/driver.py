@@ -35,9 +35,11 @@ from ampify.transforms.torch.wrapper_steps import steps_of_wrapper_methods
 from ampify.transforms.torch.training_loop import (
     Hazard,
     HazardKind,
+    MixedPrecisionElsewhere,
     TrainingStructure,
     TrainingUnit,
     Unconvertible,
+    describe_mixed_precision_use,
     training_without_torch_import,
     units_outside_mixed_precision,
 )
@@ -206,6 +208,7 @@ class TorchConversion(abc.ABC):
             if id(backward.call) not in claimed:
                 self.warn(code, message.format(followed=helper_refusal_note(s, backward)), backward.call)
         code, message = self.rules.unit_refused
+        refusals: List[Tuple[Unconvertible, cst.CSTNode]] = []
         for unit in s.units:
             state = self.snapshot()
             findings_before = len(self.findings)
@@ -214,8 +217,11 @@ class TorchConversion(abc.ABC):
             except Unconvertible as problem:
                 self.restore(state)
                 del self.findings[findings_before:]
-                node = problem.node or (unit.backwards[0].call if unit.backwards else unit.owner)
-                self.warn(code, message.format(problem=problem), node)
+                refusals.append((problem, problem.node or (unit.backwards[0].call if unit.backwards else unit.owner)))
+        if not plans and refusals and all(isinstance(problem, MixedPrecisionElsewhere) for problem, _ in refusals):
+            return self.result(Verdict.ALREADY_MIXED_PRECISION, f"already in mixed precision: {refusals[0][0]}")
+        for problem, node in refusals:
+            self.warn(code, message.format(problem=problem), node)
         if not plans:
             return self.result(Verdict.UNCONVERTED, "training code found, but no training step could be converted safely")
         return self.result(Verdict.CONVERTED, module=self.write(plans))
@@ -237,8 +243,8 @@ class TorchConversion(abc.ABC):
             self.warn(code, message.format(line=s.line(use)), unit.backwards[0].call)
         if outside:
             return self.result(Verdict.UNCONVERTED, "mixed precision is used, but not around the training step")
-        used = dotted_name(s.mixed_precision_uses[0]) or "torch.amp / apex amp"
-        return self.result(Verdict.ALREADY_MIXED_PRECISION, f"already uses {used}")
+        return self.result(Verdict.ALREADY_MIXED_PRECISION,
+                           f"already uses {describe_mixed_precision_use(s, s.mixed_precision_uses[0])}")
 
     def _report_hazards(self, has_training: bool) -> bool:
         """Warn about every hazard this backend maps; True when one of them blocks the file."""

@@ -370,7 +370,8 @@ class ScalerPlacement:
             try:
                 caller = replan(None)
             except Unconvertible as problem:
-                raise Unconvertible(f"{function.name.value}() is called from {where}: {problem}", node) from None
+                # the same kind of refusal (MixedPrecisionElsewhere stays one), now naming the caller
+                raise type(problem)(f"{function.name.value}() is called from {where}: {problem}", node) from None
             plan.companions.append(caller)
             plan.replan_companions.append(replan)
 

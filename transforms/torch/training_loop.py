@@ -72,6 +72,11 @@ class Unconvertible(Exception):
         self.node = node
 
 
+class MixedPrecisionElsewhere(Unconvertible):
+    """The step is already in mixed precision, set up by the module that calls it (FSDP's
+    MixedPrecision policy, a GradScaler, amp.initialize there): nothing is added."""
+
+
 @dataclass
 class Binding:
     """One place where a (dotted) name gets a value: `optimizer = ...`, `self.opt = ...`, a parameter."""
@@ -796,6 +801,8 @@ class _Collector(cst.CSTVisitor):
         if qualified in names.FSDP_WRAPPERS:
             kind = HazardKind.FULLY_SHARD if qualified in names.DTENSOR_FSDP_WRAPPERS else HazardKind.FSDP
             structure.hazards.append(Hazard(kind, node, qualified))
+            if fsdp_precision_policy(node) is not None:
+                structure.mixed_precision_uses.append(node)  # FSDP casts parameters itself
             return
         if qualified in names.BCE_LOSS_CLASSES or qualified in names.BCE_FUNCTIONS:
             structure.hazards.append(Hazard(HazardKind.BCE, node, qualified))
@@ -1073,8 +1080,8 @@ def units_outside_mixed_precision(structure: TrainingStructure) -> List[Tuple[Tr
     for use in uses:
         target = use.func if isinstance(use, cst.Call) else use
         qualified = structure.imports.resolve(target) or dotted_name(target) or ""
-        if any(word in qualified for word in _TRAINING_MIXED_PRECISION_WORDS):
-            return []
+        if any(word in qualified for word in _TRAINING_MIXED_PRECISION_WORDS) or qualified in names.FSDP_WRAPPERS:
+            return []  # loss scaling, or FSDP's policy: the model trains in mixed precision wherever it runs
     outside: List[Tuple[TrainingUnit, cst.CSTNode]] = []
     for unit in structure.units:
         called = _names_called_in(unit.owner)
@@ -1108,3 +1115,28 @@ def _names_called_in(node: cst.CSTNode) -> Set[str]:
         elif isinstance(call.func, cst.Attribute):
             found.add(call.func.attr.value)
     return found
+
+
+#: the keyword of FullyShardedDataParallel (mixed_precision=) and fully_shard (mp_policy=) that
+#: sets FSDP's own mixed precision policy
+FSDP_POLICY_KEYWORDS = ("mixed_precision", "mp_policy")
+
+
+def fsdp_precision_policy(call: cst.Call) -> Optional[cst.Arg]:
+    """The `mixed_precision=` / `mp_policy=` argument of an FSDP wrap, unless it is `None`."""
+    for arg in call.args:
+        if (arg.keyword is not None and arg.keyword.value in FSDP_POLICY_KEYWORDS
+                and not (isinstance(arg.value, cst.Name) and arg.value.value == "None")):
+            return arg
+    return None
+
+
+def describe_mixed_precision_use(structure: TrainingStructure, use: cst.CSTNode) -> str:
+    """What a mixed precision use is, for a reason: `torch.amp.GradScaler`, or
+    `FullyShardedDataParallel(..., mixed_precision=...)` for FSDP's own policy."""
+    target = use.func if isinstance(use, cst.Call) else use
+    qualified = structure.imports.resolve(target) or dotted_name(target) or "torch.amp / apex amp"
+    policy = fsdp_precision_policy(use) if isinstance(use, cst.Call) else None
+    if policy is not None:
+        return f"{qualified.rsplit('.', 1)[-1]}(..., {policy.keyword.value}=...), FSDP's own mixed precision policy"
+    return qualified
