@@ -4,6 +4,8 @@ GradScaler need it: the script's own device (`device.type`, `self.device.type`,
 
 from __future__ import annotations
 
+import re
+
 from typing import Optional
 
 import libcst as cst
@@ -156,6 +158,11 @@ class DeviceChoice:
         device_names = {b.name for b in s.device_bindings}
         if name in device_names:
             return f"{name}.type"
+        if _names_a_device_index(name):
+            # `.to(args.gpu)`, `.to(local_rank)`: a CUDA device ordinal, often None on some runs
+            # (moco's `--gpu` default; the call sits under `if args.gpu is not None`), and
+            # torch.device(None) raises where autocast runs unguarded
+            return '"cuda"'
         return f"{self.torch}.device({name}).type"
 
 
@@ -166,3 +173,12 @@ def _defaults_to_none(param: cst.Param) -> bool:
 
 def _param_defaults_to_none(function: cst.FunctionDef, name: str) -> bool:
     return any(param.name.value == name and _defaults_to_none(param) for param in statements.all_params(function))
+
+
+def _names_a_device_index(name: str) -> bool:
+    """`args.gpu`, `local_rank`, `self.gpu_id`, `device_id`: an integer CUDA ordinal (or None), not a
+    torch.device or a device string."""
+    return bool(_DEVICE_INDEX.search(name.rsplit(".", 1)[-1]))
+
+
+_DEVICE_INDEX = re.compile(r"gpu|rank|ordinal|dev(ice)?_?(id|idx|index)", re.IGNORECASE)
