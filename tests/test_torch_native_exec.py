@@ -158,12 +158,14 @@ def test_a_reshaped_step_computes_what_the_fp32_step_computed(dtype, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_a_scaled_gradient_penalty_equals_the_fp32_penalty(dtype, tmp_path):
+@pytest.mark.parametrize("name", ["wgan_gp", "wgan_gp_solver_method"])
+def test_a_scaled_gradient_penalty_equals_the_fp32_penalty(name, dtype, tmp_path):
     """The penalty of the converted WGAN-GP critic step (gradients of scaler.scale(outputs),
     divided by the scale) equals the fp32 penalty within the reduced dtype's tolerance: the loss
-    scale is divided out exactly, not left in (65536x) nor lost to float16 underflow."""
-    fp32 = run_script(str(SCRIPTS / "wgan_gp.py")).script_globals["PENALTIES"]
-    mixed = run_script(str(_convert("wgan_gp", dtype, tmp_path))).script_globals["PENALTIES"]
+    scale is divided out exactly, not left in (65536x) nor lost to float16 underflow. The penalty
+    sits in a module-level helper (wgan_gp) or in a method of the trainer (StarGAN's Solver)."""
+    fp32 = run_script(str(SCRIPTS / f"{name}.py")).script_globals["PENALTIES"]
+    mixed = run_script(str(_convert(name, dtype, tmp_path))).script_globals["PENALTIES"]
     assert len(mixed) == len(fp32) == 3
     if dtype == "float16":
         # the first iteration overflows at the initial scale of 65536; GradScaler skips that step

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 import libcst as cst
 
 from ampify.transforms.torch import statements as statements
-from ampify.transforms.torch.training_loop import HazardKind, TrainingStructure, TrainingUnit
+from ampify.transforms.torch.training_loop import HazardKind, TrainingStructure, TrainingUnit, method_calls
 
 
 @dataclass
@@ -73,16 +73,25 @@ def _site(s: TrainingStructure, call: cst.Call, scaler_name: str) -> Optional[Pe
         return None
     site = PenaltySite(call, statement, assign.targets[0].target.value, indexed, outputs)
     scope = s.scope_of(statement)
-    if isinstance(scope, cst.FunctionDef) and s.class_of(scope) is None and not _is_a_unit_scope(s, scope):
-        # a module-level helper: every use must be a direct call, and the parameter name free
+    if isinstance(scope, cst.FunctionDef) and not _is_a_unit_scope(s, scope):
+        # a helper: a module-level function, or a method called as self.<name>(...) in its own class
+        # (StarGAN's Solver.gradient_penalty(y, x)); every use must be a direct call, and the
+        # parameter name free
         from ampify.transforms.torch.scaler_placement import _calls_of_function
 
-        calls, other_uses = _calls_of_function(s, scope)
+        klass = s.class_of(scope)
+        if klass is not None and (_decorated(scope) or len(s.enclosing_scopes(scope)) != 2):
+            return None  # a static/class method, or a function nested in a method
+        calls, other_uses = method_calls(s, scope, klass) if klass is not None else _calls_of_function(s, scope)
         parameters = {p.name.value for p in statements.all_params(scope)}
         if other_uses or not calls or scaler_name in parameters or scope.params.star_kwarg is not None:
             return None
         site.helper, site.helper_calls = scope, calls
     return site
+
+
+def _decorated(function: cst.FunctionDef) -> bool:
+    return bool(function.decorators)
 
 
 def _is_a_unit_scope(s: TrainingStructure, scope) -> bool:
