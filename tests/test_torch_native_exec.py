@@ -57,6 +57,8 @@ EXPECTED_CALLS = {
     "two_level_threading": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0, "state_dict": 2},
     # 3 iterations: D and G steps; the Sigmoid of a Sequential bound to a variable fused into the loss
     "gan_sequential_variable": {"step": 6, "update": 3, "scale": 6, "load_state_dict": 0},
+    # 3 batches, two optimizers stepped after one backward, one update per batch
+    "two_optimizers_clipped": {"step": 6, "update": 3, "scale": 3, "load_state_dict": 0},
     # 3 batches; decode()'s torch.sigmoid fused into the loss helper's BCE
     "vae_sigmoid_decoder": {"step": 3, "update": 3, "scale": 3, "load_state_dict": 0},
     # 3 iterations: G and D steps; the Sigmoid of the validity head fused into the loss
@@ -121,10 +123,11 @@ def test_converted_script_trains_in_reduced_precision(name, dtype, tmp_path):
         assert sum(evidence.scaler_calls.values()) == 0
 
 
-@pytest.mark.parametrize("name", ["cnn_classifier", "grad_accumulation", "trainer_class"])
+@pytest.mark.parametrize("name", ["cnn_classifier", "grad_accumulation", "trainer_class", "two_optimizers_clipped"])
 def test_clipping_sees_unscaled_gradients(name, tmp_path):
     """scaler.unscale_ before clip_grad_norm_: the clipped norms stay the size of fp32 norms,
-    not 65536 times larger (the GradScaler's initial scale)."""
+    not 65536 times larger (the GradScaler's initial scale). With two optimizers each clip gets
+    the unscale_ of the optimizer whose parameters it clips."""
     fp32 = run_script(str(SCRIPTS / f"{name}.py"))
     fp16 = run_script(str(_convert(name, "float16", tmp_path)))
     assert fp32.clip_norms and len(fp16.clip_norms) == len(fp32.clip_norms)

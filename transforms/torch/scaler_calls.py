@@ -14,7 +14,8 @@ from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.autocast_regions import index_of
-from ampify.transforms.torch.training_loop import TrainingStructure, TrainingUnit, Unconvertible
+from ampify.transforms.torch.gradient_owners import optimizer_of_gradients
+from ampify.transforms.torch.training_loop import StepCall, TrainingStructure, TrainingUnit, Unconvertible
 
 
 class ScalerCallPlanner:
@@ -127,7 +128,7 @@ class ScalerCallPlanner:
             (self._where(clip.call), "clip", clip.call) for clip in unit.clips
         ]
         needs += [(self._where(read.node), "grad", read.node) for read in self._grad_reads_before_step(unit)]
-        needs += [(self._where(call), "clip", call) for call in self._gradient_helper_calls(unit)]
+        needs += [(self._where(call), "helper", call) for call in self._gradient_helper_calls(unit)]
         for where, kind, node in sorted(needs, key=lambda item: item[0]):
             following = [st for st in steps if self._where(st.call) > where]
             if not following:
@@ -135,12 +136,16 @@ class ScalerCallPlanner:
                     continue
                 raise Unconvertible("gradient clipping after the last optimizer step", node)
             step = following[0]
+            if kind != "grad" and len(unit.optimizers) > 1:
+                step = self._step_of_clipped_gradients(unit, node, kind == "clip", following)
             step_block = s.block_of(s.statement_of(step.call))
-            if kind == "clip":
+            if kind != "grad":
                 statement = s.statement_of(node)
                 if not isinstance(statement, cst.SimpleStatementLine):
                     raise Unconvertible("gradient clipping inside a one-line compound statement", node)
-                if not any(block is step_block for block, _ in s.block_path(node, stop=unit.body)):
+                if not any(block is step_block for block, _ in s.block_path(node, stop=unit.body)) and not (
+                    self._clip_implies_step(unit, node, step)
+                ):
                     raise Unconvertible(
                         "gradient clipping runs more often than the optimizer step it precedes "
                         "(scaler.unscale_ may be called only once per step)",
@@ -160,6 +165,73 @@ class ScalerCallPlanner:
             unscaled[step.receiver] = statement
             planned.append((statement, step.receiver))
         return planned
+
+    def _clip_implies_step(self, unit: TrainingUnit, node: cst.CSTNode, step: StepCall) -> bool:
+        """The clip and the step sit under `if` tests of their own, and every test guarding the
+        step (`if encoder_optimizer is not None:`) also guards the clip, with nothing in the
+        iteration rebinding what it tests: whenever the clip runs, the step runs once after it,
+        so an unscale_ right before the clip is once per step (image captioning's
+        `if grad_clip is not None: ... if encoder_optimizer is not None: clip_gradient(...)`)."""
+        s = self.structure
+        clip_path = s.block_path(node, stop=unit.body)
+        step_path = s.block_path(step.call, stop=unit.body)
+        step_blocks = [block for block, _ in step_path]
+        common = next((i for i, (block, _) in enumerate(clip_path) if any(block is b for b in step_blocks)), None)
+        if common is None:
+            return False
+        block = clip_path[common][0]
+        j = next(i for i, b in enumerate(step_blocks) if b is block)
+        inner = block.body if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
+        clip_holder, step_holder = clip_path[common][1], step_path[j][1]
+        if clip_holder is step_holder or index_of(inner, clip_holder) > index_of(inner, step_holder):
+            return False
+        clip_tests = self._if_tests(clip_path[:common])
+        step_tests = self._if_tests(step_path[:j])
+        if clip_tests is None or step_tests is None or not step_tests:
+            return False
+        clip_codes = {statements.code_of(test) for test in clip_tests}
+        if any(statements.code_of(test) not in clip_codes for test in step_tests):
+            return False
+        tested = {n.value for test in step_tests for n in _names_in(test)}
+        return not any(b.name in tested and b.statement is not None and s.contains(unit.owner, b.statement)
+                       for b in s.bindings)
+
+    def _if_tests(self, path) -> Optional[List[cst.BaseExpression]]:
+        """The tests of the `if` statements whose bodies form `path` (innermost first); None when
+        a level is anything else (a loop, an `else` branch, a `with`)."""
+        tests = []
+        for block, _ in path:
+            holder = self.structure.statement_of(self.structure.parent(block))
+            if not isinstance(holder, cst.If) or holder.body is not block:
+                return None
+            tests.append(holder.test)
+        return tests
+
+    def _step_of_clipped_gradients(self, unit: TrainingUnit, node: cst.Call, clip: bool, following) -> StepCall:
+        """In an iteration with several optimizers: the next step of the optimizer whose
+        gradients the clip (or gradient helper) reads; refuse when that cannot be told."""
+        line = self.structure.line(node)
+        owner = optimizer_of_gradients(self.structure, unit, node, clip)
+        if owner is None:
+            # the steps between the clip and the next backward(): when they are all one
+            # optimizer's (a GAN's D step after D's backward), the clip can only be for it
+            where = self._where(node)
+            next_backward = min((self._where(b.call) for b in unit.backwards if self._where(b.call) > where),
+                                default=None)
+            window = {st.receiver for st in following if next_backward is None or self._where(st.call) < next_backward}
+            if len(window) == 1:
+                owner = window.pop()
+        if owner is None:
+            raise Unconvertible(
+                f"the gradient clipping at line {line} runs in an iteration with several optimizers "
+                f"({', '.join(unit.optimizers)}) and ampify cannot tell whose gradients it clips: call "
+                "scaler.unscale_(<optimizer>) before it by hand (scaled gradients would be clipped otherwise)",
+                node,
+            )
+        steps = [st for st in following if st.receiver == owner]
+        if not steps:
+            raise Unconvertible(f"the gradient clipping at line {line} clips {owner}'s gradients after its step", node)
+        return steps[0]
 
     def _where(self, node: cst.CSTNode) -> Tuple[int, int]:
         position = self.structure.position(node)
@@ -246,3 +318,14 @@ class ScalerCallPlanner:
         return statement
 
     # where the scaler lives ------------------------------------------------------------
+
+
+def _names_in(node: cst.CSTNode) -> List[cst.Name]:
+    found: List[cst.Name] = []
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name)
+
+    node.visit(_Names())
+    return found
