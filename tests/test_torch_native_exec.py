@@ -57,6 +57,10 @@ EXPECTED_CALLS = {
     "two_level_threading": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0, "state_dict": 2},
     # 3 iterations: D and G steps; the Sigmoid of a Sequential bound to a variable fused into the loss
     "gan_sequential_variable": {"step": 6, "update": 3, "scale": 6, "load_state_dict": 0},
+    # 4 training iterations: a critic step each, and at two of them 2 x (actor and temperature
+    # steps) in the policy loop; one update after the critic step when the policy does not
+    # update, one per policy-loop pass when it does
+    "sac_autotune": {"step": 12, "update": 8, "scale": 12, "load_state_dict": 0},
     # 3 batches, two optimizers stepped after one backward, one update per batch
     "two_optimizers_clipped": {"step": 6, "update": 3, "scale": 3, "load_state_dict": 0},
     # 3 batches; decode()'s torch.sigmoid fused into the loss helper's BCE
@@ -76,7 +80,9 @@ EXPECTED_CALLS = {
 #: scripts that run inference after training, outside any step (a decoded sample): those
 #: matmuls stay float32, as ampify converts training steps only
 FLOAT32_INFERENCE_MATMULS = {"vae_sigmoid_decoder": 2, "attention_masked_fill": 2, "dragan_penalty_helper": 6,
-                             "siamese_sigmoid_attribute": 18}
+                             "siamese_sigmoid_attribute": 18,
+                             # actions picked in float32 at global steps 1-5 (outside any training step)
+                             "sac_autotune": 5}
 
 
 #: scripts whose first float16 iteration overflows at GradScaler's initial scale (the gradient

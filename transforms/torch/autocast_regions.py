@@ -91,7 +91,7 @@ class AutocastPlanner:
             )
         block, body, end = found
         start, before_barrier, needed = self._forward_start(body, end, barriers)
-        self._check_outer_forward(path[level + 1:], needed, by_block, backward)
+        outer_forwards = self._check_outer_forward(path[level + 1:], needed, by_block, backward)
         planned = by_block.get(id(block), (block, []))[1]
         if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
             # an earlier region that starts after it with no backward()/step() in between
@@ -108,7 +108,7 @@ class AutocastPlanner:
                 backward.call,
             )
         if not any(self._calls_model(body[index]) for index in range(start, end + 1)) and not self._forward_in_earlier_region(
-                body, end, barriers, planned):
+                body, end, barriers, planned, outer_forwards):
             first, last = s.line(body[start]), s.line(body[end])
             lines = f"line {first}" if first == last else f"lines {first}-{last}"
             raise Unconvertible(
@@ -122,10 +122,13 @@ class AutocastPlanner:
         ranges.append((start, end))
 
     def _forward_in_earlier_region(self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int],
-                                   planned: List[Tuple[int, int]]) -> bool:
+                                   planned: List[Tuple[int, int]], outer_forwards: int = 0) -> bool:
         """The loss (Softmax GAN's `g_loss`, after the discriminator's backward and step) is built
         from model outputs computed before an earlier backward()/step() of this iteration, each
-        inside that earlier backward's autocast region: its forward pass did run under autocast."""
+        inside that earlier backward's autocast region: its forward pass did run under autocast.
+        `outer_forwards`: such model outputs found in the blocks around the loss's block (SAC's
+        temperature loss under `if args.autotune:` from the actor's log-probabilities), all of
+        them in autocast regions (`_check_outer_forward` refuses otherwise)."""
         needed = statements.used_names(body[end])
         model_calls = []
         for index in range(end - 1, -1, -1):
@@ -138,7 +141,7 @@ class AutocastPlanner:
                 needed |= statements.used_names(statement)
                 if self._calls_model(statement):
                     model_calls.append(index)
-        return bool(model_calls) and all(any(a <= index <= b for a, b in planned) for index in model_calls)
+        return bool(model_calls or outer_forwards) and all(any(a <= index <= b for a, b in planned) for index in model_calls)
 
     def _stateful_forward_start(self, body: Sequence[cst.CSTNode], start: int, barriers: Set[int]) -> int:
         """Move a region's start back over `self.forward()`: a method call whose result is dropped
@@ -281,7 +284,7 @@ class AutocastPlanner:
                 crossed_barrier = True
                 continue
             # a continue/break/return may go inside the region: leaving a `with` block is fine
-            if statements.assigned_names(statement) & needed:
+            if (statements.assigned_names(statement) - THROWAWAY) & needed:
                 needed |= statements.used_names(statement)
                 if crossed_barrier:
                     if before_barrier is None and self._calls_model(statement):
@@ -290,27 +293,37 @@ class AutocastPlanner:
                     start = index
         return start, before_barrier, needed
 
-    def _check_outer_forward(self, outer_levels, needed: Set[str], by_block, backward) -> None:
+    def _check_outer_forward(self, outer_levels, needed: Set[str], by_block, backward) -> int:
         """The loss is computed in a nested block (an `if`): a model call before that block that
-        the loss needs would stay outside the autocast region, so refuse unless a region holds it."""
+        the loss needs would stay outside the autocast region, so refuse unless a region holds it.
+        Returns how many such model calls were found (each inside a region)."""
         s = self.structure
+        found = 0
         for block, holder in outer_levels:
             body = list(block.body)
             planned = by_block.get(id(block), (block, []))[1]
             for index in range(index_of(body, holder) - 1, -1, -1):
                 statement = body[index]
                 if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-                    return
-                if statements.assigned_names(statement) & needed:
+                    return found
+                if (statements.assigned_names(statement) - THROWAWAY) & needed:
                     needed = needed | statements.used_names(statement)
-                    if self._calls_model(statement) and not any(a <= index <= b for a, b in planned):
-                        raise Unconvertible(
-                            f"the forward pass for this loss (line {s.line(statement)}) is outside the block "
-                            "that computes the loss: put torch.autocast around both by hand",
-                            backward.call,
-                        )
+                    if self._calls_model(statement):
+                        if not any(a <= index <= b for a, b in planned):
+                            raise Unconvertible(
+                                f"the forward pass for this loss (line {s.line(statement)}) is outside the block "
+                                "that computes the loss: put torch.autocast around both by hand",
+                                backward.call,
+                            )
+                        found += 1
+        return found
 
     # scaler.update() -------------------------------------------------------------------
+
+
+#: `_`: a value thrown away (`actions, _, _ = actor.get_action(obs)`, `for _ in range(k)`), never
+#: the data a loss is computed from
+THROWAWAY = frozenset({"_"})
 
 
 def index_of(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> int:

@@ -599,7 +599,8 @@ class NativeConversion(TorchConversion):
         self.info(
             "AMP204",
             f"created {home.reference} = torch.amp.GradScaler({device}) after the optimizer(s) "
-            f"{', '.join(home.optimizers)}",
+            f"{', '.join(o for o in home.optimizers if o not in home.created_later)}"
+            + (f" (it steps {', '.join(home.created_later)} too, created later)" if home.created_later else ""),
             home.after,
         )
 

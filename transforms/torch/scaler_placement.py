@@ -36,6 +36,10 @@ class ScalerHome:
     device_scope: Scope
     line: int  # line of `after`, for findings and ordering checks
     optimizers: List[str] = field(default_factory=list)
+    #: optimizers created after the scaler (stepped through it all the same)
+    created_later: List[str] = field(default_factory=list)
+    #: the first line that uses the scaler (a training loop), when known
+    first_use: Optional[int] = None
 
 
 @dataclass
@@ -161,15 +165,40 @@ class ScalerPlacement:
         uses = [use_statement] if (use_statement is not None and home_scope is scope) else []
         after = self._insertion_point(binding_statements, uses, node)
         existing = self.homes.get(id(home_scope))
+        if existing is not None and self._may_move_down(existing, after, uses):
+            # the next optimizer is created right below, before any loop uses the scaler: create the
+            # scaler after it instead (`q_optimizer = ...; actor_optimizer = ...; scaler = ...`)
+            existing.after, existing.line = after, s.line(after)
         if existing is not None:
-            # one scaler per training setup: the existing one must already exist when this loop runs
-            if s.line(after) > existing.line or (uses and s.line(uses[0]) <= existing.line):
+            # one scaler per training setup: the existing one must already exist when this loop
+            # runs, created in a block around it (an optimizer created later, under `if
+            # args.autotune:` say, is stepped through the same scaler)
+            if s.line(after) > existing.line and not (uses and self._runs_before(existing.after, uses[0])):
                 raise Unconvertible("two training loops in this function use optimizers created far apart", node)
+            if uses and s.line(uses[0]) <= existing.line:
+                raise Unconvertible("two training loops in this function use optimizers created far apart", node)
+            if s.line(after) > existing.line:
+                existing.created_later.extend(r for r in receivers if r not in existing.optimizers)
             existing.optimizers.extend(r for r in receivers if r not in existing.optimizers)
+            if uses:
+                existing.first_use = min(filter(None, [existing.first_use, s.line(uses[0])]))
             return existing
-        home = ScalerHome(home_scope, self.scaler_name, after, home_scope, s.line(after), list(receivers))
+        home = ScalerHome(home_scope, self.scaler_name, after, home_scope, s.line(after), list(receivers),
+                          first_use=s.line(uses[0]) if uses else None)
         self.homes[id(home_scope)] = home
         return home
+
+    def _may_move_down(self, existing: ScalerHome, after: cst.CSTNode, uses: List[cst.CSTNode]) -> bool:
+        s = self.structure
+        if s.line(after) <= existing.line or existing.first_use is None or s.block_of(after) is not s.block_of(existing.after):
+            return False
+        return s.line(after) < existing.first_use and all(s.line(after) < s.line(use) for use in uses)
+
+    def _runs_before(self, statement: cst.CSTNode, use: cst.CSTNode) -> bool:
+        """Does `statement` always run before `use`: above it, in a block that holds `use`?"""
+        s = self.structure
+        block = s.block_of(statement)
+        return s.line(statement) < s.line(use) and any(b is block for b, _ in s.block_path(use))
 
     def _insertion_point(
         self, binding_statements: List[cst.CSTNode], uses: List[cst.CSTNode], node: cst.CSTNode

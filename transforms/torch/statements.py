@@ -71,10 +71,13 @@ class _NameCollector(cst.CSTVisitor):
     def visit_Name(self, node: cst.Name) -> None:
         self.used.add(node.value)
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
         name = dotted_name(node)
         if name:
             self.used.add(name)
+        # `data.actions` uses `data` (and the chain), not a variable named `actions`
+        node.value.visit(self)
+        return False
 
 
 def used_names(node: cst.CSTNode) -> Set[str]:
