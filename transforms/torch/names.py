@@ -72,6 +72,9 @@ FSDP_WRAPPERS = (
 #: plain torch.amp.GradScaler), so ranks agree on skipped steps. The private
 #: torch.distributed._composable.fsdp spelling is older (2.4, 2.5) and stays refused.
 DTENSOR_FSDP_WRAPPERS = ("torch.distributed.fsdp.fully_shard",)
+#: the keyword of FullyShardedDataParallel (mixed_precision=) and fully_shard (mp_policy=) that
+#: sets FSDP's own mixed precision policy
+FSDP_POLICY_KEYWORDS = ("mixed_precision", "mp_policy")
 
 #: binary cross entropy on probabilities: CUDA autocast raises on these
 BCE_LOSS_CLASSES = ("torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss")

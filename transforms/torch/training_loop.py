@@ -1117,15 +1117,10 @@ def _names_called_in(node: cst.CSTNode) -> Set[str]:
     return found
 
 
-#: the keyword of FullyShardedDataParallel (mixed_precision=) and fully_shard (mp_policy=) that
-#: sets FSDP's own mixed precision policy
-FSDP_POLICY_KEYWORDS = ("mixed_precision", "mp_policy")
-
-
 def fsdp_precision_policy(call: cst.Call) -> Optional[cst.Arg]:
     """The `mixed_precision=` / `mp_policy=` argument of an FSDP wrap, unless it is `None`."""
     for arg in call.args:
-        if (arg.keyword is not None and arg.keyword.value in FSDP_POLICY_KEYWORDS
+        if (arg.keyword is not None and arg.keyword.value in names.FSDP_POLICY_KEYWORDS
                 and not (isinstance(arg.value, cst.Name) and arg.value.value == "None")):
             return arg
     return None
