@@ -213,6 +213,11 @@ RULES: List[Rule] = [
     Rule("AMP227", "warning", "Opacus (DP-SGD) training: per-sample gradients that GradScaler would scale; file not converted",
          "Opacus's optimizer clips and noises per-sample gradients; scaled gradients would change the clipping bound and "
          "the privacy accounting.", "model, optimizer, loader = privacy_engine.make_private(...)", MANUAL, incomplete=True),
+    Rule("AMP234", "warning", "RPC training (`torch.distributed.autograd.backward` + DistributedOptimizer): GradScaler and autocast cannot reach it; file not converted",
+         "The gradients live in a distributed autograd context that a DistributedOptimizer steps, with no local .grad to "
+         "unscale; the forward pass runs partly on remote workers, where a local autocast does not apply.",
+         "with dist_autograd.context() as context_id:\n    dist_autograd.backward(context_id, [loss])\n    opt.step(context_id)",
+         MANUAL, incomplete=True),
     Rule("AMP230", "info", "gradient penalty scaled: `autograd.grad` of `scaler.scale(outputs)`, gradients divided by `scaler.get_scale()`",
          "A penalty's float16 gradients underflow unscaled; PyTorch's AMP examples scale the outputs and unscale the gradients.",
          "g = torch.autograd.grad(outputs=d_out, inputs=x, create_graph=True)[0]\n"
@@ -306,6 +311,11 @@ RULES: List[Rule] = [
     Rule("AMP325", "warning", "Opacus (DP-SGD) training: apex amp cannot scale per-sample gradients; file not converted",
          "Opacus's DPOptimizer clips per-sample gradients, which amp.scale_loss would scale.",
          "model, optimizer, loader = privacy_engine.make_private(...)", MANUAL, incomplete=True),
+    Rule("AMP326", "warning", "RPC training (`torch.distributed.autograd.backward` + DistributedOptimizer): apex amp cannot scale it; file not converted",
+         "The gradients live in a distributed autograd context that a DistributedOptimizer steps; amp.scale_loss and "
+         "amp.initialize need a local optimizer.",
+         "with dist_autograd.context() as context_id:\n    dist_autograd.backward(context_id, [loss])\n    opt.step(context_id)",
+         MANUAL, incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

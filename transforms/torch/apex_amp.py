@@ -27,6 +27,7 @@ from ampify.transforms.torch.apex_setup import ApexSetup, ApexSetupFinder, index
 from ampify.transforms.torch.apex_wrap_hoist import plan_hoist
 from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConversion, short_text
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
+from ampify.transforms.torch.manual_updates import manual_update_beside_steps
 from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, distinct_losses, pair_helper_backwards
 from ampify.transforms.torch.normalize import converted_in_shape
 from ampify.transforms.torch.wrapper_steps import project_wrapper_steps
@@ -123,6 +124,13 @@ APEX_RULES = BackendRules(
             "AMP325",
             "{detail}: Opacus's DPOptimizer clips per-sample gradients, which amp.scale_loss would scale, and "
             "apex cannot patch it; file not converted",
+            blocks_file=True, in_training_only=True,
+        ),
+        HazardKind.DISTRIBUTED_AUTOGRAD: HazardRule(
+            "AMP326",
+            "{detail}(...): RPC training, whose gradients stay in a distributed autograd context that a "
+            "DistributedOptimizer steps: amp.scale_loss and amp.initialize work on a local optimizer only; file not "
+            "converted",
             blocks_file=True, in_training_only=True,
         ),
         HazardKind.AUTOGRAD_BACKWARD: HazardRule(
@@ -224,6 +232,12 @@ class ApexConversion(TorchConversion):
         unfollowed = call_of_unfollowed_backward(self.s, unit)
         if unfollowed is not None:
             refuse(unfollowed[1], unfollowed[0])
+        by_hand = manual_update_beside_steps(self.s, unit)
+        if by_hand is not None:
+            refuse(unit.backwards[0].call,
+                   f"the parameters are also updated by hand after this backward() (line {self.s.line(by_hand)}, when "
+                   "the optimizer does not step): amp.scale_loss needs an optimizer, and that update would get scaled "
+                   "gradients; step a torch.optim optimizer in every branch, or use --backend native --dtype bfloat16")
         sites = foreign_call_sites(self.s, unit, self.project, len(self.setups._call_sites_of(unit.scope))
                                    if isinstance(unit.scope, cst.FunctionDef) else 0)
         if sites is not None:

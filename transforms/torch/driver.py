@@ -188,7 +188,8 @@ class TorchConversion(abc.ABC):
             return self._already_mixed_precision()
         if s.loop_owning_framework:
             return self.result(Verdict.NOT_APPLICABLE, names.LOOP_OWNING_FRAMEWORKS[s.loop_owning_framework])
-        has_training = bool(s.backwards) or any(h.kind is HazardKind.AUTOGRAD_BACKWARD for h in s.hazards)
+        has_training = bool(s.backwards) or any(
+            h.kind in (HazardKind.AUTOGRAD_BACKWARD, HazardKind.DISTRIBUTED_AUTOGRAD) for h in s.hazards)
         blocked = self._report_hazards(has_training)
         if not has_training and s.steps and steps_of_wrapper_methods(s, self.project):
             return self.result(Verdict.NOTHING_TO_DO, "optimizer wrapper classes: the training files that step them "
@@ -221,7 +222,7 @@ class TorchConversion(abc.ABC):
         if not plans and refusals and all(isinstance(problem, MixedPrecisionElsewhere) for problem, _ in refusals):
             return self.result(Verdict.ALREADY_MIXED_PRECISION, f"already in mixed precision: {refusals[0][0]}")
         for problem, node in refusals:
-            self.warn(code, message.format(problem=problem), node)
+            self.warn(problem.code or code, message.format(problem=problem), node)
         if not plans:
             return self.result(Verdict.UNCONVERTED, "training code found, but no training step could be converted safely")
         return self.result(Verdict.CONVERTED, module=self.write(plans))

@@ -8,7 +8,7 @@ forward pass and loss go under autocast and the update stays as it is.
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import libcst as cst
 
@@ -41,6 +41,25 @@ def manual_update_units(s: TrainingStructure) -> Dict[int, TrainingUnit]:
         unit.backwards.append(backward)
         units[id(backward.call)] = unit
     return units
+
+
+def manual_update_beside_steps(s: TrainingStructure, unit: TrainingUnit) -> Optional[cst.CSTNode]:
+    """The first statement that updates a parameter from its gradient by hand in the loop of a
+    unit that also steps an optimizer (`if args.use_optimizer: optimizer.step()` / `else: for p in
+    model.parameters(): p.data.add_(p.grad, alpha=-lr)`, pytorch/examples' word language model),
+    else None. Loss scaling would hand that update scaled gradients."""
+    for backward in unit.backwards:
+        if backward.delegation is not None:
+            continue
+        owners = loop_body_owners(s, backward.call, backward.scope)
+        if not owners:
+            continue
+        after = s.line(backward.call)
+        for read in s.grad_reads:
+            if (s.contains(owners[0], read.node) and s.line(read.statement) > after
+                    and _updates_a_parameter(read.statement)):
+                return read.statement
+    return None
 
 
 def _updates_a_parameter(statement: cst.CSTNode) -> bool:

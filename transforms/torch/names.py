@@ -72,6 +72,13 @@ FSDP_WRAPPERS = (
 #: plain torch.amp.GradScaler), so ranks agree on skipped steps. The private
 #: torch.distributed._composable.fsdp spelling is older (2.4, 2.5) and stays refused.
 DTENSOR_FSDP_WRAPPERS = ("torch.distributed.fsdp.fully_shard",)
+#: RPC training's backward pass (its gradients stay in a distributed autograd context)
+DISTRIBUTED_AUTOGRAD_BACKWARD = "torch.distributed.autograd.backward"
+#: optimizers that step a distributed autograd context: `opt.step(context_id)` takes no closure
+DISTRIBUTED_OPTIMIZERS = (
+    "torch.distributed.optim.DistributedOptimizer",
+    "torch.distributed.optim.optimizer.DistributedOptimizer",
+)
 #: the keyword of FullyShardedDataParallel (mixed_precision=) and fully_shard (mp_policy=) that
 #: sets FSDP's own mixed precision policy
 FSDP_POLICY_KEYWORDS = ("mixed_precision", "mp_policy")

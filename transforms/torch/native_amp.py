@@ -40,7 +40,7 @@ from ampify.transforms.torch.framework_switches import (
 from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_sites, sites_of_unit, write_penalty
 from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, pair_helper_backwards
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
-from ampify.transforms.torch.manual_updates import backwards_of, manual_update_units
+from ampify.transforms.torch.manual_updates import backwards_of, manual_update_beside_steps, manual_update_units
 from ampify.transforms.torch.normalize import converted_in_shape
 from ampify.transforms.torch.wrapper_steps import (
     WrapperEditRefused,
@@ -140,6 +140,14 @@ NATIVE_RULES = BackendRules(
             "them (the clipping bound and the privacy accounting would be wrong); this file was left "
             "unconverted: convert by hand with Opacus's own mixed precision support (bfloat16, "
             "grad_sample_mode 'hooks' or 'ghost', Opacus 1.5.4 or later)",
+            blocks_file=True, in_training_only=True,
+        ),
+        HazardKind.DISTRIBUTED_AUTOGRAD: HazardRule(
+            "AMP234",
+            "{detail}(...): RPC training, whose gradients stay in a distributed autograd context that a "
+            "DistributedOptimizer steps (GradScaler can only unscale a local optimizer's .grad) and whose forward "
+            "pass runs partly on remote workers, where a local torch.autocast does not reach; this file was left "
+            "unconverted",
             blocks_file=True, in_training_only=True,
         ),
         HazardKind.AUTOGRAD_BACKWARD: HazardRule(
@@ -319,6 +327,15 @@ class NativeConversion(TorchConversion):
                 raise Unconvertible(f"{step.receiver}.step(closure) cannot go through GradScaler", step.call)
             if step.wrapper is not None and step.wrapper.ambiguous:
                 raise Unconvertible(refusal_for_ambiguous_step(step.wrapper, step.receiver or ""), step.call)
+        by_hand = manual_update_beside_steps(self.structure, unit) if self.scaling else None
+        if by_hand is not None:
+            raise Unconvertible(
+                f"the parameters are also updated by hand after this backward() (line {self.structure.line(by_hand)}, "
+                "when the optimizer does not step): that update would get scaled gradients, and GradScaler can only "
+                "unscale an optimizer's; use --dtype bfloat16 (no loss scaling: ampify then puts the forward pass "
+                "under autocast), or step a torch.optim optimizer in every branch",
+                unit.backwards[0].call, code="AMP226",
+            )
         regions = self.regions.autocast_regions(unit)
         plan = UnitPlan(unit, self.scaler_name, regions)
         if not self.scaling:

@@ -67,9 +67,11 @@ class Unconvertible(Exception):
     """A training structure that cannot be converted safely; the message says why (it is shown
     to the user, followed by what was left unconverted). `node` locates it."""
 
-    def __init__(self, message: str, node: Optional[cst.CSTNode] = None) -> None:
+    def __init__(self, message: str, node: Optional[cst.CSTNode] = None, code: Optional[str] = None) -> None:
         super().__init__(message)
         self.node = node
+        #: the rule code of the warning, when not the backend's generic "step left unconverted"
+        self.code = code
 
 
 class MixedPrecisionElsewhere(Unconvertible):
@@ -208,6 +210,9 @@ class HazardKind(str, enum.Enum):
     MASKED_FILL = "masked_fill"  # masked_fill with a constant beyond the float16 range
     WRAPPER_CLASS = "wrapper_class"  # a class with its own step() that steps an inner optimizer
     AUTOGRAD_BACKWARD = "autograd_backward"  # torch.autograd.backward(...), not followed
+    #: torch.distributed.autograd.backward(context_id, [loss]): RPC training, gradients held in a
+    #: distributed autograd context that a DistributedOptimizer steps, forward passes on remote workers
+    DISTRIBUTED_AUTOGRAD = "distributed_autograd"
     FSDP = "fsdp"  # FullyShardedDataParallel (float16 needs ShardedGradScaler; apex refuses it)
     #: torch.distributed.fsdp.fully_shard (FSDP2, PyTorch >= 2.6): DTensor parameters, whose inf check
     #: GradScaler's unscale_ reduces over the mesh; only apex refuses it
@@ -750,6 +755,9 @@ class _Collector(cst.CSTVisitor):
         if qualified == "torch.autograd.backward":
             structure.hazards.append(Hazard(HazardKind.AUTOGRAD_BACKWARD, node))
             return
+        if qualified == names.DISTRIBUTED_AUTOGRAD_BACKWARD:
+            structure.hazards.append(Hazard(HazardKind.DISTRIBUTED_AUTOGRAD, node, qualified))
+            return
         if method == "backward" and isinstance(node.func, cst.Attribute) and qualified is None:
             structure.backwards.append(
                 BackwardCall(node, statement, receiver, self.scope, loss=node.func.value)
@@ -874,9 +882,7 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
             bindings = structure.bindings_visible(receiver, site.scope)
             structure.optimizers[receiver] = Optimizer(receiver, bindings, reason, _parameter_owners(bindings))
         call = site.call
-        has_closure = bool(call.args) or False
-        if wrapper is not None:
-            has_closure = bool(call.args)
+        has_closure = bool(call.args) and not _steps_a_distributed_context(structure, receiver, site.scope, call)
         step = StepCall(call, site.statement, receiver, site.scope, has_closure=has_closure, wrapper=wrapper)
         structure.steps.append(step)
         if has_closure:
@@ -1115,6 +1121,21 @@ def _names_called_in(node: cst.CSTNode) -> Set[str]:
         elif isinstance(call.func, cst.Attribute):
             found.add(call.func.attr.value)
     return found
+
+
+def _steps_a_distributed_context(structure: TrainingStructure, receiver: str, scope: cst.CSTNode, call: cst.Call) -> bool:
+    """`opt.step(context_id)` of a DistributedOptimizer: its argument is the distributed autograd
+    context (bound to a DistributedOptimizer here, or the context a
+    `dist_autograd.backward(context_id, ...)` of this file names), not a closure."""
+    if any(b.qualified_call in names.DISTRIBUTED_OPTIMIZERS for b in structure.bindings_visible(receiver, scope)):
+        return True
+    if len(call.args) != 1:
+        return False
+    contexts = {
+        dotted_name(h.node.args[0].value) for h in structure.hazards
+        if h.kind is HazardKind.DISTRIBUTED_AUTOGRAD and isinstance(h.node, cst.Call) and h.node.args
+    }
+    return dotted_name(call.args[0].value) in contexts - {None}
 
 
 def fsdp_precision_policy(call: cst.Call) -> Optional[cst.Arg]:
