@@ -253,6 +253,7 @@ class ApexConversion(TorchConversion):
                 "by hand",
             )
         self.setups.check_models_reach_the_gpu(setup)
+        self.setups.check_defined_for_scale_loss(unit, setup)
         anchor = self.place_initialize(
             len(distinct_losses(unit)), setup, [unit.owner, *(b.call for b in unit.backwards)], self.setups.note_for(setup))
         self.plan_backwards(unit)

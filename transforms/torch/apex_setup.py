@@ -17,7 +17,7 @@ from ampify.transforms.base import ProjectFacts
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch.apex_injected import InjectedOptimizer, injected_optimizer
 from ampify.transforms.torch.scaler_placement import callers_elsewhere_note
-from ampify.transforms.torch.statements import calls_within
+from ampify.transforms.torch.statements import calls_within, code_of
 from ampify.transforms.torch.training_loop import Binding, Scope, TrainingStructure, TrainingUnit, Unconvertible
 
 
@@ -52,6 +52,9 @@ class ApexSetupFinder:
         self._injected: Dict[int, InjectedOptimizer] = {}
         #: id(binding) -> how its model was found, when it took the project (for the finding)
         self.notes: Dict[int, str] = {}
+        #: id(binding) -> every statement of its scope that creates the same optimizer (the branches
+        #: of `if args.optim == "sgd": ... elif ...: ...`), in order
+        self._all_constructions: Dict[int, List[cst.CSTNode]] = {}
 
     def find(self, unit: TrainingUnit) -> ApexSetup:
         """Where the unit's optimizers and the models they train are created (one scope)."""
@@ -68,7 +71,10 @@ class ApexSetupFinder:
             scopes.append(binding.scope)
             optimizers.append(setup_name)
             renames[optimizer] = setup_name
-            statements.append(binding.statement)
+            # amp.initialize goes after every construction: one in each branch of an if/elif gives
+            # the whole if statement, not the last branch only
+            statements.extend(st for st in self._all_constructions.get(id(binding), [binding.statement])
+                              if all(st is not other for other in statements))
             injected = self._injected.get(id(binding))
             if injected is not None:
                 statements.extend(injected.statements)  # the model attribute is set before amp.initialize
@@ -125,6 +131,7 @@ class ApexSetupFinder:
         if constructions:
             if len({id(b.scope) for b in constructions}) > 1:
                 refuse(use, f"{name} is created in several functions")
+            self._all_constructions[id(constructions[-1])] = [b.statement for b in constructions]
             return constructions[-1], name
         injected = injected_optimizer(self.s, bindings, self._models_of)
         if injected is not None:
@@ -198,6 +205,32 @@ class ApexSetupFinder:
         self.notes[id(binding)] = f"{value.func.attr.value}() builds it from {receiver}'s parameters, {where}"
         return [_model_root(receiver)]
 
+    def check_defined_for_scale_loss(self, unit: TrainingUnit, setup: ApexSetup) -> None:
+        """amp.scale_loss(loss, optimizer) runs at every backward: refuse when the optimizer is
+        created only under a condition (`if args.use_optimizer:` with no else) and every step of it
+        is guarded apart from the backward, so the script runs without it when the condition fails."""
+        backward = unit.backwards[0].call
+        common = _deepest_common_block([self.s.block_path(c) for c in setup.construction_statements]
+                                       + [self.s.block_path(self.s.statement_of(backward))])
+        if common is None:
+            return
+        holders = common[1][:len(setup.construction_statements)]
+        if any(holder is c for holder, c in zip(holders, setup.construction_statements)):
+            return  # created by a plain statement of the block amp.initialize goes in
+        conditional = next((h for h in holders if isinstance(h, cst.If)), None)
+        if conditional is None or _binds_in_every_branch(self.s, conditional, setup.construction_statements):
+            return
+        if any(not _guarded_apart(self.s, step.call, backward) for step in unit.steps):
+            return  # stepped wherever the backward runs: it exists whenever the script trains
+        test = code_of(conditional.test).strip()
+        refuse(
+            backward,
+            f"{', '.join(setup.optimizers)} is created only when `{test}` holds (line {self.s.line(conditional)}) and stepped "
+            f"only under a condition, while this backward() runs regardless: {self.amp}.scale_loss(loss, "
+            f"{setup.optimizers[0]}) would fail where it does not exist; use --backend native (GradScaler needs no "
+            "optimizer to scale the loss), or convert by hand",
+        )
+
     def note_for(self, setup: "ApexSetup") -> str:
         """What the finder followed to pair the setup's models and optimizers, for the finding."""
         notes = [self.notes[i] for i in setup.binding_ids if i in self.notes]
@@ -269,6 +302,31 @@ def _deepest_common_block(paths):
         else:
             return block, holders
     return None
+
+
+def _binds_in_every_branch(structure: TrainingStructure, statement: cst.CSTNode, constructions: Sequence[cst.CSTNode]) -> bool:
+    """Does every way through `statement` (an if/elif/else chain) run one of `constructions`?"""
+    if not isinstance(statement, cst.If):
+        return False
+    branches: List[cst.CSTNode] = []
+    node: Optional[cst.CSTNode] = statement
+    while isinstance(node, cst.If):
+        branches.append(node.body)
+        node = node.orelse
+    if node is None:
+        return False  # no else: nothing runs when every test fails
+    branches.append(node.body)
+    return all(any(structure.contains(branch, c) for c in constructions) for branch in branches)
+
+
+def _guarded_apart(structure: TrainingStructure, node: cst.CSTNode, other: cst.CSTNode) -> bool:
+    """Is `node` under an if statement that does not also hold `other`?"""
+    current = structure.parent(node)
+    while current is not None and not structure.contains(current, other):
+        if isinstance(current, cst.If):
+            return True
+        current = structure.parent(current)
+    return False
 
 
 def _model_root(receiver: Optional[str]) -> Optional[str]:
