@@ -132,6 +132,7 @@ APEX_RULES = BackendRules(
             "DistributedOptimizer steps: amp.scale_loss and amp.initialize work on a local optimizer only; file not "
             "converted",
             blocks_file=True, in_training_only=True,
+            file_reason="RPC training (distributed autograd); see the warning",
         ),
         HazardKind.AUTOGRAD_BACKWARD: HazardRule(
             "AMP315",

@@ -61,6 +61,8 @@ class HazardRule:
     float16_only: bool = False
     #: reported only in a file that trains (a model or library file is not warned)
     in_training_only: bool = False
+    #: the file's reason when this hazard blocks it (default: the backend's blocked_reason)
+    file_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ class TorchConversion(abc.ABC):
         self.companions: List[CompanionChange] = []
         #: what the companions change, reported here only when this module is converted
         self.companion_notes: List[Tuple[str, Optional[cst.CSTNode]]] = []
+        #: the file's reason when a hazard blocks it and its rule names one
+        self.blocked_reason = ""
 
     # ---- what a backend supplies ------------------------------------------------------------
 
@@ -201,7 +205,7 @@ class TorchConversion(abc.ABC):
         if not has_training:
             return self.result(Verdict.NOTHING_TO_DO, "no backward() call: no training step here (inference or model code)")
         if blocked:
-            return self.result(Verdict.UNCONVERTED, self.rules.blocked_reason)
+            return self.result(Verdict.UNCONVERTED, self.blocked_reason or self.rules.blocked_reason)
         self.prepare()
         plans, claimed = self.plan_manual_updates()
         code, message = self.rules.unpaired_backward
@@ -264,6 +268,8 @@ class TorchConversion(abc.ABC):
             if rule is None or (rule.float16_only and not self.scaling) or (rule.in_training_only and not has_training):
                 continue
             self.warn(rule.code, rule.message.format(**_message_fields(s, hazard, sigmoids, has_training)), hazard.node)
+            if rule.blocks_file and not blocked and rule.file_reason:
+                self.blocked_reason = rule.file_reason
             blocked = blocked or rule.blocks_file
         return self._report_imported_overflows(has_training) or blocked
 

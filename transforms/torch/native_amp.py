@@ -149,6 +149,7 @@ NATIVE_RULES = BackendRules(
             "pass runs partly on remote workers, where a local torch.autocast does not reach; this file was left "
             "unconverted",
             blocks_file=True, in_training_only=True,
+            file_reason="RPC training (distributed autograd); see the warning",
         ),
         HazardKind.AUTOGRAD_BACKWARD: HazardRule(
             "AMP223",
