@@ -74,6 +74,8 @@ EXPECTED_CALLS = {
     "dragan_penalty_helper": {"step": 6, "update": 3, "scale": 9, "load_state_dict": 0},
     # 2 epochs x 3 batches; self.sigmoid no longer applied, the model handed to train() and test()
     "siamese_sigmoid_attribute": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
+    # 3 batches: one step each; scale() for the summed loss and the penalty's outputs
+    "gail_discriminator": {"step": 3, "update": 3, "scale": 6, "load_state_dict": 0},
 }
 
 
@@ -87,7 +89,7 @@ FLOAT32_INFERENCE_MATMULS = {"vae_sigmoid_decoder": 2, "attention_masked_fill": 
 
 #: scripts whose first float16 iteration overflows at GradScaler's initial scale (the gradient
 #: penalty differentiates the scaled outputs): the scaler skips that step and lowers the scale
-FIRST_STEP_OVERFLOWS = {"wgan_gp", "dragan_penalty_helper"}
+FIRST_STEP_OVERFLOWS = {"wgan_gp", "dragan_penalty_helper", "gail_discriminator"}
 
 
 def _convert(name: str, dtype: str, tmp_path: Path) -> Path:
@@ -167,12 +169,13 @@ def test_a_reshaped_step_computes_what_the_fp32_step_computed(dtype, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("name", ["wgan_gp", "wgan_gp_solver_method"])
+@pytest.mark.parametrize("name", ["wgan_gp", "wgan_gp_solver_method", "gail_discriminator"])
 def test_a_scaled_gradient_penalty_equals_the_fp32_penalty(name, dtype, tmp_path):
     """The penalty of the converted WGAN-GP critic step (gradients of scaler.scale(outputs),
     divided by the scale) equals the fp32 penalty within the reduced dtype's tolerance: the loss
     scale is divided out exactly, not left in (65536x) nor lost to float16 underflow. The penalty
-    sits in a module-level helper (wgan_gp) or in a method of the trainer (StarGAN's Solver)."""
+    sits in a module-level helper (wgan_gp) or in a method of the trainer (StarGAN's Solver, GAIL's
+    Discriminator)."""
     fp32 = run_script(str(SCRIPTS / f"{name}.py")).script_globals["PENALTIES"]
     mixed = run_script(str(_convert(name, dtype, tmp_path))).script_globals["PENALTIES"]
     assert len(mixed) == len(fp32) == 3

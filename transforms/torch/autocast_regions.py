@@ -90,7 +90,7 @@ class AutocastPlanner:
                 backward.call,
             )
         block, body, end = found
-        start, before_barrier, needed = self._forward_start(body, end, barriers)
+        start, before_barrier, needed = self._forward_start(body, end, barriers, loss_names)
         outer_forwards = self._check_outer_forward(path[level + 1:], needed, by_block, backward)
         planned = by_block.get(id(block), (block, []))[1]
         if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
@@ -266,13 +266,15 @@ class AutocastPlanner:
         return statements.used_names(loss) - {"self"}
 
     def _forward_start(
-        self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int]
+        self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int], loss_names: Set[str] = frozenset()
     ) -> Tuple[int, Optional[int], Set[str]]:
         """First statement of the forward pass that leads to the loss statement body[end], and
         the index of a statement with a model call that the loss needs but that sits before a
         backward()/step() barrier (it can only be under autocast if another region holds it), and
-        the names the loss still needs from before the block."""
-        needed = statements.used_names(body[end])
+        the names the loss still needs from before the block. `loss_names`: every name the
+        backward's loss reads (`(gail_loss + grad_pen).backward()`: body[end] computes grad_pen,
+        and gail_loss's own forward pass, further up, belongs to the region too)."""
+        needed = statements.used_names(body[end]) | set(loss_names)
         start = end
         crossed_barrier = False
         before_barrier: Optional[int] = None
