@@ -85,6 +85,15 @@ class ApexSetupFinder:
                     f"cannot tell which model {setup_name} trains (no `<model>.parameters()` in its arguments); "
                     f"call {self.amp}.initialize(model, {setup_name}) by hand",
                 )
+            if "self" in model_names:
+                refuse(
+                    binding.statement,
+                    f"{setup_name} trains the parameters of the object that creates it (self.parameters() in its "
+                    f"own class): that module is built before it reaches the GPU (amp.initialize raises on CPU "
+                    f"models) and each instance would call {self.amp}.initialize again (apex allows one call per "
+                    f"process); pass every model and optimizer to a single {self.amp}.initialize by hand, or use "
+                    "--backend native",
+                )
             for model in model_names:
                 if model not in models:
                     models.append(model)
