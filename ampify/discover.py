@@ -1,6 +1,7 @@
 """Find the Python files to convert under the paths the user named.
 
-Directories are walked recursively for `*.py` and Jupyter notebooks (`*.ipynb`); common junk folders are skipped; inside a git
+Directories are walked recursively for `*.py`, Jupyter notebooks (`*.ipynb`) and Python scripts without an
+extension (a `train` whose first line is `#!/usr/bin/env python3`); common junk folders are skipped; inside a git
 checkout `.gitignore` is honoured (through `git ls-files`, which knows every ignore rule git
 knows); `--exclude` globs use .gitignore syntax. Symlinks are never followed out of the tree,
 and a file reached twice (through a link) is converted once.
@@ -166,7 +167,7 @@ def _walk_python_files(root: Path, respect_gitignore: bool, result: Discovery) -
                 if not entry.is_symlink() and name not in JUNK_DIRS and not name.endswith(".egg-info"):
                     subfolders.append((entry.path, relative))
                 continue
-            if not name.endswith(SOURCE_SUFFIXES):
+            if not name.endswith(SOURCE_SUFFIXES) and not _is_python_script(entry):
                 if name.endswith(TEMP_SUFFIX):
                     _note_abandoned_temp_file(entry, result)
                 continue
@@ -176,6 +177,26 @@ def _walk_python_files(root: Path, respect_gitignore: bool, result: Discovery) -
             found.append((relative, entry.is_symlink()))
         pending.extend(reversed(subfolders))
     return found
+
+
+#: how much of an extensionless file is read to find a `#!...python` first line
+_SHEBANG_PEEK = 128
+
+
+def _is_python_script(entry: os.DirEntry) -> bool:
+    """An executable-style Python script with no extension (`train`, `run_experiment`): a plain
+    file whose name has no dot and whose first line is a shebang naming python."""
+    if "." in entry.name:
+        return False
+    try:
+        if not entry.is_file(follow_symlinks=False):
+            return False
+        with open(entry.path, "rb") as handle:
+            head = handle.read(_SHEBANG_PEEK)
+    except OSError:
+        return False
+    first_line = head.split(b"\n", 1)[0]
+    return first_line.startswith(b"#!") and b"python" in first_line
 
 
 def _note_abandoned_temp_file(entry: os.DirEntry, result: Discovery) -> None:

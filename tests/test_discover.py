@@ -76,3 +76,21 @@ def test_exclude_patterns_raise_no_deprecation_warning_from_pathspec(tmp_path):
         warnings.simplefilter("error")
         found = discover_paths([tmp_path], ["drop.py"], respect_gitignore=False)
     assert [c.path.name for c in found.candidates] == ["keep.py"]
+
+
+def test_python_scripts_without_an_extension_are_walked(tmp_path):
+    """aitorzip/PyTorch-CycleGAN trains with `./train` (`#!/usr/bin/python3`, no .py): a folder
+    walk that left it out would report the repository as having nothing to convert."""
+    tree = tmp_path / "tree"
+    _touch(tree, "train", "#!/usr/bin/python3\nimport torch\n")
+    _touch(tree, "run", "#!/usr/bin/env python\nx = 1\n")
+    _touch(tree, "build.sh", "#!/bin/bash\necho\n")
+    _touch(tree, "Makefile", "all:\n\techo\n")
+    _touch(tree, "LICENSE", "MIT\n")
+    _touch(tree, "bin/serve", "#!/bin/sh\nexec python serve.py\n")  # a shell script that runs python
+    _touch(tree, "notes.python", "#!/usr/bin/python3\n")  # has an extension: not a script without one
+    (tree / "empty").write_bytes(b"")
+
+    found = discover([tree], respect_gitignore=False)
+
+    assert sorted(os.path.relpath(c.display, tree) for c in found.candidates) == ["run", "train"]

@@ -144,6 +144,8 @@ DATA_PREPARATION_CALLS = {
     # else torch.FloatTensor`) and numpy's random draws: `valid = Variable(Tensor(n, 1).fill_(1.0))`
     "FloatTensor", "LongTensor", "DoubleTensor", "HalfTensor", "ByteTensor", "BoolTensor", "IntTensor", "Tensor",
     "normal", "uniform", "choice", "permutation",
+    # a batch copied into a preallocated buffer: `real_A = Variable(input_A.copy_(batch['A']))`
+    "copy_",
 }
 
 #: tensor methods and builtins that compute on tensors already made: a region whose calls are
