@@ -193,19 +193,24 @@ class RepositoryIndex:
             outline = self.outline(path)
             if outline is None:
                 continue
-            targets = []
-            for local, (module, name, level) in outline.imports.items():
-                targets.append(self.resolve_module(path, module, level))
-                if name is not None:  # `from pkg import module`
-                    targets.append(self.resolve_module(path, f"{module}.{name}" if module else name, level))
-            targets += [self.resolve_module(path, module, level) for module, level in outline.star_imports]
-            for target in targets:
+            for target in self.import_targets(path, outline):
                 if target is not None and target not in seen:
                     seen.add(target)
                     order.append(target)
                     queue.append(target)
         self._closures[key] = order
         return order
+
+    def import_targets(self, path: Path, outline: ModuleOutline) -> List[Optional[Path]]:
+        """The project modules the module at `path` imports by name (None where an import is not
+        a project module), in the order its imports are written."""
+        targets: List[Optional[Path]] = []
+        for local, (module, name, level) in outline.imports.items():
+            targets.append(self.resolve_module(path, module, level))
+            if name is not None:  # `from pkg import module`
+                targets.append(self.resolve_module(path, f"{module}.{name}" if module else name, level))
+        targets += [self.resolve_module(path, module, level) for module, level in outline.star_imports]
+        return targets
 
     def wrapper_steps(self) -> List[WrapperStep]:
         """The stepping methods of every optimizer wrapper class of the project (read once, and
@@ -658,6 +663,19 @@ class ProjectView:
                     return None
                 found.append(f"{self.where(path, line)} {klass}.{method}()")
         return found[0] if len(found) == 1 else (f"{found[0]} and {len(found) - 1} more" if found else None)
+
+    def torch_module_imported(self) -> Optional[str]:
+        """"models/pix2pix_model.py" when a project module this module imports directly imports
+        torch itself (the model and optimizers this module trains are PyTorch's); else None."""
+        outline = self._own_outline()
+        if outline is None:
+            return None
+        for target in self.index.import_targets(self.path, outline):
+            imported = self.index.outline(target) if target is not None else None
+            if imported is not None and target != self.path and any(
+                    level == 0 and module.split(".")[0] == "torch" for module, _name, level in imported.imports.values()):
+                return self.where(target, 0).rsplit(":", 1)[0]
+        return None
 
     def call_sites_elsewhere(self, function_name: str) -> List[CallSite]:
         calls = sorted(self.index.callers(self.path, function_name), key=lambda call: (str(call.path), call.line))

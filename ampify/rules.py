@@ -218,6 +218,11 @@ RULES: List[Rule] = [
          "unscale; the forward pass runs partly on remote workers, where a local autocast does not apply.",
          "with dist_autograd.context() as context_id:\n    dist_autograd.backward(context_id, [loss])\n    opt.step(context_id)",
          MANUAL, incomplete=True),
+    Rule("AMP235", "info", "`import torch` added: the file trains without importing torch, and a project module it imports does",
+         "The new autocast and GradScaler code is spelled through `torch`; the training objects come from project "
+         "modules that import torch (SPADE's trainer imports its model module).",
+         "from models.pix2pix_model import Pix2PixModel  # the file's only import\n  -> import torch\n"
+         "     from models.pix2pix_model import Pix2PixModel", REVIEW),
     Rule("AMP230", "info", "gradient penalty scaled: `autograd.grad` of `scaler.scale(outputs)`, gradients divided by `scaler.get_scale()`",
          "A penalty's float16 gradients underflow unscaled; PyTorch's AMP examples scale the outputs and unscale the gradients.",
          "g = torch.autograd.grad(outputs=d_out, inputs=x, create_graph=True)[0]\n"

@@ -60,6 +60,9 @@ class ProjectFacts(Protocol):
         """"model.py:215 GPT.configure_optimizers()" when every project class defining `method`
         returns a torch.optim optimizer built from its own parameters only; else None."""
 
+    def torch_module_imported(self) -> Optional[str]:
+        """"models/pix2pix_model.py" when a project module this module imports imports torch."""
+
     def callers_elsewhere(self, function_name: str) -> Sequence[str]:
         """"main.py:212" for every call of this module's `function_name` in other project files."""
 

@@ -104,6 +104,8 @@ class TorchConversion(abc.ABC):
         self.companion_notes: List[Tuple[str, Optional[cst.CSTNode]]] = []
         #: the file's reason when a hazard blocks it and its rule names one
         self.blocked_reason = ""
+        #: the project module that imports torch, when this file does not (see _torch_through_the_project)
+        self.torch_evidence: Optional[str] = None
 
     # ---- what a backend supplies ------------------------------------------------------------
 
@@ -180,7 +182,8 @@ class TorchConversion(abc.ABC):
         if switched is not None:
             return switched
         if not self.imports_torch():
-            return self._without_torch_import()
+            if self._torch_through_the_project() is None:
+                return self._without_torch_import()
         if s.hand_written_mixed_precision is not None and (s.backwards or s.steps):
             what, node = s.hand_written_mixed_precision
             return self.result(
@@ -230,6 +233,16 @@ class TorchConversion(abc.ABC):
         if not plans:
             return self.result(Verdict.UNCONVERTED, "training code found, but no training step could be converted safely")
         return self.result(Verdict.CONVERTED, module=self.write(plans))
+
+    def _torch_through_the_project(self) -> Optional[str]:
+        """A file that trains (backward() and a step) without importing torch, whose project
+        modules it imports do (SPADE's trainer: `from models.pix2pix_model import Pix2PixModel`):
+        the module that shows the objects are PyTorch's; the conversion adds `import torch`."""
+        if self.project is None or training_without_torch_import(self.structure) is None:
+            return None
+        if self.torch_evidence is None:
+            self.torch_evidence = self.project.torch_module_imported()
+        return self.torch_evidence
 
     def _without_torch_import(self) -> TransformResult:
         """The file does not import torch: report training code, never rewrite it (ampify cannot

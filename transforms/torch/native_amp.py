@@ -302,6 +302,9 @@ class NativeConversion(TorchConversion):
         new_module = apply_edits(self.module, self.edits)
         if self.torch_import_needed:
             new_module = add_import_torch(new_module)
+            if self.torch_evidence is not None:
+                self.info("AMP235", f"added `import torch`: this file trains without importing it, and the objects it "
+                                    f"trains come from {self.torch_evidence}, which imports torch", None)
         return new_module
 
     # ---- torch name and imports -------------------------------------------------------
