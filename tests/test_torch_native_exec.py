@@ -76,6 +76,8 @@ EXPECTED_CALLS = {
     "siamese_sigmoid_attribute": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
     # 3 batches: one step each; scale() for the summed loss and the penalty's outputs
     "gail_discriminator": {"step": 3, "update": 3, "scale": 6, "load_state_dict": 0},
+    # 2 models x 3 steps through one step function; a scaler created after each optimizer
+    "optimizer_built_twice": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
 }
 
 

@@ -17,7 +17,7 @@ from ampify.transforms.base import ProjectFacts
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch.apex_injected import InjectedOptimizer, injected_optimizer
 from ampify.transforms.torch.scaler_placement import callers_elsewhere_note
-from ampify.transforms.torch.statements import calls_within, code_of
+from ampify.transforms.torch.statements import calls_within, code_of, used_names
 from ampify.transforms.torch.training_loop import Binding, Scope, TrainingStructure, TrainingUnit, Unconvertible
 
 
@@ -71,6 +71,7 @@ class ApexSetupFinder:
             scopes.append(binding.scope)
             optimizers.append(setup_name)
             renames[optimizer] = setup_name
+            self._refuse_rebuilt_optimizer(setup_name, self._all_constructions.get(id(binding), []))
             # amp.initialize goes after every construction: one in each branch of an if/elif gives
             # the whole if statement, not the last branch only
             statements.extend(st for st in self._all_constructions.get(id(binding), [binding.statement])
@@ -100,6 +101,22 @@ class ApexSetupFinder:
         if any(scope is not scopes[0] for scope in scopes):
             refuse(unit.steps[0].call, "the optimizers of this loop are created in different functions")
         return ApexSetup(scopes[0], optimizers, models, statements, renames, binding_ids)
+
+    def _refuse_rebuilt_optimizer(self, name: str, constructions: Sequence[cst.CSTNode]) -> None:
+        """Two constructions of `name` in one block both run (a notebook that trains a CartPole
+        model, then builds and trains an Atari one): each pair would need its own amp.initialize,
+        and apex allows one per process. A later statement that wraps the optimizer it reads
+        (`optimizer = Lookahead(optimizer)`) builds no new one."""
+        for first, later in zip(constructions, constructions[1:]):
+            small = later.body[0] if isinstance(later, cst.SimpleStatementLine) and later.body else None
+            value = small.value if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is not None else later
+            if self.s.block_of(first) is self.s.block_of(later) and name not in used_names(value):
+                refuse(
+                    later,
+                    f"{name} is created again at line {self.s.line(later)} after line {self.s.line(first)}: when both "
+                    f"are trained, each needs its own {self.amp}.initialize, and apex allows one call per "
+                    "process; use --backend native (a GradScaler after each), or convert by hand",
+                )
 
     def check_models_reach_the_gpu(self, setup: ApexSetup) -> None:
         """amp.initialize raises on models whose parameters are not on a CUDA device. Refuse when

@@ -617,6 +617,15 @@ class NativeConversion(TorchConversion):
         device = device or self.devices.device_for(home.device_scope, home.line + 1, home.after)
         self.scaler_devices[key] = device
         self.edits.insert_after(home.after, f"{home.reference} = {self.torch}.amp.GradScaler({device})")
+        for earlier in home.also_after:
+            if id(earlier) in self.edits.created_scalers:
+                continue
+            self.edits.created_scalers.add(id(earlier))
+            earlier_device = self.devices.device_for(home.device_scope, self.structure.line(earlier) + 1, earlier)
+            self.edits.insert_after(earlier, f"{home.reference} = {self.torch}.amp.GradScaler({earlier_device})")
+            self.info("AMP204", f"created {home.reference} = torch.amp.GradScaler({earlier_device}) after this "
+                                f"construction of {', '.join(home.optimizers)} too (the optimizer is created again at line "
+                                f"{home.line}; the step uses whichever exists)", earlier)
         self.info(
             "AMP204",
             f"created {home.reference} = torch.amp.GradScaler({device}) after the optimizer(s) "

@@ -40,6 +40,10 @@ class ScalerHome:
     created_later: List[str] = field(default_factory=list)
     #: the first line that uses the scaler (a training loop), when known
     first_use: Optional[int] = None
+    #: earlier statements that create the same optimizer (a notebook or script that builds a
+    #: model and optimizer, trains, then builds new ones): a scaler is created after each too, so
+    #: the step function finds one whichever optimizer it steps
+    also_after: List[cst.CSTNode] = field(default_factory=list)
 
 
 @dataclass
@@ -185,8 +189,29 @@ class ScalerPlacement:
             return existing
         home = ScalerHome(home_scope, self.scaler_name, after, home_scope, s.line(after), list(receivers),
                           first_use=s.line(uses[0]) if uses else None)
+        if not uses:
+            home.also_after = self._earlier_constructions(receivers, scope, home_scope, after)
         self.homes[id(home_scope)] = home
         return home
+
+    def _earlier_constructions(self, receivers: List[str], scope: Scope, home_scope: Scope,
+                               after: cst.CSTNode) -> List[cst.CSTNode]:
+        """Statements of `home_scope` above `after` that construct one of the optimizers again
+        (`optimizer = optim.Adam(...)` in a notebook's CartPole cell, again in its Atari cell):
+        the step function, reading the global, may run after any of them."""
+        s = self.structure
+        block = s.block_of(after)
+        found: List[cst.CSTNode] = []
+        for receiver in receivers:
+            for binding in s.bindings_visible(receiver, scope):
+                statement = binding.statement
+                if (binding.scope is not home_scope or statement is None or binding.kind != "assign"
+                        or not isinstance(binding.value, cst.Call) or s.block_of(statement) is not block
+                        or s.line(statement) >= s.line(after)):
+                    continue
+                if all(statement is not other for other in found):
+                    found.append(statement)
+        return sorted(found, key=s.line)
 
     def _may_move_down(self, existing: ScalerHome, after: cst.CSTNode, uses: List[cst.CSTNode]) -> bool:
         s = self.structure
