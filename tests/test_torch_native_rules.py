@@ -229,3 +229,29 @@ def test_autocast_and_the_scaler_never_disagree_on_the_device_in_any_golden():
         kinds = {"literal" if device.strip() in literal else "script" for device in [*scalers, *autocasts]}
         assert len(kinds) == 1, (case.id, scalers, autocasts)
     assert checked >= 15
+
+
+def test_an_optimizer_created_on_every_call_of_a_looped_function_says_its_scaler_restarts():
+    """meliketoy/wide-resnet.pytorch builds its optimizer inside train(epoch) (a new learning rate
+    each epoch), called once per epoch: the GradScaler made beside it restarts its loss scale
+    every call, and the finding says so. Called once, nothing is added to the message."""
+    looped = textwrap.dedent("""\
+        import torch
+
+        def train(epoch):
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1 / (epoch + 1))
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = criterion(net(x.cuda()), y.cuda())
+                loss.backward()
+                optimizer.step()
+
+        for epoch in range(10):
+            train(epoch)
+        """)
+    for source, says in ((looped, True), (looped.replace("for epoch in range(10):\n    train(epoch)", "train(0)"), False)):
+        conversion = convert_source(source)
+        assert conversion.status is FileStatus.CHANGED
+        created = [f.message for f in conversion.findings if f.code == "AMP204"]
+        assert len(created) == 1
+        assert ("train() creates its optimizer on every call" in created[0]) is says, created[0]

@@ -630,7 +630,11 @@ class NativeConversion(TorchConversion):
             "AMP204",
             f"created {home.reference} = torch.amp.GradScaler({device}) after the optimizer(s) "
             f"{', '.join(o for o in home.optimizers if o not in home.created_later)}"
-            + (f" (it steps {', '.join(home.created_later)} too, created later)" if home.created_later else ""),
+            + (f" (it steps {', '.join(home.created_later)} too, created later)" if home.created_later else "")
+            + (f"; {home.recreated_per_call}() creates its optimizer on every call (it is called in a loop), and so "
+               "its GradScaler too: each call starts again at the initial loss scale (65536), which may skip a step "
+               "or two while it settles; create both once outside to keep the scale"
+               if home.recreated_per_call else ""),
             home.after,
         )
 

@@ -44,6 +44,9 @@ class ScalerHome:
     #: model and optimizer, trains, then builds new ones): a scaler is created after each too, so
     #: the step function finds one whichever optimizer it steps
     also_after: List[cst.CSTNode] = field(default_factory=list)
+    #: the function that creates the optimizers and trains, called in a loop (`train(epoch)` of
+    #: meliketoy/wide-resnet.pytorch): its scaler starts again at the initial scale each call
+    recreated_per_call: Optional[str] = None
 
 
 @dataclass
@@ -191,6 +194,10 @@ class ScalerPlacement:
                           first_use=s.line(uses[0]) if uses else None)
         if not uses:
             home.also_after = self._earlier_constructions(receivers, scope, home_scope, after)
+        elif isinstance(home_scope, cst.FunctionDef) and s.class_of(home_scope) is None and any(
+                any(isinstance(a, (cst.For, cst.While)) for a in s.ancestors(call))
+                for call in _calls_of_function(s, home_scope)[0]):
+            home.recreated_per_call = home_scope.name.value
         self.homes[id(home_scope)] = home
         return home
 
