@@ -14,9 +14,11 @@ config gets the rewrite itself, as TF would have set it:
 
 (`from tensorflow.core.protobuf import rewriter_config_pb2` is added with the imports.) The
 optimizers stay wrapped in this module (their loss scaling), and both modules are written as one
-change set. Only when the call that hands the work on sits inside that `with` (or after
-`sess = tf.Session(config=...)` in the same block) and the config is a variable bound before it;
-anything else raises SessionConfigRefused with the reason.
+change set. A config written inline (`tf.Session(config=tf.ConfigProto(allow_soft_placement=True))`,
+hwalsuklee's GAN collection) or absent (`tf.Session()`) is first bound to a new variable before
+the statement (`session_config = tf.ConfigProto(...)`) and the Session is given it. Only when the
+call that hands the work on sits inside that `with` (or after `sess = tf.Session(...)` in the same
+block); anything else raises SessionConfigRefused with the reason.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def plan_session_config(source: bytes, sites: Sequence[CallSite], callee: str, h
             configs.append(found)
     if len({id(statement) for statement, _ in configs}) != len(configs):
         raise SessionConfigRefused(f"{display} creates its Sessions in a way ampify cannot follow")
-    new_module = module.visit(_Insert({id(statement): config for statement, config in configs}))
+    new_module = module.visit(_Insert({id(statement): config for statement, config in configs}, planner.hoisted))
     new_module = _with_import(new_module)
     lines = ", ".join(f"{display}:{planner.line(statement)}" for statement, _ in configs)
     findings = [
@@ -79,6 +81,9 @@ class _Planner:
         self.positions = Positions(module)
         self.parents: dict = {}
         walk(module, _ParentIndex(self.parents))
+        #: id(statement) -> (new variable, its value's code, the Session call to hand it to): configs
+        #: written inline (or absent) bound to a variable first
+        self.hoisted: dict = {}
 
     def line(self, node: cst.CSTNode) -> int:
         return self.positions[node].start.line
@@ -144,7 +149,9 @@ class _Planner:
         if config is None:
             plain = [arg for arg in session.args if arg.keyword is None]
             config = plain[2].value if len(plain) > 2 else None
-        name = dotted_name(config) if config is not None else None
+        if config is None or isinstance(config, cst.Call):
+            return self._hoisted_config(session, config, before)
+        name = dotted_name(config)
         if name is None or "." in name:
             raise SessionConfigRefused(
                 f"the Session at {self.display}:{self.line(session)} is created without a config variable "
@@ -163,6 +170,35 @@ class _Planner:
                 f"{name}, the config of the Session at {self.display}:{self.line(session)}, is not created in the "
                 "same block before it")
         return name
+
+
+    def _hoisted_config(self, session: cst.Call, config: Optional[cst.Call], before: cst.CSTNode) -> str:
+        """A config written inline, or none: bind it to a new variable before `before`."""
+        if config is None:
+            spelled = dotted_name(session.func) or ""
+            if not spelled.endswith(("Session", "InteractiveSession")) or "." not in spelled:
+                raise SessionConfigRefused(
+                    f"the Session at {self.display}:{self.line(session)} has no config, and ConfigProto cannot be "
+                    f"spelled beside {spelled or 'it'} here")
+            value = spelled.rsplit(".", 1)[0] + ".ConfigProto()"
+        else:
+            value = self.module.code_for_node(config)
+        taken = _names_in(self.module)
+        name = next(n for n in ("session_config", "amp_session_config", *(f"session_config_{i}" for i in range(1, 99)))
+                    if n not in taken)
+        self.hoisted[id(before)] = (name, value, session)
+        return name
+
+
+def _names_in(module: cst.Module) -> set:
+    names = set()
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            names.add(node.value)
+
+    walk(module, _Names())
+    return names
 
 
 class _ParentIndex(cst.CSTVisitor):
@@ -184,18 +220,45 @@ class _ParentIndex(cst.CSTVisitor):
 class _Insert(cst.CSTTransformer):
     """`<config>.graph_options.rewrite_options.auto_mixed_precision = ...ON` before each statement."""
 
-    def __init__(self, before: dict) -> None:
+    def __init__(self, before: dict, hoisted: dict) -> None:
         super().__init__()
         self.before = before
+        self.hoisted = hoisted
+        #: id of a Session call -> the variable its config now is
+        self.sessions = {id(session): name for name, _value, session in hoisted.values()}
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        name = self.sessions.get(id(original_node))
+        if name is None:
+            return updated_node
+        args = list(updated_node.args)
+        for index, arg in enumerate(args):
+            if arg.keyword is not None and arg.keyword.value == "config":
+                args[index] = arg.with_changes(value=cst.Name(name))
+                return updated_node.with_changes(args=args)
+        plain = [index for index, arg in enumerate(args) if arg.keyword is None]
+        if len(plain) > 2:
+            args[plain[2]] = args[plain[2]].with_changes(value=cst.Name(name))
+            return updated_node.with_changes(args=args)
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args.append(cst.Arg(keyword=cst.Name("config"), value=cst.Name(name), equal=cst.AssignEqual(
+            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))))
+        return updated_node.with_changes(args=args)
 
     def _rebuild(self, original, updated):
         body = []
         for o, u in zip(original, updated):
             config = self.before.get(id(o))
             if config is not None:
-                line = cst.parse_statement(
-                    f"{config}.graph_options.rewrite_options.auto_mixed_precision = rewriter_config_pb2.RewriterConfig.ON\n")
-                body.append(line.with_changes(leading_lines=u.leading_lines))
+                lines = []
+                hoisted = self.hoisted.get(id(o))
+                if hoisted is not None:
+                    lines.append(cst.parse_statement(f"{hoisted[0]} = {hoisted[1]}\n"))
+                lines.append(cst.parse_statement(
+                    f"{config}.graph_options.rewrite_options.auto_mixed_precision = rewriter_config_pb2.RewriterConfig.ON\n"))
+                lines[0] = lines[0].with_changes(leading_lines=u.leading_lines)
+                body.extend(lines)
                 u = u.with_changes(leading_lines=[])
             body.append(u)
         return body
