@@ -85,6 +85,9 @@ class ModuleOutline:
     float16_overflows: List[Tuple[int, str]] = field(default_factory=list)
     #: the module calls `.backward(...)`: it has a training step of its own
     trains: bool = False
+    #: calls through a registry: `models = [GAN, CGAN]` ... `for model in models: model(sess, ...)`
+    #: is a call of GAN and of CGAN (kept apart: only some questions may follow them)
+    registry_calls: Dict[str, List[Call]] = field(default_factory=dict)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -114,7 +117,8 @@ class RepositoryIndex:
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
-        self._outlines: Dict[Path, Optional[ModuleOutline]] = {}
+        #: path -> ((mtime_ns, size) when read, its outline)
+        self._outlines: Dict[Path, Tuple[Optional[Tuple[int, int]], Optional[ModuleOutline]]] = {}
         self._optimizer_methods: Dict[Tuple[Path, str], List[Tuple[str, int, bool]]] = {}
         self._closures: Dict[Path, List[Path]] = {}
         self._all_modules: Optional[List[Path]] = None
@@ -175,9 +179,19 @@ class RepositoryIndex:
     def outline(self, path: Path) -> Optional[ModuleOutline]:
         """The module's outline; None when it cannot be read or parsed."""
         path = path.resolve()
-        if path not in self._outlines:
-            self._outlines[path] = _outline(path)
-        return self._outlines[path]
+        try:
+            stamp = path.stat()
+            version = (stamp.st_mtime_ns, stamp.st_size)
+        except OSError:
+            version = None
+        cached = self._outlines.get(path)
+        if cached is None or cached[0] != version:
+            # a change set of this run may have rewritten the module since (main.py given the
+            # Session config for one model module, then asked again for the next): read it anew
+            if cached is not None:
+                self._closures.clear()
+            cached = self._outlines[path] = (version, _outline(path))
+        return cached[1]
 
     def imported_closure(self, start: Path) -> List[Path]:
         """The project modules `start` imports, directly or through each other (bounded by
@@ -295,7 +309,7 @@ class RepositoryIndex:
             return None
         return path, outline.functions[function_name]
 
-    def callers(self, defining: Path, function_name: str) -> Iterator[Call]:
+    def callers(self, defining: Path, function_name: str, through_registries: bool = False) -> Iterator[Call]:
         """Calls of `function_name` of module `defining` anywhere else in the project, through
         `from module import function`, `import module` / `module.function`,
         `from package import module` / `module.function` or `from module import *`, also where a
@@ -313,7 +327,10 @@ class RepositoryIndex:
                 if module == path:
                     continue
                 for called in self._names_reaching(path, outline, module, name):
-                    for call in outline.calls.get(called, []):
+                    found = outline.calls.get(called, [])
+                    if through_registries:
+                        found = found + outline.registry_calls.get(called, [])
+                    for call in found:
                         if (call.path, call.line, call.column) not in seen:
                             seen.add((call.path, call.line, call.column))
                             yield call
@@ -419,7 +436,35 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
                 call = Call(path, node.lineno, node.col_offset,
                             tuple(k.arg for k in node.keywords if k.arg), sum(1 for a in node.args if not isinstance(a, ast.Starred)))
                 outline.calls.setdefault(name, []).append(call)
+    _registry_calls(tree, path, outline)
     return outline
+
+
+def _registry_calls(tree: ast.Module, path: Path, outline: ModuleOutline) -> None:
+    """`models = [GAN, CGAN, ...]` (one binding in the module) and `for model in models:` whose
+    body calls `model(...)`: that call is recorded as a call of each listed name."""
+    registries: Dict[str, List[Tuple[str, ...]]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value
+            members = tuple(e.id for e in value.elts if isinstance(e, ast.Name)) \
+                if isinstance(value, (ast.List, ast.Tuple)) else ()
+            if members and len(members) == len(value.elts):
+                registries.setdefault(node.targets[0].id, []).append(members)
+    if not registries:
+        return
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.For) and isinstance(node.iter, ast.Name) and isinstance(node.target, ast.Name)):
+            continue
+        bound = registries.get(node.iter.id, [])
+        if len(bound) != 1:
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id == node.target.id:
+                call = Call(path, inner.lineno, inner.col_offset, tuple(k.arg for k in inner.keywords if k.arg),
+                            sum(1 for a in inner.args if not isinstance(a, ast.Starred)))
+                for member in bound[0]:
+                    outline.registry_calls.setdefault(member, []).append(call)
 
 
 #: the largest finite float16 value: masked_fill with a bigger constant raises on float16 tensors
@@ -677,8 +722,9 @@ class ProjectView:
                 return self.where(target, 0).rsplit(":", 1)[0]
         return None
 
-    def call_sites_elsewhere(self, function_name: str) -> List[CallSite]:
-        calls = sorted(self.index.callers(self.path, function_name), key=lambda call: (str(call.path), call.line))
+    def call_sites_elsewhere(self, function_name: str, through_registries: bool = False) -> List[CallSite]:
+        calls = sorted(self.index.callers(self.path, function_name, through_registries),
+                       key=lambda call: (str(call.path), call.line))
         return [
             CallSite(str(call.path), self.where(call.path, call.line).rsplit(":", 1)[0], call.line, call.column)
             for call in calls

@@ -286,18 +286,20 @@ def test_a_session_created_by_the_caller_module_gets_the_rewrite_through_its_con
     assert _converted_nodes(after.stderr) > 0, after.stderr[-4000:]
 
 
-@pytest.mark.parametrize("case", ["tf1_session_elsewhere_inline_config", "tf1_session_elsewhere_no_config"])
+@pytest.mark.parametrize("case", ["tf1_session_elsewhere_inline_config", "tf1_session_elsewhere_no_config",
+                                  "tf1_session_registry"])
 def test_a_caller_session_with_an_inline_config_or_none_gets_the_rewrite_too(case, tmp_path):
     """hwalsuklee/tensorflow-generative-model-collections' main.py opens
     `tf.Session(config=tf.ConfigProto(allow_soft_placement=True))`: the config is bound to a new
-    variable first and given the rewrite (also for `tf.Session()` with none), and the converted
+    variable first and given the rewrite (also for `tf.Session()` with none), also when the model
+    class is picked from a list (`for model in models: model(sess, ...)`), and the converted
     project's graph really runs in float16."""
     folder = Path(__file__).resolve().parent.parent / "fixtures" / "repositories" / case / "input"
     project = tmp_path / "project"
     project.mkdir()
     (project / "pyproject.toml").write_text("[project]\nname = 'gan-collection-like'\n")
-    for name in ("main.py", "model.py"):
-        (project / name).write_text((folder / name).read_text())
+    for source in folder.glob("*.py"):
+        (project / source.name).write_text(source.read_text())
     converted = subprocess.run([sys.executable, "-m", "ampify", str(project)], capture_output=True, text=True,
                                cwd=tmp_path, timeout=120)
     assert converted.returncode == 0, converted.stdout + converted.stderr

@@ -66,8 +66,9 @@ class ProjectFacts(Protocol):
     def callers_elsewhere(self, function_name: str) -> Sequence[str]:
         """"main.py:212" for every call of this module's `function_name` in other project files."""
 
-    def call_sites_elsewhere(self, function_name: str) -> Sequence["CallSite"]:
-        """Every call of this module's `function_name` in other project files, to edit them."""
+    def call_sites_elsewhere(self, function_name: str, through_registries: bool = False) -> Sequence["CallSite"]:
+        """Every call of this module's `function_name` in other project files, to edit them;
+        `through_registries`: also `model(...)` in `for model in [GAN, CGAN]:` (a call of each)."""
 
     def source_of(self, key: str) -> Optional[bytes]:
         """The bytes of another project module (a CallSite's `key`); None when unreadable."""

@@ -304,7 +304,7 @@ class _GraphRewrite:
             if not callee:
                 continue
             built_in = f"{owner}.{function}()" if owner else f"{function}()"
-            sites = list(self.project.call_sites_elsewhere(callee))
+            sites = list(self.project.call_sites_elsewhere(callee, through_registries=True))
             keys = sorted({s.key for s in sites})
             here = f"{self.display}:{site.line}"
             reason = None

@@ -57,7 +57,8 @@ def plan_session_config(source: bytes, sites: Sequence[CallSite], callee: str, h
             configs.append(found)
     if len({id(statement) for statement, _ in configs}) != len(configs):
         raise SessionConfigRefused(f"{display} creates its Sessions in a way ampify cannot follow")
-    new_module = module.visit(_Insert({id(statement): config for statement, config in configs}, planner.hoisted))
+    pending = {id(statement): config for statement, config in configs if not planner.turned_on_before(statement, config)}
+    new_module = module.visit(_Insert(pending, planner.hoisted)) if pending else module
     new_module = _with_import(new_module)
     lines = ", ".join(f"{display}:{planner.line(statement)}" for statement, _ in configs)
     findings = [
@@ -171,6 +172,18 @@ class _Planner:
                 "same block before it")
         return name
 
+
+    def turned_on_before(self, statement: cst.CSTNode, config: str) -> bool:
+        """Does the statement right before `statement` already turn the rewrite on for `config`
+        (written by the change set of another module trained in the same Session)?"""
+        block = self.parents.get(id(statement))
+        body = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
+        index = next((i for i, item in enumerate(body) if item is statement), None)
+        if not index:
+            return False
+        previous = body[index - 1]
+        return (isinstance(previous, cst.SimpleStatementLine) and self.module.code_for_node(previous).strip()
+                == f"{config}.graph_options.rewrite_options.auto_mixed_precision = rewriter_config_pb2.RewriterConfig.ON")
 
     def _hoisted_config(self, session: cst.Call, config: Optional[cst.Call], before: cst.CSTNode) -> str:
         """A config written inline, or none: bind it to a new variable before `before`."""

@@ -210,6 +210,7 @@ class SiteReports:
                 continue
             warned_scopes.add(site.scope)
             if run is None:
+                self.sessions_elsewhere.append((site, len(self.findings)))
                 self.findings.append(
                     _warning(
                         "AMP113",
