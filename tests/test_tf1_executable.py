@@ -189,15 +189,23 @@ for step in range(12):
 '''
 
 
-def test_session_created_before_the_wrapper_is_warned_and_really_gets_no_rewrite(tmp_path):
+def test_a_session_created_before_the_wrapper_without_a_config_is_given_one_and_really_gets_the_rewrite(tmp_path):
+    """`sess = tf.Session()` before the optimizer: a Session created before the wrapper never gets
+    the rewrite (the original, run as it is wrapped by hand, converts 0 nodes). ampify binds a
+    config with the rewrite turned on and hands it to the Session: the graph runs in float16."""
     conversion = convert_source(SESSION_FIRST, filename="session_first.py")
-    warnings = [(f.code, f.line) for f in conversion.findings if f.code == "AMP113"]
-    assert warnings == [("AMP113", 5)]
+    assert [(f.code, f.line) for f in conversion.findings if f.code in ("AMP105", "AMP113")] == [("AMP105", 5)]
+    assert "sess = tf.Session(config=session_config)" in conversion.converted
     result = _run(tmp_path, "session_first.py", conversion.converted)
-    # The warning is a true positive: the loss is scaled, but nothing runs in float16.
+    _assert_trains(_losses(result.stdout))
     assert "AMPIFY_RUNNER loss-scale compute_gradients" in result.stderr
-    assert "AMPIFY_RUNNER session with graph rewrite" not in result.stderr
-    assert _converted_nodes(result.stderr) == 0
+    assert "AMPIFY_RUNNER session with graph rewrite" in result.stderr
+    assert _converted_nodes(result.stderr) > 0, result.stderr[-4000:]
+    wrapped_only = SESSION_FIRST.replace(
+        "tf.train.AdamOptimizer(0.01)", "tf.train.experimental.enable_mixed_precision_graph_rewrite(tf.train.AdamOptimizer(0.01))")
+    by_hand = _run(tmp_path, "by_hand.py", wrapped_only)
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" in by_hand.stderr
+    assert _converted_nodes(by_hand.stderr) == 0  # why the config is needed
 
 
 def test_a2c_optimizer_built_after_tf_gradients_is_moved_up_and_scales_the_loss(tmp_path):
@@ -308,6 +316,48 @@ def test_a_caller_session_with_an_inline_config_or_none_gets_the_rewrite_too(cas
     _assert_trains(_losses(after.stdout))
     assert "AMPIFY_RUNNER session with graph rewrite" in after.stderr
     assert _converted_nodes(after.stderr) > 0, after.stderr[-4000:]
+
+
+SESSION_CONFIG_FIRST = """\
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+tf.disable_v2_behavior()
+
+with tf.Graph().as_default():
+    session_conf = tf.ConfigProto(allow_soft_placement=True)
+    sess = tf.Session(config=session_conf)
+    with sess.as_default():
+        x = tf.placeholder(tf.float32, [None, 16])
+        y = tf.placeholder(tf.float32, [None, 1])
+        hidden = tf.layers.dense(x, 64, tf.nn.relu)
+        loss = tf.reduce_mean(tf.square(tf.layers.dense(hidden, 1) - y))
+        optimizer = tf.train.AdamOptimizer(1e-2)
+        train_op = optimizer.apply_gradients(optimizer.compute_gradients(loss))
+        sess.run(tf.global_variables_initializer())
+        rng = np.random.RandomState(0)
+        data = rng.randn(64, 16).astype("float32")
+        target = data.sum(axis=1, keepdims=True)
+        for step in range(12):
+            _, value = sess.run([train_op, loss], feed_dict={x: data, y: target})
+            print("step %d loss %f" % (step, value))
+"""
+
+
+def test_a_session_created_before_the_optimizer_in_the_same_file_gets_the_rewrite_through_its_config(tmp_path):
+    """dennybritz/cnn-text-classification-tf's train.py creates `sess = tf.Session(config=
+    session_conf)` and then builds the model and optimizer: that Session never got the rewrite
+    (the file was 'changed, incomplete'). Its config now turns it on, and the graph runs in
+    float16; the original runs none of it."""
+    conversion = convert_source(SESSION_CONFIG_FIRST, filename="train.py")
+    assert conversion.status.value == "changed", (conversion.status, conversion.findings)
+    assert "AMP105" in [f.code for f in conversion.findings] and "AMP113" not in [f.code for f in conversion.findings]
+    after = _run(tmp_path, "train.py", conversion.converted)
+    _assert_trains(_losses(after.stdout))
+    assert "AMPIFY_RUNNER session with graph rewrite" in after.stderr
+    assert _converted_nodes(after.stderr) > 0, after.stderr[-4000:]
+    before = _run(tmp_path, "original.py", SESSION_CONFIG_FIRST)
+    assert "AMPIFY_RUNNER session with graph rewrite" not in before.stderr
 
 
 def _run_module(project: Path):

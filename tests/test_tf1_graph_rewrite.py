@@ -192,7 +192,7 @@ def test_local_subclass_of_a_local_subclass_is_wrapped():
     assert "enable_mixed_precision_graph_rewrite(Lamb(0.1))" in conversion.converted
 
 
-def test_session_created_in_same_function_before_optimizer_is_warned():
+def test_session_created_in_same_function_before_optimizer_gets_the_rewrite_through_its_config():
     conversion = convert(
         """\
         import tensorflow as tf
@@ -209,8 +209,11 @@ def test_session_created_in_same_function_before_optimizer_is_warned():
         """
     )
     warnings = [(f.code, f.line) for f in conversion.findings if f.severity is Severity.WARNING]
-    # A finished `with tf.Session()` block before the optimizer does not matter.
-    assert warnings == [("AMP113", 3)]
+    assert warnings == []
+    # A finished `with tf.Session()` block before the optimizer does not matter: only line 3's
+    # Session is given a config with the rewrite on.
+    assert [(f.code, f.line) for f in conversion.findings if f.code == "AMP105"] == [("AMP105", 3)]
+    assert conversion.converted.count("rewrite_options.auto_mixed_precision = ") == 1
 
 
 def test_may_apply_holds_for_every_tf1_fixture_and_rejects_torch():

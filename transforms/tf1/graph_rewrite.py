@@ -12,6 +12,7 @@ Its rule codes (AMP1xx) and what each means: ampify/rules.py (`ampify rules`).
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import replace
 from typing import Dict, List
 
@@ -39,7 +40,12 @@ from ampify.transforms.tf1.names import (
 from ampify.transforms.tf1.ngc_switch import ngc_switches, past_ngc_switches
 from ampify.transforms.tf1.optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
 from ampify.transforms.tf1.optimizer_hoist import StatementMove, move_statements
-from ampify.transforms.tf1.session_config import SessionConfigRefused, plan_session_config
+from ampify.transforms.tf1.session_config import (
+    SessionConfigRefused,
+    plan_session_config,
+    session_config_name,
+    turn_on_in_module,
+)
 from ampify.transforms.tf1.site_reports import SiteReports
 from ampify.transforms.tf1.survey import ModuleSurvey, OptimizerSite, survey_module
 
@@ -150,6 +156,17 @@ class _WrapAndReplace(cst.CSTTransformer):
         return updated_node
 
 
+def _line_map(new_code: str, old_code: str):
+    """Line of `new_code` -> line of `old_code` it came from; an inserted line maps to the
+    original line it was inserted before."""
+    matcher = difflib.SequenceMatcher(a=old_code.splitlines(), b=new_code.splitlines(), autojunk=False)
+    mapping: Dict[int, int] = {}
+    for tag, a1, a2, b1, b2 in matcher.get_opcodes():
+        for offset in range(b2 - b1):
+            mapping[b1 + offset + 1] = (a1 + offset + 1) if tag == "equal" else a1 + 1
+    return lambda line: mapping.get(line, line)
+
+
 def _code_of(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node)
 
@@ -162,8 +179,13 @@ class _GraphRewrite:
     """One apply() of the transform on one module."""
 
     def __init__(self, module: cst.Module, imports: ImportMap, options: Options,
-                 ignored_markers: frozenset = frozenset(), context: UnitContext = UnitContext()):
+                 ignored_markers: frozenset = frozenset(), context: UnitContext = UnitContext(),
+                 sessions_turned_on: bool = False):
         self.options = options
+        self.ignored_markers = ignored_markers
+        self.context = context
+        #: this module's own Session configs were given the rewrite already (a second pass)
+        self.sessions_turned_on = sessions_turned_on
         #: the rest of the project (a caller that creates the Session), and this module's name
         self.project = context.project
         self.display = context.display
@@ -248,6 +270,10 @@ class _GraphRewrite:
         reports = SiteReports(self.module, self.positions, self.survey, self.findings)
         reports.optimizer_sites(to_wrap)
         reports.sessions_before(to_wrap)
+        if reports.sessions_here and not self.sessions_turned_on:
+            turned_on = self._sessions_here(reports.sessions_here)
+            if turned_on is not None:
+                return turned_on
         companions = self._sessions_elsewhere(reports.sessions_elsewhere)
         plan = self._plan_gradients(
             rewrite=bool(to_wrap),
@@ -290,6 +316,32 @@ class _GraphRewrite:
             "graph rewrite",
             companions=companions,
         )
+
+    def _sessions_here(self, sessions_here) -> Optional[TransformResult]:
+        """Sessions this module creates before it builds the optimizer (cnn-text-classification-tf's
+        `sess = tf.Session(config=session_conf)`): their configs turn the graph rewrite on, as TF
+        would have for a Session created after the wrap, and the module is converted again from
+        there. None (the AMP113 warnings say why) when a config cannot be given it."""
+        try:
+            turned, configs = turn_on_in_module(self.module, [session.node for session, _ in sessions_here], self.display)
+        except SessionConfigRefused as refused:
+            for _, index in sessions_here:
+                old = self.findings[index]
+                self.findings[index] = replace(old, message=f"{old.message}; ampify did not set it in its config: {refused}")
+            return None
+        result = _GraphRewrite(turned, ImportMap.from_module(turned), self.options,
+                               self.ignored_markers | {"auto_mixed_precision"}, self.context, sessions_turned_on=True).run()
+        # the second pass saw the module with the config lines in it; findings name original lines
+        to_original = _line_map(turned.code, self.module.code)
+        result.findings[:] = [replace(f, line=to_original(f.line)) for f in result.findings]
+        for session, _ in sessions_here:
+            config = session_config_name(session.node) or "the Session's config"
+            result.findings.append(Finding(
+                "AMP105", f"{session.display} is created before the optimizer is built and wrapped: "
+                          f"{config}.graph_options.rewrite_options.auto_mixed_precision is turned on before it, so the "
+                          "Session asks for the graph rewrite itself", session.line, session.column, Severity.INFO))
+        result.findings.sort(key=lambda f: (f.line, f.column, f.code))
+        return result
 
     def _sessions_elsewhere(self, sessions_elsewhere) -> list:
         """An optimizer built in a method or function that runs a Session created in another

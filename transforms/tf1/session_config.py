@@ -74,6 +74,40 @@ def plan_session_config(source: bytes, sites: Sequence[CallSite], callee: str, h
     )
 
 
+def turn_on_in_module(module: cst.Module, sessions: Sequence[cst.Call], display: str) -> Tuple[cst.Module, List[str]]:
+    """This module creates its Session(s) before the optimizer (cnn-text-classification-tf:
+    `sess = tf.Session(config=session_conf)`, then the model and `tf.train.AdamOptimizer`): the
+    module with each Session's config turned on (and the rewriter import), and the config names.
+    Raises SessionConfigRefused when a Session's config cannot be given the rewrite."""
+    planner = _Planner(module, display)
+    configs: List[Tuple[cst.CSTNode, str]] = []
+    for session in sessions:
+        statement = planner.statement_of(session)
+        if statement is None:
+            raise SessionConfigRefused(f"the Session at line {planner.line(session)} is not created by a statement of its own")
+        config = planner._config_variable(session, statement)
+        if all(statement is not other for other, _ in configs):
+            configs.append((statement, config))
+    pending = {id(statement): config for statement, config in configs if not planner.turned_on_before(statement, config)}
+    new_module = module.visit(_Insert(pending, planner.hoisted)) if pending else module
+    return _with_import(new_module), [config for _, config in configs]
+
+
+def rewrite_turned_on(module_code: str, config: str) -> bool:
+    """Does the module turn the graph rewrite on in the Session config `config`?"""
+    return (f"{config}.graph_options.rewrite_options.auto_mixed_precision = "
+            "rewriter_config_pb2.RewriterConfig.ON") in module_code
+
+
+def session_config_name(session: cst.Call) -> Optional[str]:
+    """The variable a Session is given as its config (`config=run_config`), if one."""
+    config = next((arg.value for arg in session.args if arg.keyword is not None and arg.keyword.value == "config"), None)
+    if config is None:
+        plain = [arg for arg in session.args if arg.keyword is None]
+        config = plain[2].value if len(plain) > 2 else None
+    return config.value if isinstance(config, cst.Name) else None
+
+
 class _Planner:
     def __init__(self, module: cst.Module, display: str) -> None:
         self.module = module
@@ -173,6 +207,20 @@ class _Planner:
         return name
 
 
+    def statement_of(self, call: cst.Call) -> Optional[cst.CSTNode]:
+        """The `with` whose item creates the Session, or the statement line that holds it."""
+        current = self.parents.get(id(call))
+        while current is not None:
+            if isinstance(current, cst.WithItem):
+                holder = self.parents.get(id(current))
+                return holder if isinstance(holder, cst.With) and self._session_of_with(holder) is call else None
+            if isinstance(current, cst.SimpleStatementLine):
+                return current if len(current.body) == 1 else None
+            if isinstance(current, (cst.BaseCompoundStatement, cst.FunctionDef, cst.Lambda)):
+                return None
+            current = self.parents.get(id(current))
+        return None
+
     def turned_on_before(self, statement: cst.CSTNode, config: str) -> bool:
         """Does the statement right before `statement` already turn the rewrite on for `config`
         (written by the change set of another module trained in the same Session)?"""
@@ -196,7 +244,7 @@ class _Planner:
             value = spelled.rsplit(".", 1)[0] + ".ConfigProto()"
         else:
             value = self.module.code_for_node(config)
-        taken = _names_in(self.module)
+        taken = _names_in(self.module) | {hoisted[0] for hoisted in self.hoisted.values()}
         name = next(n for n in ("session_config", "amp_session_config", *(f"session_config_{i}" for i in range(1, 99)))
                     if n not in taken)
         self.hoisted[id(before)] = (name, value, session)

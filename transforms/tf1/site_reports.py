@@ -14,6 +14,7 @@ import libcst as cst
 from ampify.findings import Finding, Severity
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.tf1.optimizer_classes import KERAS, MIXED
+from ampify.transforms.tf1.session_config import rewrite_turned_on, session_config_name
 from ampify.transforms.tf1.survey import ModuleSurvey, OptimizerSite, SessionSite
 
 
@@ -28,6 +29,9 @@ class SiteReports:
         #: (optimizer site, index of its AMP113 finding) for optimizers built in a function that
         #: runs a Session created elsewhere (session_config.py may give that Session the rewrite)
         self.sessions_elsewhere: List[tuple] = []
+        #: (Session constructed in this module before an optimizer, index of its AMP113 finding):
+        #: its config may be given the rewrite (session_config.turn_on_in_module)
+        self.sessions_here: List[tuple] = []
 
     def optimizer_sites(self, to_wrap: List[OptimizerSite]) -> None:
         for site in to_wrap:
@@ -142,14 +146,24 @@ class SiteReports:
                     )
                 else:
                     before = session.line < site.line and session.scope in (0, site.scope)
+                if before and self._has_the_rewrite(session):
+                    warned_scopes.add(site.scope)
+                    break
                 if before:
                     warned_scopes.add(site.scope)
+                    if not session.obtained:
+                        self.sessions_here.append((session, len(self.findings)))
                     self.findings.append(
                         _warning("AMP113", _session_before_message(session, site), session.line, session.column)
                     )
                     break
         self._report_sessions_from_elsewhere(to_wrap, warned_scopes)
         self._report_sessions_before_builders(to_wrap, warned_scopes)
+
+    def _has_the_rewrite(self, session: SessionSite) -> bool:
+        """A Session whose config variable this module turns the graph rewrite on for."""
+        config = session_config_name(session.node)
+        return config is not None and rewrite_turned_on(self.module.code, config)
 
     def _report_sessions_before_builders(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
         """`with tf.Session() as sess: train_op = build_model()`: the optimizer is built (and
@@ -181,7 +195,11 @@ class SiteReports:
                     after = line > session.line
                 if not after:
                     continue
+                if self._has_the_rewrite(session):
+                    break
                 what = f"{session.display}()" if session.obtained else session.display
+                if not session.obtained:
+                    self.sessions_here.append((session, len(self.findings)))
                 self.findings.append(
                     _warning(
                         "AMP113",

@@ -259,7 +259,8 @@ class _Surveyor(cst.CSTVisitor):
         ignored_strings: FrozenSet[str] = frozenset(),
     ) -> None:
         self.positions = positions
-        #: marker strings to read past (the NGC switch, when it is being migrated)
+        #: marker strings (and names) to read past: the NGC switch, when it is being migrated; the
+        #: Session config's `auto_mixed_precision` that ampify itself has just turned on
         self.ignored_strings = ignored_strings
         self.resolve_name = resolve
         self.classifier = classifier
@@ -415,7 +416,7 @@ class _Surveyor(cst.CSTVisitor):
             self._mark_hand_written(f"float16 computation by hand: {value!r}", node)
 
     def visit_Name(self, node: cst.Name) -> None:
-        if node.value in MIXED_PRECISION_IDENTIFIERS:
+        if node.value in MIXED_PRECISION_IDENTIFIERS and node.value not in self.ignored_strings:
             self._mark_mixed_precision(node.value, node)
         self._note_style(node)
 
