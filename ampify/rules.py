@@ -74,9 +74,10 @@ RULES: List[Rule] = [
          "The wrapper works in both builds; removing the switch keeps an NGC run from getting two loss scales.",
          'os.environ["TF_ENABLE_AUTO_MIXED_PRECISION"] = "1"\nopt = tf.train.AdamOptimizer(1e-3)\n'
          "  -> opt = tf.compat.v1.train.experimental.enable_mixed_precision_graph_rewrite(tf.train.AdamOptimizer(1e-3))", REVIEW),
-    Rule("AMP105", "info", "the Session a caller in another module created first gets the rewrite through its config",
-         "TensorFlow turns the rewrite on only for Sessions created after the wrapper; a Session created earlier by the "
-         "caller gets `auto_mixed_precision` set in its ConfigProto instead (both files, one change set).",
+    Rule("AMP105", "info", "a Session created before the optimizer (here, or by a caller in another module) gets the rewrite through its config",
+         "TensorFlow turns the rewrite on only for Sessions created after the wrapper; a Session created earlier (in this "
+         "file, or by the caller: both files, one change set) gets `auto_mixed_precision` set in its ConfigProto instead, "
+         "bound to a new variable when the config is written inline or absent.",
          "with tf.Session(config=run_config) as sess:  # main.py\n  -> run_config.graph_options.rewrite_options"
          ".auto_mixed_precision = rewriter_config_pb2.RewriterConfig.ON", REVIEW),
     Rule("AMP110", "warning", "`tf.gradients` reaches `apply_gradients` in a form that cannot be rewritten safely, or is handed to other code with the optimizer",
