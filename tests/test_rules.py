@@ -103,7 +103,7 @@ def test_selection_prefixes_and_validation():
 
 def test_ignore_hides_findings_and_an_accepted_warning_no_longer_makes_a_change_incomplete(tmp_path):
     target = tmp_path / "train.py"
-    shutil.copy(ROOT / "fixtures" / "tf1" / "session_before_optimizer.in.py", target)
+    shutil.copy(ROOT / "fixtures" / "tf1" / "session_getter_before_optimizer.in.py", target)
     plain = run_ampify("--check", target)
     assert "AMP113" in plain.stdout and "changed, incomplete" in plain.stdout
     ignored = run_ampify("--check", "--ignore", "AMP113", target, "--report", tmp_path / "r.json")
