@@ -351,7 +351,7 @@ def test_quiet_shows_problems_by_severity_not_by_text(tmp_path):
     assert "AMP101" not in quiet.stdout and "would be changed" in quiet.stdout
     session_first = tmp_path / "session_first.py"
     session_first.write_text(
-        (Path(__file__).resolve().parent.parent / "fixtures" / "tf1" / "session_before_optimizer.in.py").read_text()
+        (Path(__file__).resolve().parent.parent / "fixtures" / "tf1" / "session_getter_before_optimizer.in.py").read_text()
     )
     quiet = run_ampify("-q", "--check", session_first)
     assert "AMP113 warning" in quiet.stdout and "changed, incomplete" in quiet.stdout and "AMP101 " not in quiet.stdout

@@ -36,7 +36,7 @@ def run_ampify(*args):
 
 
 @pytest.mark.parametrize("case,code", [
-    ("tf1/session_before_optimizer", "AMP113"),
+    ("tf1/session_getter_before_optimizer", "AMP113"),
     ("tf1/exec_a2c_optimizer_after_gradients", "AMP110"),
     ("tf1/delegating_optimizer_class", "AMP116"),
     ("torch_native/convertible_and_manual_loops", "AMP226"),
