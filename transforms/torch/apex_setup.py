@@ -246,8 +246,15 @@ class ApexSetupFinder:
         conditional = next((h for h in holders if isinstance(h, cst.If)), None)
         if conditional is None or _binds_in_every_branch(self.s, conditional, setup.construction_statements):
             return
-        if any(not _guarded_apart(self.s, step.call, backward) for step in unit.steps):
-            return  # stepped wherever the backward runs: it exists whenever the script trains
+        tests = set()
+        branch: Optional[cst.CSTNode] = conditional
+        while isinstance(branch, cst.If):
+            tests.add(code_of(branch.test).strip())
+            branch = branch.orelse
+        if any(not (_guard_tests_apart(self.s, step.call, backward) & tests) for step in unit.steps):
+            # stepped wherever the backward runs, or under another condition (gradient accumulation's
+            # `if step % accumulate == 0:`): the optimizer exists whenever the script trains
+            return
         test = code_of(conditional.test).strip()
         refuse(
             backward,
@@ -345,14 +352,15 @@ def _binds_in_every_branch(structure: TrainingStructure, statement: cst.CSTNode,
     return all(any(structure.contains(branch, c) for c in constructions) for branch in branches)
 
 
-def _guarded_apart(structure: TrainingStructure, node: cst.CSTNode, other: cst.CSTNode) -> bool:
-    """Is `node` under an if statement that does not also hold `other`?"""
+def _guard_tests_apart(structure: TrainingStructure, node: cst.CSTNode, other: cst.CSTNode) -> set:
+    """The tests of the if statements that hold `node` but not `other` (as written)."""
+    tests = set()
     current = structure.parent(node)
     while current is not None and not structure.contains(current, other):
         if isinstance(current, cst.If):
-            return True
+            tests.add(code_of(current.test).strip())
         current = structure.parent(current)
-    return False
+    return tests
 
 
 def _model_root(receiver: Optional[str]) -> Optional[str]:
