@@ -50,6 +50,11 @@ class Rule:
         return TARGETS[self.code[:4]]
 
 
+#: the example of both backends' RPC rules (AMP234, AMP326)
+_RPC_EXAMPLE = (
+    "with dist_autograd.context() as context_id:\n    dist_autograd.backward(context_id, [loss])\n    opt.step(context_id)"
+)
+
 RULES: List[Rule] = [
     Rule("AMP001", "error", "error: the converted file could not be written (read-only, changed or vanished during the run)",
          "A file is either untouched or replaced whole: when the write cannot happen safely, nothing is written.",
@@ -217,8 +222,7 @@ RULES: List[Rule] = [
     Rule("AMP234", "warning", "RPC training (`torch.distributed.autograd.backward` + DistributedOptimizer): GradScaler and autocast cannot reach it; file not converted",
          "The gradients live in a distributed autograd context that a DistributedOptimizer steps, with no local .grad to "
          "unscale; the forward pass runs partly on remote workers, where a local autocast does not apply.",
-         "with dist_autograd.context() as context_id:\n    dist_autograd.backward(context_id, [loss])\n    opt.step(context_id)",
-         MANUAL, incomplete=True),
+         _RPC_EXAMPLE, MANUAL, incomplete=True),
     Rule("AMP235", "info", "`import torch` added: the file trains without importing torch, and a project module it imports does",
          "The new autocast and GradScaler code is spelled through `torch`; the training objects come from project "
          "modules that import torch (SPADE's trainer imports its model module).",
@@ -320,8 +324,7 @@ RULES: List[Rule] = [
     Rule("AMP326", "warning", "RPC training (`torch.distributed.autograd.backward` + DistributedOptimizer): apex amp cannot scale it; file not converted",
          "The gradients live in a distributed autograd context that a DistributedOptimizer steps; amp.scale_loss and "
          "amp.initialize need a local optimizer.",
-         "with dist_autograd.context() as context_id:\n    dist_autograd.backward(context_id, [loss])\n    opt.step(context_id)",
-         MANUAL, incomplete=True),
+         _RPC_EXAMPLE, MANUAL, incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

@@ -284,14 +284,7 @@ def test_a_session_created_by_the_caller_module_gets_the_rewrite_through_its_con
     assert _converted_nodes(before.stderr) == 0, before.stderr[-4000:]
 
     (project / "model.py").write_text((case / "model.py").read_text())
-    both = subprocess.run([sys.executable, "-m", "ampify", str(project)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
-    assert both.returncode == 0, both.stdout + both.stderr
-    assert "auto_mixed_precision = rewriter_config_pb2.RewriterConfig.ON" in (project / "main.py").read_text()
-    after = _run_module(project)
-    _assert_trains(_losses(after.stdout))
-    assert "AMPIFY_RUNNER session with graph rewrite" in after.stderr
-    assert _converted_nodes(after.stderr) > 0, after.stderr[-4000:]
+    _convert_project_and_train_in_float16(project, tmp_path)
 
 
 @pytest.mark.parametrize("case", ["tf1_session_elsewhere_inline_config", "tf1_session_elsewhere_no_config",
@@ -308,6 +301,12 @@ def test_a_caller_session_with_an_inline_config_or_none_gets_the_rewrite_too(cas
     (project / "pyproject.toml").write_text("[project]\nname = 'gan-collection-like'\n")
     for source in folder.glob("*.py"):
         (project / source.name).write_text(source.read_text())
+    _convert_project_and_train_in_float16(project, tmp_path)
+
+
+def _convert_project_and_train_in_float16(project: Path, tmp_path: Path) -> None:
+    """ampify the whole project: main.py's Session config gets the rewrite, and the project's graph
+    really runs in float16 under the runner."""
     converted = subprocess.run([sys.executable, "-m", "ampify", str(project)], capture_output=True, text=True,
                                cwd=tmp_path, timeout=120)
     assert converted.returncode == 0, converted.stdout + converted.stderr
