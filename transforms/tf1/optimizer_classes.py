@@ -121,16 +121,22 @@ class _BindingCollector(cst.CSTVisitor):
         self.calls.append(node)
 
     def bind_call_arguments(self) -> None:
-        """`build(tf.train.AdamOptimizer)` binds the class to `build`'s parameter, file-wide."""
+        """`build(tf.train.AdamOptimizer)` binds the class to `build`'s parameter, file-wide, and
+        `Net(tf.train.AdamOptimizer)` to the parameter of `Net.__init__` (MorvanZhou's tutorial)."""
         for call in self.calls:
             func = call.func
             name = func.value if isinstance(func, cst.Name) else (
                 func.attr.value if isinstance(func, cst.Attribute) else None
             )
-            for definition in self.functions.get(name or "", ()):
+            constructors = [
+                (definition, True) for cls in self.classes if cls.name.value == name
+                for definition in cls.body.body
+                if isinstance(definition, cst.FunctionDef) and definition.name.value == "__init__"
+            ]
+            for definition, is_constructor in [*((d, False) for d in self.functions.get(name or "", ())), *constructors]:
                 params = [p.name.value for p in definition.params.params]
-                if isinstance(func, cst.Attribute) and params[:1] in (["self"], ["cls"]):
-                    params = params[1:]  # a method called on its instance or class
+                if (is_constructor or isinstance(func, cst.Attribute)) and params[:1] in (["self"], ["cls"]):
+                    params = params[1:]  # a method called on its instance or class; `Net(opt)` binds __init__'s
                 by_name = params + [p.name.value for p in definition.params.kwonly_params]
                 positional = [a for a in call.args if a.keyword is None and not a.star]
                 for param, arg in zip(params, positional):

@@ -587,8 +587,8 @@ class _Surveyor(cst.CSTVisitor):
         if callee in CLASS_ARGUMENT_IS_LOCAL or callee in TF1_OPTIMIZER_CLASS_FACTORIES:
             return
         last = callee.rsplit(".", 1)[-1]
-        if resolved is None and last in self.classifier.defined_functions:
-            return  # a function of this file: its parameter is bound to the class
+        if resolved is None and (last in self.classifier.defined_functions or last in self.classifier.defined_classes):
+            return  # a function or class of this file: its (or its __init__'s) parameter is bound to the class
         for arg in node.args:
             if self.classifier.class_kind(arg.value) == TF1:
                 position = self._position(arg.value).start
