@@ -234,7 +234,8 @@ class ApexSetupFinder:
     def check_defined_for_scale_loss(self, unit: TrainingUnit, setup: ApexSetup) -> None:
         """amp.scale_loss(loss, optimizer) runs at every backward: refuse when the optimizer is
         created only under a condition (`if args.use_optimizer:` with no else) and every step of it
-        is guarded apart from the backward, so the script runs without it when the condition fails."""
+        is guarded by that same condition apart from the backward, so the script runs without it
+        when the condition fails. A step guarded by another test (gradient accumulation) is not."""
         backward = unit.backwards[0].call
         common = _deepest_common_block([self.s.block_path(c) for c in setup.construction_statements]
                                        + [self.s.block_path(self.s.statement_of(backward))])

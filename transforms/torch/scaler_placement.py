@@ -210,14 +210,16 @@ class ScalerPlacement:
         block = s.block_of(after)
         found: List[cst.CSTNode] = []
         for receiver in receivers:
-            for binding in s.bindings_visible(receiver, scope):
-                statement = binding.statement
-                if (binding.scope is not home_scope or statement is None or binding.kind != "assign"
-                        or not isinstance(binding.value, cst.Call) or s.block_of(statement) is not block
-                        or s.line(statement) >= s.line(after)):
-                    continue
-                if all(statement is not other for other in found):
-                    found.append(statement)
+            constructions = sorted(
+                (b for b in s.bindings_visible(receiver, scope)
+                 if b.scope is home_scope and b.statement is not None and b.kind == "assign"
+                 and isinstance(b.value, cst.Call) and s.block_of(b.statement) is block),
+                key=lambda b: s.line(b.statement))
+            for binding, following in zip(constructions, constructions[1:]):
+                if receiver in statements.used_names(following.value):
+                    continue  # `optimizer = Lookahead(optimizer)` wraps it: no new optimizer
+                if s.line(binding.statement) < s.line(after) and all(binding.statement is not f for f in found):
+                    found.append(binding.statement)
         return sorted(found, key=s.line)
 
     def _may_move_down(self, existing: ScalerHome, after: cst.CSTNode, uses: List[cst.CSTNode]) -> bool:
