@@ -130,7 +130,10 @@ RULES: List[Rule] = [
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP200 internal error in the torch-native-amp transform (RecursionError: ...); this file is left unchanged", MANUAL),
     Rule("AMP201", "info", "`torch.autocast` added around the forward pass and loss",
-         "autocast runs matmuls and convolutions in float16/bfloat16 and keeps precision-sensitive ops in float32.",
+         "autocast runs matmuls and convolutions in float16/bfloat16 and keeps precision-sensitive ops in float32. "
+         "When the loss is built from model outputs kept in a list that another function of the file fills "
+         "(REINFORCE's `policy.saved_log_probs.append(...)` in select_action()), the forward pass there gets its own "
+         "autocast block.",
          "loss = criterion(model(x), y)\n  -> with torch.autocast(device_type=device.type, dtype=torch.float16):\n"
          "         loss = criterion(model(x), y)", SAFE),
     Rule("AMP202", "info", "`backward()` scaled through the GradScaler",

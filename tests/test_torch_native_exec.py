@@ -78,6 +78,8 @@ EXPECTED_CALLS = {
     "gail_discriminator": {"step": 3, "update": 3, "scale": 6, "load_state_dict": 0},
     # 2 models x 3 steps through one step function; a scaler created after each optimizer
     "optimizer_built_twice": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
+    # 3 episodes of 5 actions: the forward passes run in select_action(), one step per episode
+    "actor_critic_saved_actions": {"step": 3, "update": 3, "scale": 3, "load_state_dict": 0},
 }
 
 

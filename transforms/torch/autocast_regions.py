@@ -15,6 +15,7 @@ import libcst as cst
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
+from ampify.transforms.torch.saved_outputs import SavedForward, SavedOutputs
 from ampify.transforms.torch.training_loop import BackwardCall, Block, TrainingStructure, TrainingUnit, Unconvertible
 
 #: reductions allowed on the loss inside `<loss>.backward()` (`loss.mean().backward()`)
@@ -27,11 +28,16 @@ class AutocastPlanner:
     def __init__(self, structure: TrainingStructure, imports: ImportMap) -> None:
         self.structure = structure
         self.imports = imports
+        self.saved_outputs = SavedOutputs(structure)
+        self._models: Set[str] = set()
+        #: id(block) -> the SavedForward planned in it (a region outside the unit's function)
+        self.saved_forwards: Dict[int, SavedForward] = {}
 
     def autocast_regions(self, unit: TrainingUnit) -> List[Tuple[Block, int, int]]:
         """(block, first index, last index) runs of statements to put under autocast: for every
         backward() of the unit, the forward pass through the statement computing its loss."""
         barriers = self._barrier_statements(unit)
+        self._models = self._models_of(unit)
         by_block: Dict[int, Tuple[Block, List[Tuple[int, int]]]] = {}
         for backward in unit.backwards:
             if backward.delegation is None:
@@ -107,7 +113,8 @@ class AutocastPlanner:
                 "around it by hand",
                 backward.call,
             )
-        if not any(self._calls_model(body[index]) for index in range(start, end + 1)) and not self._forward_in_earlier_region(
+        saved = self._plan_saved_forwards(needed, backward, by_block)
+        if not saved and not any(self._calls_model(body[index]) for index in range(start, end + 1)) and not self._forward_in_earlier_region(
                 body, end, barriers, planned, outer_forwards):
             first, last = s.line(body[start]), s.line(body[end])
             lines = f"line {first}" if first == last else f"lines {first}-{last}"
@@ -120,6 +127,32 @@ class AutocastPlanner:
         start = self._stateful_forward_start(body, start, barriers)
         ranges = by_block.setdefault(id(block), (block, []))[1]
         ranges.append((start, end))
+
+    def _plan_saved_forwards(self, needed: Set[str], backward: BackwardCall,
+                             by_block: Dict[int, Tuple[Block, List[Tuple[int, int]]]]) -> bool:
+        """The loss reads model outputs kept in a list that another function of this file fills
+        (REINFORCE's `policy.saved_log_probs`, see saved_outputs): plan autocast regions around
+        the forward passes there. False when there is none."""
+        forwards = self.saved_outputs.forwards_for(needed, self.structure.scope_of(backward.call), self._models)
+        for forward in forwards:
+            by_block.setdefault(id(forward.block), (forward.block, []))[1].append((forward.start, forward.end))
+            self.saved_forwards[id(forward.block)] = forward
+        return bool(forwards)
+
+    def _models_of(self, unit: TrainingUnit) -> Set[str]:
+        """The models the unit's optimizers train (`policy` in Adam(policy.parameters()))."""
+        models: Set[str] = set()
+        for name in unit.optimizers:
+            optimizer = self.structure.optimizers.get(name)
+            if optimizer is not None:
+                models.update(optimizer.model_names)
+        return models
+
+    def scope_of_region(self, block: Block, unit_scope):
+        """The function whose names an autocast region's header may use: the unit's, or for a
+        forward pass whose outputs are kept for the loss, the function that runs it."""
+        forward = self.saved_forwards.get(id(block))
+        return forward.scope if forward is not None else unit_scope
 
     def _forward_in_earlier_region(self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int],
                                    planned: List[Tuple[int, int]], outer_forwards: int = 0) -> bool:
@@ -286,7 +319,7 @@ class AutocastPlanner:
                 crossed_barrier = True
                 continue
             # a continue/break/return may go inside the region: leaving a `with` block is fine
-            if (statements.assigned_names(statement) - THROWAWAY) & needed:
+            if (_bound_or_filled(statement) - THROWAWAY) & needed:
                 needed |= statements.used_names(statement)
                 if crossed_barrier:
                     if before_barrier is None and self._calls_model(statement):
@@ -326,6 +359,12 @@ class AutocastPlanner:
 #: `_`: a value thrown away (`actions, _, _ = actor.get_action(obs)`, `for _ in range(k)`), never
 #: the data a loss is computed from
 THROWAWAY = frozenset({"_"})
+
+
+def _bound_or_filled(statement: cst.CSTNode) -> Set[str]:
+    """Names a statement binds, and the lists it adds to (`policy_loss.append(-log_prob * R)`
+    in a loop makes `policy_loss`, which the loss is then summed from)."""
+    return statements.assigned_names(statement) | statements.filled_containers(statement)
 
 
 def index_of(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> int:

@@ -146,6 +146,8 @@ DATA_PREPARATION_CALLS = {
     "normal", "uniform", "choice", "permutation",
     # a batch copied into a preallocated buffer: `real_A = Variable(input_A.copy_(batch['A']))`
     "copy_",
+    # lists of rewards and returns built before a policy-gradient loss
+    "appendleft", "insert", "extend", "extendleft", "deque",
 }
 
 #: tensor methods and builtins that compute on tensors already made: a region whose calls are

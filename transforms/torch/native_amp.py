@@ -415,7 +415,8 @@ class NativeConversion(TorchConversion):
         here. When one side sees the script's device and the other none, both use "cuda" (as
         `_one_device_for_unit` does within a file), so they switch on and off together."""
         s = self.structure
-        here = [self.devices.expression(plan.unit.scope, s.line(block.body[start])) for block, start, _ in plan.regions]
+        here = [self.devices.expression(self.regions.scope_of_region(block, plan.unit.scope), s.line(block.body[start]))
+                for block, start, _ in plan.regions]
         there = [caller.device for caller in plan.companions]
         expressions = here + there
         if all(e is not None for e in expressions) or all(e is None for e in expressions):
@@ -442,7 +443,8 @@ class NativeConversion(TorchConversion):
         s = self.structure
         seen = []
         for block, start, _ in plan.regions:
-            seen.append((self.devices.expression(plan.unit.scope, s.line(block.body[start])), block.body[start]))
+            scope = self.regions.scope_of_region(block, plan.unit.scope)
+            seen.append((self.devices.expression(scope, s.line(block.body[start])), block.body[start]))
         if self.scaling:
             homes = [plan.home] if plan.home is not None else plan.caller_homes
             for home in homes:
@@ -472,7 +474,8 @@ class NativeConversion(TorchConversion):
         for block, start, end in plan.regions:
             body = list(block.body)
             first = body[start]
-            device = shared_device or self.devices.device_for(unit.scope, s.line(first), first)
+            scope = self.regions.scope_of_region(block, unit.scope)
+            device = shared_device or self.devices.device_for(scope, s.line(first), first)
             header = f"with {self.torch}.autocast(device_type={device}, dtype={dtype}):"
             self.edits.wrap(body[start], body[end], header)
             for index in range(start, end + 1):
@@ -481,6 +484,16 @@ class NativeConversion(TorchConversion):
                     self._warn_penalty_helpers(body[index])
             first_line, last_line = s.line(first), s.line(body[end])
             lines = f"line {first_line}" if first_line == last_line else f"lines {first_line}-{last_line}"
+            saved = self.regions.saved_forwards.get(id(block))
+            if saved is not None:
+                self.info(
+                    "AMP201",
+                    f"forward pass in {saved.scope.name.value}() ({lines}) runs under torch.autocast({device}, "
+                    f"{self.options.dtype}): its outputs, kept in {saved.container} (line {s.line(saved.call)}), "
+                    f"are what the loss of line {s.line(unit.backwards[0].call)} is computed from",
+                    first,
+                )
+                continue
             self.info(
                 "AMP201",
                 f"forward pass and loss ({lines}) run under "

@@ -242,3 +242,30 @@ def nodes_of_type(node: cst.CSTNode, kind: type) -> List[cst.CSTNode]:
 
     walk(node, _Find())
     return found
+
+
+#: list methods that add to the list they are called on (`losses.append(loss)`, `returns.appendleft(R)`)
+FILLING_METHODS = {"append", "extend", "insert", "appendleft", "extendleft"}
+
+
+def filled_container(call: cst.Call) -> Optional[str]:
+    """`policy.saved_log_probs` for `policy.saved_log_probs.append(x)` (and for
+    `self.saved[ob_id].append(x)`: the list of lists); None when the call fills no named list."""
+    func = call.func
+    if not isinstance(func, cst.Attribute) or func.attr.value not in FILLING_METHODS:
+        return None
+    receiver = func.value
+    while isinstance(receiver, cst.Subscript):
+        receiver = receiver.value
+    return dotted_name(receiver)
+
+
+def filled_containers(statement: cst.CSTNode) -> Set[str]:
+    """Names (and dotted chains) of the lists a statement adds to, nested blocks included:
+    `for x, y in batches: losses.append(criterion(model(x), y))` fills `losses`."""
+    found = set()
+    for call in calls_within(statement):
+        name = filled_container(call)
+        if name:
+            found.add(name)
+    return found
