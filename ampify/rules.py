@@ -202,10 +202,12 @@ RULES: List[Rule] = [
     Rule("AMP221", "warning", "the file trains but never imports torch by name; not converted",
          "Without `import torch` ampify cannot spell torch.autocast / torch.amp.GradScaler for this file.",
          "from model import *\nloss.backward()\noptimizer.step()", MANUAL, incomplete=True),
-    Rule("AMP222", "warning", "FullyShardedDataParallel with float16: a plain GradScaler is wrong here; not converted",
-         "FSDP (FullyShardedDataParallel, or the private torch.distributed._composable.fsdp.fully_shard) needs "
-         "ShardedGradScaler (ranks must agree on skipped steps); or use bfloat16. torch.distributed.fsdp.fully_shard "
-         "(PyTorch >= 2.6) is converted: its DTensor gradients make GradScaler's inf check agree over the mesh.",
+    Rule("AMP222", "warning", "FullyShardedDataParallel with float16 where ampify cannot create a ShardedGradScaler; not converted",
+         "FSDP needs ShardedGradScaler (ranks must agree on skipped steps). In a file that wraps the model in "
+         "FullyShardedDataParallel and steps it, ampify creates one (AMP236); refused when the scaler would be created "
+         "in another module, or for the private torch.distributed._composable.fsdp.fully_shard; or use bfloat16. "
+         "torch.distributed.fsdp.fully_shard (PyTorch >= 2.6) is converted with a plain GradScaler: its DTensor "
+         "gradients make GradScaler's inf check agree over the mesh.",
          "model = FSDP(model)", MANUAL, incomplete=True),
     Rule("AMP223", "warning", "`torch.autograd.backward(...)` not converted",
          "Only `loss.backward()` is rewritten to scaler.scale(loss).backward().",
@@ -226,6 +228,11 @@ RULES: List[Rule] = [
          "The gradients live in a distributed autograd context that a DistributedOptimizer steps, with no local .grad to "
          "unscale; the forward pass runs partly on remote workers, where a local autocast does not apply.",
          _RPC_EXAMPLE, MANUAL, incomplete=True),
+    Rule("AMP236", "info", "ShardedGradScaler for a FullyShardedDataParallel model",
+         "A file that wraps its model in FullyShardedDataParallel (FSDP1) gets "
+         "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler, imported, in place of torch.amp.GradScaler: "
+         "its unscale_ all-reduces the inf/NaN check, so every rank skips the same steps.",
+         "model = FSDP(model); optimizer = AdamW(model.parameters())\n  -> scaler = ShardedGradScaler(\"cuda\")", SAFE),
     Rule("AMP235", "info", "`import torch` added: the file trains without importing torch, and a project module it imports does",
          "The new autocast and GradScaler code is spelled through `torch`; the training objects come from project "
          "modules that import torch (SPADE's trainer imports its model module).",

@@ -32,6 +32,7 @@ from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward
 from ampify.transforms.torch.normalize import converted_in_shape
 from ampify.transforms.torch.wrapper_steps import project_wrapper_steps
 from ampify.transforms.torch.statements import code_of
+from ampify.transforms.torch.torch_import import last_leading_import
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.training_loop import (
     BackwardCall,
@@ -551,7 +552,7 @@ class ApexConversion(TorchConversion):
     def add_import(self) -> None:
         module = self.s.module
         new = "from apex import amp" if self.amp == "amp" else f"from apex import amp as {self.amp}"
-        anchor = _last_leading_import(module)
+        anchor = last_leading_import(module)
         if anchor is None:
             first = module.body[0] if module.body else None
             if first is None:
@@ -663,20 +664,3 @@ def _dict_has_key(dictionary: cst.Dict, key: str) -> bool:
     return False
 
 
-def _last_leading_import(module: cst.Module) -> Optional[cst.CSTNode]:
-    """The last import statement of the module's opening run of imports."""
-    last = None
-    for index, statement in enumerate(module.body):
-        if isinstance(statement, cst.SimpleStatementLine):
-            if all(isinstance(item, (cst.Import, cst.ImportFrom)) for item in statement.body):
-                last = statement
-                continue
-            if index == 0 and isinstance(statement.body[0], cst.Expr) and isinstance(
-                statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString)
-            ):
-                continue  # the module docstring
-        if isinstance(statement, cst.Try) and last is not None:
-            continue  # try: import x / except ImportError: ... among the imports
-        if last is not None:
-            break
-    return last

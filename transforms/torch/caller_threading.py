@@ -17,12 +17,13 @@ import libcst as cst
 from ampify.findings import Finding, Severity
 from ampify.transforms.base import CallSite, CompanionChange
 from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.checkpoints import CheckpointWriter
 from ampify.transforms.torch.device_choice import DeviceChoice
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
 from ampify.transforms.torch.scaler_placement import ScalerHome, ScalerPlacement
-from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
+from ampify.transforms.torch.torch_import import add_import_torch, last_leading_import, module_level_aliases
 from ampify.transforms.torch.training_loop import (
     HazardKind,
     MixedPrecisionElsewhere,
@@ -31,6 +32,7 @@ from ampify.transforms.torch.training_loop import (
     Unconvertible,
     analyze_training,
     describe_mixed_precision_use,
+    flat_parameter_fsdp_wraps,
 )
 
 
@@ -88,7 +90,7 @@ def thread_scaler_into_caller(
             f"{display} trains too (backward() at {display}:{s.line(s.backwards[0].call)}); ampify threads a scaler "
             "into a module that only sets the training up"
         )
-    check_caller_setup(s, display, "native")
+    check_caller_setup(s, display, "native", creates_sharded_scaler=True)
     report = _Findings(s)
     local = sorted(module_level_aliases(module, "torch"))
     torch_import_needed = not local
@@ -112,6 +114,25 @@ def thread_scaler_into_caller(
         homes.append(placement._variable_home(passed, scope, s.statement_of(call), call))
         calls.append(call)
     devices = DeviceChoice(s, torch, report)
+    scaler_class = f"{torch}.amp.GradScaler"
+    fsdp = flat_parameter_fsdp_wraps(s)
+    if fsdp:
+        # FSDP1 wraps the model here: its GradScaler is ShardedGradScaler (see native_amp)
+        scaler_class = s.fresh_name("ShardedGradScaler", "AmpShardedGradScaler")
+        anchor = last_leading_import(module)
+        statement = "from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler" + (
+            f" as {scaler_class}" if scaler_class != "ShardedGradScaler" else "")
+        if anchor is not None:
+            edits.insert_after(anchor, statement)
+        else:
+            edits.insert_before(module.body[0], statement)
+        report.info(
+            "AMP236",
+            f"the model is wrapped in FullyShardedDataParallel (line {s.line(fsdp[0].node)}): the GradScaler is "
+            "torch.distributed.fsdp's ShardedGradScaler, whose inf/NaN check is reduced over the ranks (a plain "
+            "GradScaler lets ranks disagree on skipped steps); added its import",
+            anchor if anchor is not None else module.body[0],
+        )
     chosen: Dict[int, str] = {}
     found_device = None
     for home in homes:
@@ -120,10 +141,10 @@ def thread_scaler_into_caller(
         expression = device or devices.expression(home.device_scope, home.line + 1)
         found_device = found_device or expression
         chosen[id(home.after)] = expression or '"cuda"'
-        edits.insert_after(home.after, f"{home.reference} = {torch}.amp.GradScaler({chosen[id(home.after)]})")
+        edits.insert_after(home.after, f"{home.reference} = {scaler_class}({chosen[id(home.after)]})")
         report.info(
             "AMP204",
-            f"created {home.reference} = torch.amp.GradScaler({chosen[id(home.after)]}) after the optimizer(s) "
+            f"created {home.reference} = {scaler_class}({chosen[id(home.after)]}) after the optimizer(s) "
             f"{', '.join(home.optimizers)}, for {function_name}() in {step_display}",
             home.after,
         )
@@ -144,12 +165,14 @@ def thread_scaler_into_caller(
     return CallerPlan(change, found_device)
 
 
-def check_caller_setup(s: TrainingStructure, display: str, backend: str) -> None:
+def check_caller_setup(s: TrainingStructure, display: str, backend: str, creates_sharded_scaler: bool = False) -> None:
     """The module that creates the optimizer and calls the step also decides how the model
     trains: when it already sets mixed precision up (FSDP's policy, a GradScaler, amp), the step
     is in mixed precision already (MixedPrecisionElsewhere); when it wraps the model in a way
-    loss scaling cannot follow (FullyShardedDataParallel under float16, Opacus, hand-made half
-    precision), the step is refused with that reason."""
+    loss scaling cannot follow (FullyShardedDataParallel under float16 where no ShardedGradScaler
+    is created, Opacus, hand-made half precision), the step is refused with that reason.
+    `creates_sharded_scaler`: the caller's GradScaler is created as a ShardedGradScaler for
+    FSDP1 (the native backend's caller edit does)."""
     if s.mixed_precision_uses:
         use = s.mixed_precision_uses[0]
         raise MixedPrecisionElsewhere(
@@ -164,6 +187,8 @@ def check_caller_setup(s: TrainingStructure, display: str, backend: str) -> None
     for hazard in s.hazards:
         where = f"{display}:{s.line(hazard.node)}"
         if hazard.kind is HazardKind.FSDP or (backend == "apex" and hazard.kind is HazardKind.FULLY_SHARD):
+            if backend != "apex" and creates_sharded_scaler and hazard.detail in names.FLAT_PARAMETER_FSDP_WRAPPERS:
+                continue
             if backend == "apex":
                 raise Unconvertible(f"{where} wraps the model in {hazard.detail}, which apex amp does not support")
             raise Unconvertible(

@@ -72,6 +72,9 @@ FSDP_WRAPPERS = (
 #: plain torch.amp.GradScaler), so ranks agree on skipped steps. The private
 #: torch.distributed._composable.fsdp spelling is older (2.4, 2.5) and stays refused.
 DTENSOR_FSDP_WRAPPERS = ("torch.distributed.fsdp.fully_shard",)
+#: FSDP1 (FlatParameter sharding): torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler is
+#: its GradScaler (unscale_ all-reduces the inf/NaN check over the process group)
+FLAT_PARAMETER_FSDP_WRAPPERS = FSDP_WRAPPERS[:2]
 #: RPC training's backward pass (its gradients stay in a distributed autograd context)
 DISTRIBUTED_AUTOGRAD_BACKWARD = "torch.distributed.autograd.backward"
 #: optimizers that step a distributed autograd context: `opt.step(context_id)` takes no closure

@@ -25,6 +25,7 @@ from ampify.transforms.base import CompanionChange, Transform, TransformResult, 
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.torch import screen as torch_screen
+from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.checkpoints import CheckpointWriter
 from ampify.transforms.torch.device_choice import DeviceChoice
@@ -50,9 +51,10 @@ from ampify.transforms.torch.wrapper_steps import (
     wrapper_call,
 )
 from ampify.transforms.torch.scaler_calls import ScalerCallPlanner
-from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
+from ampify.transforms.torch.torch_import import add_import_torch, last_leading_import, module_level_aliases
 from ampify.transforms.torch.scaler_placement import ScalerHome, ScalerPlacement, UnitPlan
 from ampify.transforms.torch.training_loop import (
+    flat_parameter_fsdp_wraps,
     HazardKind,
     Scope,
     TrainingStructure,
@@ -219,6 +221,8 @@ class NativeConversion(TorchConversion):
         self.wrapper_edits: Dict[str, CompanionChange] = {}
         #: ids of backward() calls already rewritten (a helper's backward is reached from several units)
         self.scaled_backwards: Set[int] = set()
+        #: `from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler` planned
+        self.sharded_import_added = False
 
     # ---- the driver's steps -------------------------------------------------------------------
 
@@ -250,12 +254,17 @@ class NativeConversion(TorchConversion):
         return self.result(Verdict.ALREADY_MIXED_PRECISION, describe(kept))
 
     def claimed_hazards(self) -> Set[int]:
-        """Gradient penalties this backend scales (see gradient_penalty.py), with float16 only."""
+        """Gradient penalties this backend scales (see gradient_penalty.py), and FSDP wraps (the
+        scalers of this file become ShardedGradScaler), with float16 only."""
         if not self.scaling:
             return set()
         if self.penalties is None:
             self.penalties = penalty_sites(self.structure, self.structure.fresh_name("scaler", "grad_scaler", "amp_scaler"))
-        return set(self.penalties)
+        return set(self.penalties) | {id(wrap.node) for wrap in self._fsdp_wraps()}
+
+    def _fsdp_wraps(self):
+        """FullyShardedDataParallel wraps of this file (FSDP1): its GradScalers must be ShardedGradScaler."""
+        return flat_parameter_fsdp_wraps(self.structure)
 
     def plan_manual_updates(self):
         """Parameters updated by hand: autocast only with bfloat16; float16 is refused (AMP226)."""
@@ -358,6 +367,15 @@ class NativeConversion(TorchConversion):
                     )
                 self.companion_keys.add(caller.change.key)
             self._agree_on_device_across_files(plan)
+        wraps = self._fsdp_wraps()
+        if wraps and plan.companions:
+            raise Unconvertible(
+                f"the model is wrapped in FullyShardedDataParallel (line {self.structure.line(wraps[0].node)}) and the "
+                f"GradScaler would be created in {plan.companions[0].change.display}: float16 loss scaling needs a "
+                "ShardedGradScaler there (a plain GradScaler lets ranks disagree on skipped steps); use --dtype bfloat16, "
+                "or create a ShardedGradScaler there by hand",
+                unit.steps[0].call, code="AMP222",
+            )
         delegated = [b for b in unit.backwards if b.delegation is not None]
         if delegated and not plan.reference.startswith("self."):
             helper = delegated[0].delegation.helpers[-1].name.value
@@ -629,19 +647,20 @@ class NativeConversion(TorchConversion):
         self.edits.created_scalers.add(key)
         device = device or self.devices.device_for(home.device_scope, home.line + 1, home.after)
         self.scaler_devices[key] = device
-        self.edits.insert_after(home.after, f"{home.reference} = {self.torch}.amp.GradScaler({device})")
+        scaler_class = self._scaler_class()
+        self.edits.insert_after(home.after, f"{home.reference} = {scaler_class}({device})")
         for earlier in home.also_after:
             if id(earlier) in self.edits.created_scalers:
                 continue
             self.edits.created_scalers.add(id(earlier))
             earlier_device = self.devices.device_for(home.device_scope, self.structure.line(earlier) + 1, earlier)
-            self.edits.insert_after(earlier, f"{home.reference} = {self.torch}.amp.GradScaler({earlier_device})")
-            self.info("AMP204", f"created {home.reference} = torch.amp.GradScaler({earlier_device}) after this "
+            self.edits.insert_after(earlier, f"{home.reference} = {scaler_class}({earlier_device})")
+            self.info("AMP204", f"created {home.reference} = {scaler_class}({earlier_device}) after this "
                                 f"construction of {', '.join(home.optimizers)} too (the optimizer is created again at line "
                                 f"{home.line}; the step uses whichever exists)", earlier)
         self.info(
             "AMP204",
-            f"created {home.reference} = torch.amp.GradScaler({device}) after the optimizer(s) "
+            f"created {home.reference} = {scaler_class}({device}) after the optimizer(s) "
             f"{', '.join(o for o in home.optimizers if o not in home.created_later)}"
             + (f" (it steps {', '.join(home.created_later)} too, created later)" if home.created_later else "")
             + (f"; {home.recreated_per_call}() creates its optimizer on every call (it is called in a loop), and so "
@@ -650,6 +669,32 @@ class NativeConversion(TorchConversion):
                if home.recreated_per_call else ""),
             home.after,
         )
+
+    def _scaler_class(self) -> str:
+        """`torch.amp.GradScaler`; `ShardedGradScaler` (imported once) in a file that wraps its
+        model in FullyShardedDataParallel: its unscale_ reduces the inf/NaN check over the ranks,
+        so every rank skips the same steps."""
+        wraps = self._fsdp_wraps()
+        if not wraps:
+            return f"{self.torch}.amp.GradScaler"
+        name = self.structure.fresh_name("ShardedGradScaler", "AmpShardedGradScaler")
+        if not self.sharded_import_added:
+            self.sharded_import_added = True
+            anchor = last_leading_import(self.module)
+            statement = "from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler" + (
+                f" as {name}" if name != "ShardedGradScaler" else "")
+            if anchor is not None:
+                self.edits.insert_after(anchor, statement)
+            else:
+                self.edits.insert_before(self.module.body[0], statement)
+            self.info(
+                "AMP236",
+                f"the model is wrapped in FullyShardedDataParallel (line {self.structure.line(wraps[0].node)}): the "
+                f"GradScaler is torch.distributed.fsdp's {name}, whose inf/NaN check is reduced over the ranks (a plain "
+                "GradScaler lets ranks disagree on skipped steps); added its import",
+                anchor if anchor is not None else self.module.body[0],
+            )
+        return name
 
     # ---- checkpoints ------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ goes before the first `from torch import ...`, else after the docstring and any
 
 from __future__ import annotations
 
-from typing import Set
+from typing import Optional, Set
 
 import libcst as cst
 
@@ -81,3 +81,22 @@ def _after_docstring_and_future_imports(body) -> int:
             continue
         break
     return index
+
+
+def last_leading_import(module: cst.Module) -> Optional[cst.CSTNode]:
+    """The last import statement of the module's opening run of imports."""
+    last = None
+    for index, statement in enumerate(module.body):
+        if isinstance(statement, cst.SimpleStatementLine):
+            if all(isinstance(item, (cst.Import, cst.ImportFrom)) for item in statement.body):
+                last = statement
+                continue
+            if index == 0 and isinstance(statement.body[0], cst.Expr) and isinstance(
+                statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString)
+            ):
+                continue  # the module docstring
+        if isinstance(statement, cst.Try) and last is not None:
+            continue  # try: import x / except ImportError: ... among the imports
+        if last is not None:
+            break
+    return last

@@ -1156,3 +1156,8 @@ def describe_mixed_precision_use(structure: TrainingStructure, use: cst.CSTNode)
     if policy is not None:
         return f"{qualified.rsplit('.', 1)[-1]}(..., {policy.keyword.value}=...), FSDP's own mixed precision policy"
     return qualified
+
+
+def flat_parameter_fsdp_wraps(s: TrainingStructure) -> List[Hazard]:
+    """The FullyShardedDataParallel (FSDP1) wraps of a module: its GradScaler must be ShardedGradScaler."""
+    return [h for h in s.hazards if h.kind is HazardKind.FSDP and h.detail in names.FLAT_PARAMETER_FSDP_WRAPPERS]
