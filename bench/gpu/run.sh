@@ -15,7 +15,7 @@ fi
 # ampify as installed: transforms/ is the package ampify.transforms
 rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r ampify /tmp/pkg/ && rm -rf /tmp/pkg/ampify/transforms && cp -r transforms /tmp/pkg/ampify/transforms
 export PYTHONPATH=/tmp/pkg:/tmp/site PYTHONUNBUFFERED=1
-python3 -c "import torch, libcst; print('torch', torch.__version__, torch.cuda.get_device_name(), 'libcst', libcst.__version__)"
+python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, torch.cuda.get_device_name(), 'libcst', m.version('libcst'))"
 
 echo "== 1. executable tests on CUDA"
 (cd /tmp/work && timeout 300 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
