@@ -49,6 +49,10 @@ class FunctionOutline:
     #: or moves its argument or a model it builds (`net.cuda()` / `net = net.to(device)`) and
     #: returns it
     returns_device_moved: bool
+    #: in a module that imports tensorflow, it builds an optimizer (`optimizer = tf.train.AdamOptimizer(...)`,
+    #: BERT's `AdamWeightDecayOptimizer(...)` in `optimization.create_optimizer`): a TF1 file that
+    #: trains through it is converted there
+    builds_tf1_optimizer: bool = False
 
 
 @dataclass(frozen=True)
@@ -398,9 +402,10 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     outline = ModuleOutline(path)
+    tensorflow = b"tensorflow" in data
     for statement in _module_level(tree.body):
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            outline.functions[statement.name] = _function_outline(statement)
+            outline.functions[statement.name] = _function_outline(statement, tensorflow)
         elif isinstance(statement, ast.ClassDef):
             outline.classes[statement.name] = statement.lineno
         elif isinstance(statement, ast.Import):
@@ -522,11 +527,15 @@ def _module_level(statements: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
                 yield from _module_level(handler.body)
 
 
-def _function_outline(function) -> FunctionOutline:
+def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
     params = tuple(a.arg for a in [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs])
     moved = set()
     returns = []
+    builds_optimizer = False
     for node in ast.walk(function):
+        if tensorflow and isinstance(node, ast.Call):
+            called = _dotted(node.func) or ""
+            builds_optimizer = builds_optimizer or called.rsplit(".", 1)[-1].endswith("Optimizer")
         if isinstance(node, ast.Assign) and _is_device_move(node.value):
             moved |= {t.id for t in node.targets if isinstance(t, ast.Name)}
         elif isinstance(node, ast.Expr) and _is_device_move(node.value):
@@ -536,7 +545,7 @@ def _function_outline(function) -> FunctionOutline:
         elif isinstance(node, ast.Return) and node.value is not None:
             returns.append(node.value)
     returns_moved = any(_is_device_move(value) or (isinstance(value, ast.Name) and value.id in moved) for value in returns)
-    return FunctionOutline(function.name, function.lineno, params, returns_moved)
+    return FunctionOutline(function.name, function.lineno, params, returns_moved, builds_optimizer)
 
 
 def _optimizer_methods(path: Path, method: str, outline: Optional[ModuleOutline]) -> List[Tuple[str, int, bool]]:
@@ -652,6 +661,23 @@ class ProjectView:
             return None
         path, function = found
         return f"{self.where(path, function.line)} {function.name}()"
+
+    def tf1_optimizer_builders(self) -> List[Tuple[str, str, str]]:
+        """(key, "optimization.py:59", "optimization.create_optimizer") for each project function this
+        module calls that builds a TF1 optimizer in its own module."""
+        outline = self._own_outline()
+        if outline is None:
+            return []
+        found = []
+        for dotted in sorted(outline.calls):
+            resolved = self.index.function(self.path, dotted, outline.imports)
+            if resolved is None or resolved[0] == self.path or not resolved[1].builds_tf1_optimizer:
+                continue
+            path, function = resolved
+            entry = (str(path), self.where(path, function.line), dotted)
+            if entry not in found:
+                found.append(entry)
+        return found
 
     def float16_overflows_imported(self) -> List[str]:
         """"transformer/Modules.py:25 masked_fill(..., -1e9)" for model code of the project

@@ -126,6 +126,11 @@ RULES: List[Rule] = [
          "Outside NVIDIA's NGC containers the script trains in float32 while its author believes it is mixed precision; "
          "ampify cannot tell from a flag when mixed precision is meant, so the file is left as it is.",
          "os.environ['TF_ENABLE_AUTO_MIXED_PRECISION'] = '1' if args.amp else '0'", MANUAL),
+    Rule("AMP123", "warning", "the optimizer is built by a function of another module that is not in this run; not converted",
+         "The file trains through a project helper that builds the optimizer (BERT's `optimization.create_optimizer`): the "
+         "mixed precision wrapper goes into that module, and this file needs no change. Named together (or with the "
+         "repository), the helper's module is converted and this file reports nothing to do.",
+         "train_op = optimization.create_optimizer(loss, lr, steps, warmup)  # in run_classifier.py", MANUAL, incomplete=True),
     Rule("AMP200", "error", "error: internal error in the PyTorch native transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP200 internal error in the torch-native-amp transform (RecursionError: ...); this file is left unchanged", MANUAL),

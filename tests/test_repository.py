@@ -228,3 +228,28 @@ def test_a_wrapper_method_name_another_class_defines_too_is_not_followed(tmp_pat
     entry = json.loads((tmp_path / "r.json").read_text())["files"][0]
     assert entry["status"] == "not converted", completed.stdout
     assert {f["code"] for f in entry["findings"]} == {"AMP220"}
+
+
+def test_a_tf1_file_that_trains_through_a_helper_module_names_it(tmp_path):
+    """BERT's run_classifier.py gets its train op from optimization.create_optimizer(): named alone,
+    it is not converted and the warning names the file to run ampify on (the wrapper goes there);
+    with the repository, it needs no change and says where its optimizer is converted."""
+    tree = tmp_path / "repo"
+    shutil.copytree(ROOT / "fixtures" / "repositories" / "tf1_optimizer_built_by_helper" / "input", tree)
+    alone = subprocess.run([sys.executable, "-m", "ampify", "--check", str(tree / "run_classifier.py"), "--report",
+                            str(tmp_path / "alone.json")], capture_output=True, text=True, cwd=tmp_path)
+    assert alone.returncode == 1, alone.stderr
+    [entry] = json.loads((tmp_path / "alone.json").read_text())["files"]
+    assert entry["status"] == "not converted"
+    [finding] = entry["findings"]
+    assert (finding["code"], finding["line"]) == ("AMP123", 14)
+    assert "optimization.create_optimizer() at optimization.py:8, which is not in this run" in finding["message"]
+    assert "run ampify on optimization.py or on the repository" in finding["message"]
+    whole = subprocess.run([sys.executable, "-m", "ampify", "--check", str(tree), "--report", str(tmp_path / "all.json")],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert whole.returncode == 1, whole.stderr  # --check: a file would change
+    by_name = {Path(f["path"]).name: f for f in json.loads((tmp_path / "all.json").read_text())["files"]}
+    assert by_name["optimization.py"]["status"] == "changed"
+    assert by_name["run_classifier.py"]["reason"].startswith(
+        "trains through optimization.create_optimizer() (optimization.py:8), which builds the optimizer")
+    assert not by_name["run_classifier.py"]["findings"]

@@ -60,6 +60,10 @@ class ProjectFacts(Protocol):
         """"model.py:215 GPT.configure_optimizers()" when every project class defining `method`
         returns a torch.optim optimizer built from its own parameters only; else None."""
 
+    def tf1_optimizer_builders(self) -> Sequence[Tuple[str, str, str]]:
+        """(key, "optimization.py:59", "optimization.create_optimizer" as called here) for each
+        project function this module calls that builds a TF1 optimizer in its own module."""
+
     def torch_module_imported(self) -> Optional[str]:
         """"models/pix2pix_model.py" when a project module this module imports imports torch."""
 

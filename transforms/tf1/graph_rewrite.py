@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import replace
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
@@ -208,8 +208,48 @@ class _GraphRewrite:
         if self.survey.hand_written_marker is not None and self.survey.tf1_style:
             return self._already_mixed_precision(self.survey.hand_written_marker, hand_written=True)
         if not self.survey.tf1_style:
-            return TransformResult(self.original, Verdict.NOT_APPLICABLE, [], NOT_APPLICABLE_REASON)
+            return self._through_project_builder() or TransformResult(
+                self.original, Verdict.NOT_APPLICABLE, [], NOT_APPLICABLE_REASON)
         return self._convert()
+
+    def _through_project_builder(self) -> Optional[TransformResult]:
+        """A file that builds no optimizer but calls a project function that does (BERT's
+        run_classifier.py: `train_op = optimization.create_optimizer(loss, ...)`): the optimizer is
+        wrapped where that function builds it, and this file needs no change. Nothing to do when
+        that module is in this run (its own result says what was done there); not converted, with
+        the file to run ampify on, when it is not."""
+        if self.project is None or self._tf1_sites():
+            return None
+        builders = self.project.tf1_optimizer_builders()
+        if not builders:
+            return None
+        calls = ", ".join(f"{dotted}() ({where})" for _, where, dotted in builders)
+        outside = [(key, where, dotted) for key, where, dotted in builders if not self.project.in_this_run(key)]
+        if not outside:
+            return TransformResult(
+                self.original, Verdict.NOTHING_TO_DO, list(self.findings),
+                f"trains through {calls}, which builds the optimizer: its mixed precision wrapper goes there "
+                "(see that file's result)",
+            )
+        key, where, dotted = outside[0]
+        line, column = self._first_call_position(dotted)
+        self.findings.append(_warning(
+            "AMP123",
+            f"the optimizer is built by {dotted}() at {where}, which is not in this run: its mixed precision "
+            f"wrapper goes there; run ampify on {where.rsplit(':', 1)[0]} or on the repository (this file needs "
+            "no change)",
+            line, column,
+        ))
+        return TransformResult(self.original, Verdict.UNCONVERTED, self.findings,
+                               f"the optimizer is built in {where.rsplit(':', 1)[0]}, not in this run; see the warning")
+
+    def _first_call_position(self, dotted: str) -> Tuple[int, int]:
+        for call in _calls(self.module):
+            name = _dotted_of(call.func)
+            if name == dotted:
+                start = self.positions[call].start
+                return start.line, start.column
+        return 1, 0
 
     # -- files that already use mixed precision ----------------------------------------------
     def _already_mixed_precision(self, found, hand_written: bool) -> TransformResult:
@@ -465,6 +505,10 @@ class _GraphRewrite:
 
     def _unconverted(self) -> TransformResult:
         warnings = [f for f in self.findings if f.severity is not Severity.INFO]
+        if not warnings:
+            through = self._through_project_builder()
+            if through is not None:
+                return through
         if warnings:
             return TransformResult(
                 self.original,
@@ -483,3 +527,25 @@ class _GraphRewrite:
         if index < len(self.module.body):
             return self.positions[self.module.body[index]].start.line
         return 1
+
+
+def _calls(module: cst.Module) -> List[cst.Call]:
+    found: List[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            found.append(node)
+
+    module.visit(_Calls())
+    return found
+
+
+def _dotted_of(node: cst.BaseExpression) -> Optional[str]:
+    parts = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if not isinstance(node, cst.Name):
+        return None
+    parts.append(node.value)
+    return ".".join(reversed(parts))

@@ -9,6 +9,8 @@ name added there widens the screen too:
   `getattr(<train module>, name)`, a string naming an optimizer class;
 - an optimizer built inside TensorFlow (optimize_loss, canned Estimators);
 - `apply_gradients` (the tf.gradients analysis runs only when something is applied);
+- a call named like an optimizer factory (`optimization.create_optimizer(...)`): the optimizer
+  may be built by a helper of the project, which the rewrite then names;
 - a mixed precision API, policy or env var (the "already mixed precision" verdict).
 Without any of them the rewrite can only answer "not applicable" / "nothing to do", unchanged
 and without findings; `tests/test_scale_prefilter.py` checks exactly that on real files.
@@ -65,6 +67,8 @@ def may_concern_tf1_graph_rewrite(facts: SourceFacts) -> bool:
         return True
     if any(name.endswith("Optimizer") for name in identifiers):
         return True
+    if any("optimizer" in name.lower() for name in facts.call_names):
+        return True  # `optimization.create_optimizer(...)`: a project helper may build it (see graph_rewrite)
     if "getattr" in facts.call_names and identifiers & _OPTIMIZER_MODULE_NAMES:
         return True
     return any(_OPTIMIZER_CLASS_STRING.search(value) for value in facts.strings)
