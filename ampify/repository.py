@@ -92,6 +92,8 @@ class ModuleOutline:
     #: calls through a registry: `models = [GAN, CGAN]` ... `for model in models: model(sess, ...)`
     #: is a call of GAN and of CGAN (kept apart: only some questions may follow them)
     registry_calls: Dict[str, List[Call]] = field(default_factory=dict)
+    #: the module names a mixed precision API (autocast, GradScaler, apex's scale_loss)
+    mixed_precision: bool = False
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -403,6 +405,7 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
         return None
     outline = ModuleOutline(path)
     tensorflow = b"tensorflow" in data
+    outline.mixed_precision = any(marker in data for marker in (b"autocast", b"GradScaler", b"scale_loss"))
     for statement in _module_level(tree.body):
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
             outline.functions[statement.name] = _function_outline(statement, tensorflow)
@@ -661,6 +664,26 @@ class ProjectView:
             return None
         path, function = found
         return f"{self.where(path, function.line)} {function.name}()"
+
+    def training_functions_called(self) -> List[Tuple[str, str, str]]:
+        """(key, "engine.py:12", "engine.train_one_epoch") for each function of another project module
+        this module calls, when that module has a training step (a `.backward(` call)."""
+        outline = self._own_outline()
+        if outline is None:
+            return []
+        found = []
+        for dotted in sorted(outline.calls):
+            resolved = self.index.function(self.path, dotted, outline.imports)
+            if resolved is None or resolved[0] == self.path:
+                continue
+            path, function = resolved
+            target = self.index.outline(path)
+            if target is None or not target.trains or target.mixed_precision:
+                continue
+            entry = (str(path), self.where(path, function.line), dotted)
+            if entry not in found:
+                found.append(entry)
+        return found
 
     def tf1_optimizer_builders(self) -> List[Tuple[str, str, str]]:
         """(key, "optimization.py:59", "optimization.create_optimizer") for each project function this

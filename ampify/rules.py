@@ -233,6 +233,11 @@ RULES: List[Rule] = [
          "The gradients live in a distributed autograd context that a DistributedOptimizer steps, with no local .grad to "
          "unscale; the forward pass runs partly on remote workers, where a local autocast does not apply.",
          _RPC_EXAMPLE, MANUAL, incomplete=True),
+    Rule("AMP237", "warning", "the optimizer built here is stepped by a training function of a module not in this run; not converted",
+         "A driver (DETR's main.py) builds the optimizer and hands it to `engine.train_one_epoch(...)`: the GradScaler is "
+         "created in the driver and passed to the step in the engine, one change set for both files. Named alone, the "
+         "driver was reported as having no training code while it trains in float32.",
+         "train_one_epoch(model, criterion, loader, optimizer, device)  # engine.py not named", MANUAL, incomplete=True),
     Rule("AMP236", "info", "ShardedGradScaler for a FullyShardedDataParallel model",
          "A file that wraps its model in FullyShardedDataParallel (FSDP1) gets "
          "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler, imported, in place of torch.amp.GradScaler: "
@@ -340,6 +345,10 @@ RULES: List[Rule] = [
          "The gradients live in a distributed autograd context that a DistributedOptimizer steps; amp.scale_loss and "
          "amp.initialize need a local optimizer.",
          _RPC_EXAMPLE, MANUAL, incomplete=True),
+    Rule("AMP327", "warning", "the optimizer built here is stepped by a training function of a module not in this run; not converted",
+         "amp.initialize goes after the optimizer in the driver and amp.scale_loss around the backward in the engine: one "
+         "change set for both files, so both must be in the run.",
+         "train_one_epoch(model, criterion, loader, optimizer, device)  # engine.py not named", MANUAL, incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

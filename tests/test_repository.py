@@ -253,3 +253,27 @@ def test_a_tf1_file_that_trains_through_a_helper_module_names_it(tmp_path):
     assert by_name["run_classifier.py"]["reason"].startswith(
         "trains through optimization.create_optimizer() (optimization.py:8), which builds the optimizer")
     assert not by_name["run_classifier.py"]["findings"]
+
+
+@pytest.mark.parametrize("backend, code", [("native", "AMP237"), ("apex", "AMP327")])
+def test_a_driver_named_without_its_engine_is_not_converted_and_names_it(backend, code, tmp_path):
+    """main.py builds the optimizer and hands it to engine.train_one_epoch(): named alone it is
+    not converted (it was "no training code"), and the warning names engine.py; named with
+    engine.py, both change together."""
+    tree = tmp_path / "repo"
+    shutil.copytree(ROOT / "fixtures" / "repositories" / "engine_split" / "input", tree)
+    (tree / ".git").mkdir()
+    alone = subprocess.run([sys.executable, "-m", "ampify", "--check", "--backend", backend, str(tree / "main.py"),
+                            "--report", str(tmp_path / "alone.json")], capture_output=True, text=True, cwd=tmp_path)
+    assert alone.returncode == 1, alone.stderr
+    [entry] = json.loads((tmp_path / "alone.json").read_text())["files"]
+    assert entry["status"] == "not converted"
+    [finding] = entry["findings"]
+    assert (finding["code"], finding["line"]) == (code, 14)
+    assert finding["message"].startswith("train_one_epoch() (engine.py:4) runs the training step with optimizer, "
+                                         "created here at line 11, and engine.py is not in this run")
+    both = subprocess.run([sys.executable, "-m", "ampify", "--check", "--backend", backend, str(tree / "main.py"),
+                           str(tree / "engine.py"), "--report", str(tmp_path / "both.json")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    statuses = {Path(f["path"]).name: f["status"] for f in json.loads((tmp_path / "both.json").read_text())["files"]}
+    assert statuses == {"main.py": "changed", "engine.py": "changed"}, both.stdout

@@ -20,6 +20,9 @@ SHOWN_BY_OTHER_TESTS = {
     "AMP001": "tests/test_hostile_input.py",  # a write refused after the conversion (read-only folder)
     # a TF1 file whose optimizer a helper module builds, named without that module
     "AMP123": "tests/test_repository.py",
+    # a driver named without the module whose function steps its optimizer (both backends)
+    "AMP237": "tests/test_repository.py",
+    "AMP327": "tests/test_repository.py",
     # internal errors of each target's transform (one policy, tests/test_rules.py forces each)
     "AMP100": "tests/test_rules.py",
     "AMP200": "tests/test_rules.py",

@@ -68,6 +68,12 @@ APEX_RULES = BackendRules(
         "not converted: wrap it in `with amp.scale_loss(loss, optimizer) as scaled_loss:` by hand",
     ),
     unit_refused=("AMP317", "{problem}; this training loop is left unconverted"),
+    training_elsewhere=(
+        "AMP327",
+        "{function}() ({where}) runs the training step with {optimizer}, created here at line {line}, and {module} "
+        "is not in this run: amp.initialize goes here and amp.scale_loss there, one change set for both files; "
+        "run ampify on both files or on the repository",
+    ),
     blocked_reason="apex amp would raise on this script (see the warnings)",
     hazards={
         HazardKind.BCE: HazardRule(

@@ -28,6 +28,7 @@ from ampify.options import Options
 from ampify.transforms.base import CompanionChange, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch import names as names
+from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.bce_logits import criterion_never_applied
 from ampify.transforms.torch.helper_backwards import helper_refusal_note
 from ampify.transforms.torch.masked_fill_limits import plan_imported_fill_limits
@@ -74,6 +75,9 @@ class BackendRules:
     steps_without_backward: Tuple[str, str]  # message uses {receiver}
     unpaired_backward: Tuple[str, str]  # message uses {followed}
     unit_refused: Tuple[str, str]  # "{problem}; <suffix>"
+    #: a driver hands its optimizer to the training function of a module not in this run; the
+    #: message uses {function}, {where}, {optimizer}, {line}, {module}
+    training_elsewhere: Tuple[str, str]
     hazards: Mapping[HazardKind, HazardRule]
     blocked_reason: str
 
@@ -206,6 +210,9 @@ class TorchConversion(abc.ABC):
             self.warn(code, message.format(receiver=s.steps[0].receiver), s.steps[0].call)
             return self.result(Verdict.UNCONVERTED, "optimizer steps without a backward() call in this file")
         if not has_training:
+            elsewhere = self._training_elsewhere_not_in_run()
+            if elsewhere is not None:
+                return elsewhere
             return self.result(Verdict.NOTHING_TO_DO, "no backward() call: no training step here (inference or model code)")
         if blocked:
             return self.result(Verdict.UNCONVERTED, self.blocked_reason or self.rules.blocked_reason)
@@ -233,6 +240,36 @@ class TorchConversion(abc.ABC):
         if not plans:
             return self.result(Verdict.UNCONVERTED, "training code found, but no training step could be converted safely")
         return self.result(Verdict.CONVERTED, module=self.write(plans))
+
+    def _training_elsewhere_not_in_run(self) -> Optional[TransformResult]:
+        """A driver (DETR's main.py) builds the optimizer and hands it to the training function of
+        another module (`train_one_epoch(model, criterion, loader, optimizer, ...)`): when that module
+        is in this run, its conversion edits this file too (one change set); when it is not, this
+        file is not converted and the warning names the module to add. None when neither holds."""
+        s = self.structure
+        if self.project is None:
+            return None
+        optimizers = {b.name: b for b in s.bindings
+                      if b.qualified_call and names.is_optimizer_qualname(b.qualified_call) and b.kind == "assign"}
+        if not optimizers:
+            return None
+        for key, where, dotted in self.project.training_functions_called():
+            if self.project.in_this_run(key):
+                continue
+            for call in statements.calls_within(s.module):
+                if dotted_name(call.func) != dotted:
+                    continue
+                passed = [name for arg in call.args for name in sorted(statements.used_names(arg.value) & set(optimizers))]
+                if not passed:
+                    continue
+                binding = optimizers[passed[0]]
+                code, message = self.rules.training_elsewhere
+                module = where.rsplit(":", 1)[0]
+                self.warn(code, message.format(function=dotted, where=where, optimizer=passed[0], module=module,
+                                               line=s.line(binding.statement) if binding.statement else s.line(call)),
+                          call)
+                return self.result(Verdict.UNCONVERTED, f"the training step is in {module}, not in this run; see the warning")
+        return None
 
     def _torch_through_the_project(self) -> Optional[str]:
         """A file that trains (backward() and a step) without importing torch, whose project

@@ -204,3 +204,11 @@ _DEVICE_WORDS = re.compile(r"device|gpu|cuda|rank|^dev$", re.IGNORECASE)
 def looks_like_device_name(dotted: str) -> bool:
     """`device`, `args.device`, `self.gpu_id`, `local_rank` yes; `dtype`, `x` no."""
     return bool(_DEVICE_WORDS.search(dotted.rsplit(".", 1)[-1]))
+
+
+#: torch.optim's optimizer classes, as a driver calls them (`optim.SGD(...)`): a file that builds one
+#: and hands it to a training function of another module is screened in (see driver.py)
+TORCH_OPTIMIZER_CLASS_NAMES = frozenset({
+    "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD", "LBFGS", "NAdam",
+    "RAdam", "SparseAdam", "Adafactor", "Muon",
+})

@@ -87,6 +87,12 @@ NATIVE_RULES = BackendRules(
         "scaler.scale(loss).backward() and scaler.step()/update() by hand",
     ),
     unit_refused=("AMP215", "{problem}; this training step was left unconverted"),
+    training_elsewhere=(
+        "AMP237",
+        "{function}() ({where}) runs the training step with {optimizer}, created here at line {line}, and {module} "
+        "is not in this run: the GradScaler is created here and passed to the step there, one change set for both "
+        "files; run ampify on both files or on the repository",
+    ),
     blocked_reason="mixed precision would break this file; see the warnings",
     hazards={
         HazardKind.BCE: HazardRule(

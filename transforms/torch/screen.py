@@ -5,7 +5,8 @@ The analysis (`torch/training_loop.py`) finds work only through: a `.backward()`
 `torch.autograd.backward`), a `.step()` call (optimizer steps, closures, wrapper classes), a
 hazard it reports on its own (BCELoss / binary_cross_entropy, `create_graph=`, `masked_fill`),
 or a mixed precision API (the "already mixed precision" verdict: torch.amp, apex amp, FSDP's
-`mixed_precision=` / `mp_policy=` policy). Unlike the byte test, the
+`mixed_precision=` / `mp_policy=` policy), or a torch.optim optimizer built and handed to the
+training function of another module (a driver: see driver.py). Unlike the byte test, the
 screen looks at code only: `def backward` in an autograd Function, "step" in a docstring or a
 `step` variable do not count. `tests/test_scale_prefilter.py` checks the screen on real files.
 """
@@ -18,6 +19,7 @@ from ampify.transforms.torch.names import (
     BCE_LOSS_CLASSES,
     FSDP_POLICY_KEYWORDS,
     MIXED_PRECISION_PREFIXES,
+    TORCH_OPTIMIZER_CLASS_NAMES,
 )
 
 #: calls that train, or that the analysis reports as hazards
@@ -34,4 +36,5 @@ SCREENED_OUT_REASON = (
 
 def may_concern_torch_training_code(facts: SourceFacts) -> bool:
     """Could a PyTorch transform change or report anything in a module with these facts?"""
-    return bool(facts.call_names & _CALLS or facts.identifiers & _NAMES)
+    return bool(facts.call_names & _CALLS or facts.identifiers & _NAMES
+                or facts.call_names & TORCH_OPTIMIZER_CLASS_NAMES)

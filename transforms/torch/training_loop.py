@@ -1037,7 +1037,8 @@ OTHER_TRAINING_FRAMEWORKS = ("tensorflow", "keras", "mxnet", "chainer", "jax", "
 #: a file the PyTorch transforms change or warn about holds one of these bytes next to `torch`:
 #: training (backward calls, optimizer steps, closures, wrapper classes' step) or a hazard they
 #: report on its own (AMP210/310 BCE, AMP212/312 create_graph, AMP213/313 masked_fill)
-TORCH_RELEVANT_MARKERS = (b"backward", b"step", b"BCELoss", b"binary_cross_entropy", b"create_graph", b"masked_fill")
+TORCH_RELEVANT_MARKERS = (b"backward", b"step", b"BCELoss", b"binary_cross_entropy", b"create_graph", b"masked_fill",
+                          b"optim")
 
 
 def may_concern_torch_training(source: bytes) -> bool:
