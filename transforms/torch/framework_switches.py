@@ -59,8 +59,14 @@ class SwitchSite:
     existing: str = ""
 
 
+#: the packages those constructors come from: a module that imports none of them has no site
+_FRAMEWORK_PACKAGES = frozenset(name.split(".")[0] for switch in SWITCHES for name in switch.constructors)
+
+
 def framework_switch_sites(module: cst.Module, imports: ImportMap) -> List[SwitchSite]:
     """Every constructor call of a framework that owns the training loop."""
+    if not any(imports.uses(package) for package in _FRAMEWORK_PACKAGES):
+        return []  # no call can resolve to one of them: skip the walk over every call
     sites = []
     for call in statements.calls_within(module):
         qualified = imports.resolve(call.func)

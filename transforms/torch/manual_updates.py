@@ -28,11 +28,12 @@ def manual_update_units(s: TrainingStructure) -> Dict[int, TrainingUnit]:
         if not owners:
             continue  # inside a lambda or a nested def: no iteration to follow
         owner = owners[0]
+        candidates = [read for read in s.grad_reads
+                      if s.contains(owner, read.node) and _updates_a_parameter(read.statement)]
+        if not candidates:
+            continue  # (lines are compared only when needed: positions cost a pass over the module)
         after = s.line(backward.call)
-        updates = [
-            read for read in s.grad_reads
-            if s.contains(owner, read.node) and s.line(read.statement) > after and _updates_a_parameter(read.statement)
-        ]
+        updates = [read for read in candidates if s.line(read.statement) > after]
         if not updates:
             continue
         unit = by_owner.get(id(owner))
