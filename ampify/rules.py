@@ -305,8 +305,9 @@ RULES: List[Rule] = [
     Rule("AMP311", "warning", "`optimizer.step(closure)`: apex does not support closures; file not converted",
          "apex cannot scale a loss computed inside a closure.", "optimizer.step(closure)", MANUAL, incomplete=True),
     Rule("AMP312", "warning", "gradient penalty (`create_graph=True`) not scaled by `amp.scale_loss`",
-         "The penalty's gradients are computed unscaled in float16.",
-         "torch.autograd.grad(d_out, x, create_graph=True)", MANUAL, incomplete=True),
+         "The penalty's gradients are computed unscaled in float16. Reported where ampify cannot scale them itself "
+         "(AMP328): several outputs differentiated at once, a shape the native backend does not follow either.",
+         "torch.autograd.grad([d_out_a, d_out_b], x, create_graph=True)", MANUAL, incomplete=True),
     Rule("AMP313", "warning", "`masked_fill` with a constant that overflows float16 under O1; file not converted",
          "apex does not patch masked_fill: on float16 scores -1e9 raises `value cannot be converted to type at::Half "
          "without overflow`.", "scores.masked_fill(mask, -1e9)", MANUAL),
@@ -345,6 +346,14 @@ RULES: List[Rule] = [
          "The gradients live in a distributed autograd context that a DistributedOptimizer steps; amp.scale_loss and "
          "amp.initialize need a local optimizer.",
          _RPC_EXAMPLE, MANUAL, incomplete=True),
+    Rule("AMP328", "info", "gradient penalty scaled with apex's loss scale",
+         "apex has no GradScaler.scale() for autograd.grad (apex issue #873); its loss scale is public "
+         "(`amp.state_dict()[\"loss_scaler<k>\"][\"loss_scale\"]`). The penalty's gradients are taken of the outputs "
+         "times that scale in float32 and divided by it, k being the loss the penalty is added to: an overflow there "
+         "makes that loss's scaler skip the step and lower the very scale read.",
+         "g = autograd.grad(outputs=d_out, inputs=x, create_graph=True)[0]\n  -> penalty_scale = "
+         "amp.state_dict()[\"loss_scaler0\"][\"loss_scale\"]\n     g = autograd.grad(outputs=d_out.float() * "
+         "penalty_scale, inputs=x, create_graph=True)[0]\n     g = g / penalty_scale", REVIEW),
     Rule("AMP327", "warning", "the optimizer built here is stepped by a training function of a module not in this run; not converted",
          "amp.initialize goes after the optimizer in the driver and amp.scale_loss around the backward in the engine: one "
          "change set for both files, so both must be in the run.",

@@ -12,7 +12,7 @@ by golden files and compilation only.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -23,10 +23,12 @@ from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.torch import screen as torch_screen
 from ampify.transforms.torch.apex_callers import foreign_call_sites, plan_caller
+from ampify.transforms.torch.apex_penalty import loss_index_of_penalty, write_apex_penalty
 from ampify.transforms.torch.apex_setup import ApexSetup, ApexSetupFinder, index_of, refuse
 from ampify.transforms.torch.apex_wrap_hoist import plan_hoist
 from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConversion, short_text
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
+from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_sites, sites_of_unit
 from ampify.transforms.torch.manual_updates import manual_update_beside_steps
 from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, distinct_losses, pair_helper_backwards
 from ampify.transforms.torch.normalize import converted_in_shape
@@ -111,7 +113,9 @@ APEX_RULES = BackendRules(
         HazardKind.CREATE_GRAPH: HazardRule(
             "AMP312",
             "torch.autograd.grad(..., create_graph=True) (a gradient penalty?) is not loss-scaled by "
-            "amp.scale_loss; scale the inputs of the penalty by hand (see apex's docs on gradient penalties)",
+            "amp.scale_loss, and ampify could not scale it here (it does so for one output assigned as "
+            "`g = autograd.grad(...)[0]`, AMP328): differentiate the outputs times "
+            "amp.state_dict()[\"loss_scaler0\"][\"loss_scale\"] and divide the gradients by it, by hand",
             in_training_only=True,
         ),
         HazardKind.MASKED_FILL: HazardRule(
@@ -201,6 +205,11 @@ class ApexConversion(TorchConversion):
         #: process, so a second unit set up in the same scope is refused (other classes/functions
         #: are usually alternative trainers and keep their own)
         self.initialize_planned: Optional[Tuple[TrainingUnit, Scope]] = None
+        #: gradient penalties that can be scaled (by id of their autograd.grad call), and the
+        #: loss_id each was written with
+        self.penalties: Optional[Dict[int, PenaltySite]] = None
+        self.penalties_written: Dict[int, int] = {}
+        self.penalty_scale_name = structure.fresh_name("penalty_scale", "amp_penalty_scale")
 
     # ---- the driver's steps -------------------------------------------------------------------
 
@@ -211,10 +220,21 @@ class ApexConversion(TorchConversion):
         return True  # apex's opt levels run the forward pass in float16
 
     def snapshot(self):
-        return self.plan.copy(), self.initialize_planned, list(self.planned_companions), set(self.companion_keys)
+        return (self.plan.copy(), self.initialize_planned, list(self.planned_companions), set(self.companion_keys),
+                dict(self.penalties_written))
 
     def restore(self, state) -> None:
-        self.plan, self.initialize_planned, self.planned_companions, self.companion_keys = state
+        (self.plan, self.initialize_planned, self.planned_companions, self.companion_keys,
+         self.penalties_written) = state
+
+    def claimed_hazards(self) -> Set[int]:
+        """Gradient penalties scaled with apex's own loss scale (see apex_penalty.py)."""
+        if self.penalties is None:
+            self.penalties = {
+                key: site for key, site in penalty_sites(self.s, self.s.fresh_name("scaler", "grad_scaler")).items()
+                if not isinstance(site.outputs.value, (cst.List, cst.Tuple))
+            }
+        return set(self.penalties)
 
     def plan_unit(self, unit: TrainingUnit) -> TrainingUnit:
         for step in unit.steps:
@@ -265,6 +285,7 @@ class ApexConversion(TorchConversion):
         anchor = self.place_initialize(
             len(distinct_losses(unit)), setup, [unit.owner, *(b.call for b in unit.backwards)], self.setups.note_for(setup))
         self.plan_backwards(unit)
+        self._plan_penalties(unit)
         self._plan_index_assignment_casts(unit)
         self._plan_clipping(unit)
         self.plan_checkpoints(setup, anchor)
@@ -470,6 +491,31 @@ class ApexConversion(TorchConversion):
             )
             self.plan.replace_call(backward.call, scaled_call)
             self.info("AMP302", f"wrapped {loss_code}.backward() in {self.amp}.scale_loss({loss_code}, {optimizer_text})", backward.call)
+
+    def _plan_penalties(self, unit: TrainingUnit) -> None:
+        """Each gradient penalty of the unit takes its gradients of the outputs times the loss scale
+        of the loss it is added to, and divides them by it (apex_penalty.py)."""
+        losses = distinct_losses(unit)
+        for site in sites_of_unit(self.s, unit, self.penalties or {}):
+            loss_id = loss_index_of_penalty(self.s, unit, losses, site)
+            written = self.penalties_written.get(id(site.call))
+            if written is not None:
+                if written != loss_id:
+                    refuse(site.call, f"the gradient penalty at line {self.s.line(site.call)} is added to losses of two "
+                                      "scalers (two training loops call its helper); scale it by hand")
+                continue
+            scale = write_apex_penalty(self.plan, site, self.amp, loss_id, self.penalty_scale_name)
+            if scale is None:
+                continue
+            self.penalties_written[id(site.call)] = loss_id
+            where = f" in {site.helper.name.value}()" if site.helper is not None else ""
+            self.info(
+                "AMP328",
+                f"gradient penalty{where}: torch.autograd.grad now differentiates the outputs times {scale} (in float32), "
+                f"and {site.target} is divided by it: the loss scale of the loss it is added to, so an overflow there "
+                "skips that step and lowers that scale",
+                site.call,
+            )
 
     def _optimizers_after(self, unit: TrainingUnit, backward: BackwardCall, backwards: Sequence[BackwardCall]) -> List[str]:
         """The optimizers whose step consumes this backward's gradients: the first run of steps
