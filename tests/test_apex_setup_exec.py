@@ -5,10 +5,13 @@ CPU against the apex stand-in (fixtures/verify/apex_standin) and compared with t
   the model above the wrap, so amp.initialize sees the unwrapped model (the stand-in rejects
   wrapped models as apex's check_models does, proved here on the naive order);
 - the optimizer is handed to a trainer class (#14): amp.initialize goes in its __init__."""
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from ampify.engine import convert_source
 from ampify.findings import FileStatus
@@ -146,3 +149,32 @@ def test_an_optimizer_handed_to_a_trainer_class_is_initialized_in_its_init(tmp_p
     assert skipped <= 3, after
     for old, new in zip(before, after[skipped:]):
         assert abs(old - new) <= 0.02 * max(abs(old), 1e-3), (before, after)
+
+
+def test_a_gradient_penalty_scaled_with_apex_loss_scale_equals_the_fp32_penalty(tmp_path):
+    """The WGAN-GP executable fixture converted for apex (AMP328): the penalty differentiates the
+    critic's scores times apex's loss scale of the critic's loss and divides the gradients by it.
+    Run against the stand-in (float16 forward, dynamic scaling as apex does it), the penalty equals
+    the float32 one within float16's tolerance; the first iteration overflows at the initial scale
+    (2**16), which skips that step and halves the scale, as the native recipe does."""
+    source = (Path(__file__).resolve().parent.parent / "fixtures" / "torch_native" / "exec" / "wgan_gp.py").read_text()
+    conversion = convert_source(source, filename="wgan_gp.py", options=Options(backend="apex"))
+    assert conversion.status is FileStatus.CHANGED, (conversion.reason, conversion.findings)
+    assert "AMP328" in {f.code for f in conversion.findings} and "AMP312" not in {f.code for f in conversion.findings}
+    probe = "\nprint('penalties', *PENALTIES)\n"  # the fixture ends by calling run()
+    original = tmp_path / "original.py"
+    original.write_text(source + probe)
+    converted = tmp_path / "converted.py"
+    converted.write_text(conversion.converted + probe)
+
+    def penalties(run: subprocess.CompletedProcess):
+        assert run.returncode == 0, run.stderr[-2000:]
+        line = next(line for line in run.stdout.splitlines() if line.startswith("penalties "))
+        return [float(value) for value in line.split()[1:]]
+
+    fp32 = penalties(_run(original, with_standin=False))
+    mixed = penalties(_run(converted, with_standin=True))
+    assert len(fp32) == len(mixed) == 3
+    assert not math.isfinite(mixed[0]), mixed  # 2**16 times the scores' gradients overflows float16
+    for new, old in zip(mixed[1:], fp32[1:]):
+        assert new == pytest.approx(old, rel=5e-2, abs=1e-3), (mixed, fp32)
