@@ -255,3 +255,28 @@ def test_an_optimizer_created_on_every_call_of_a_looped_function_says_its_scaler
         created = [f.message for f in conversion.findings if f.code == "AMP204"]
         assert len(created) == 1
         assert ("train() creates its optimizer on every call" in created[0]) is says, created[0]
+
+
+def test_the_bce_warning_names_every_sigmoid_when_there_are_several():
+    """ClusterGAN: the generator's image output ends in a Sigmoid, the discriminator adds one under a
+    flag; the BCE warning names both lines, not only the first (the generator's, which BCE never reads)."""
+    source = textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+
+        generator = nn.Sequential(nn.Linear(4, 8), nn.Sigmoid()).cuda()
+        discriminator = nn.Sequential(nn.Linear(8, 1))
+        if not wass:
+            discriminator = nn.Sequential(discriminator, nn.Sigmoid())
+        discriminator = discriminator.cuda()
+        bce_loss = nn.BCELoss()
+        optimizer = torch.optim.Adam(discriminator.parameters())
+        for z, real in loader:
+            optimizer.zero_grad()
+            loss = bce_loss(discriminator(generator(z)), real)
+            loss.backward()
+            optimizer.step()
+        ''')
+    result = convert_source(source, Options(), filename="clustergan.py")
+    [warning] = [f for f in result.findings if f.code == "AMP210"]
+    assert "nn.Sigmoid at lines 4 and 7: drop the one that ends the model feeding this loss" in warning.message

@@ -379,8 +379,13 @@ def _message_fields(s: TrainingStructure, hazard: Hazard, sigmoids: List[Hazard]
     detail = hazard.detail
     short = short_text(detail)
     hint = ""
-    if sigmoids:
+    if len(sigmoids) == 1:
         hint = f" (the model ends in nn.Sigmoid at line {s.line(sigmoids[0].node)}: drop it and feed logits)"
+    elif sigmoids:
+        lines = sorted({s.line(sigmoid.node) for sigmoid in sigmoids})
+        shown = ", ".join(map(str, lines[:-1])) + f" and {lines[-1]}" if len(lines) > 1 else str(lines[0])
+        hint = (f" (nn.Sigmoid at lines {shown}: drop the one that ends the model feeding this loss and feed it "
+                "logits)" if len(lines) > 1 else f" (the model ends in nn.Sigmoid at line {shown}: drop it and feed logits)")
     return {
         "detail": detail,
         "short_detail": short or "this call",
