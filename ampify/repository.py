@@ -53,6 +53,8 @@ class FunctionOutline:
     #: BERT's `AdamWeightDecayOptimizer(...)` in `optimization.create_optimizer`): a TF1 file that
     #: trains through it is converted there
     builds_tf1_optimizer: bool = False
+    #: its body calls `.backward(...)`: it runs a training step (a driver handing it the optimizer relies on it)
+    calls_backward: bool = False
 
 
 @dataclass(frozen=True)
@@ -534,8 +536,10 @@ def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
     params = tuple(a.arg for a in [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs])
     moved = set()
     returns = []
-    builds_optimizer = False
+    builds_optimizer = calls_backward = False
     for node in ast.walk(function):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
+            calls_backward = True
         if tensorflow and isinstance(node, ast.Call):
             called = _dotted(node.func) or ""
             builds_optimizer = builds_optimizer or called.rsplit(".", 1)[-1].endswith("Optimizer")
@@ -548,7 +552,7 @@ def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
         elif isinstance(node, ast.Return) and node.value is not None:
             returns.append(node.value)
     returns_moved = any(_is_device_move(value) or (isinstance(value, ast.Name) and value.id in moved) for value in returns)
-    return FunctionOutline(function.name, function.lineno, params, returns_moved, builds_optimizer)
+    return FunctionOutline(function.name, function.lineno, params, returns_moved, builds_optimizer, calls_backward)
 
 
 def _optimizer_methods(path: Path, method: str, outline: Optional[ModuleOutline]) -> List[Tuple[str, int, bool]]:
@@ -667,7 +671,8 @@ class ProjectView:
 
     def training_functions_called(self) -> List[Tuple[str, str, str]]:
         """(key, "engine.py:12", "engine.train_one_epoch") for each function of another project module
-        this module calls, when that module has a training step (a `.backward(` call)."""
+        this module calls that runs a training step itself (its body calls `.backward(`), in a module
+        that does not already use mixed precision."""
         outline = self._own_outline()
         if outline is None:
             return []
@@ -678,7 +683,7 @@ class ProjectView:
                 continue
             path, function = resolved
             target = self.index.outline(path)
-            if target is None or not target.trains or target.mixed_precision:
+            if target is None or not function.calls_backward or target.mixed_precision:
                 continue
             entry = (str(path), self.where(path, function.line), dotted)
             if entry not in found:

@@ -277,3 +277,24 @@ def test_a_driver_named_without_its_engine_is_not_converted_and_names_it(backend
                           capture_output=True, text=True, cwd=tmp_path)
     statuses = {Path(f["path"]).name: f["status"] for f in json.loads((tmp_path / "both.json").read_text())["files"]}
     assert statuses == {"main.py": "changed", "engine.py": "changed"}, both.stdout
+
+
+def test_a_driver_that_hands_its_optimizer_to_a_checkpoint_helper_is_not_told_to_add_it(tmp_path):
+    """Only a function that runs backward() itself counts as the step a driver relies on: handing the
+    optimizer to `utils.save_checkpoint()` of a module that also trains elsewhere says nothing."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "utils.py").write_text(
+        "import torch\n\n\ndef save_checkpoint(model, optimizer, path):\n"
+        "    torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict()}, path)\n\n\n"
+        "def finetune(model, optimizer, batches):\n    for x in batches:\n        optimizer.zero_grad()\n"
+        "        model(x).sum().backward()\n        optimizer.step()\n"
+    )
+    (tmp_path / "export.py").write_text(
+        "import torch\nimport torch.nn as nn\n\nfrom utils import save_checkpoint\n\n"
+        "model = nn.Linear(4, 2)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "save_checkpoint(model, optimizer, 'out.pt')\n"
+    )
+    run = subprocess.run([sys.executable, "-m", "ampify", "--check", str(tmp_path / "export.py"), "--report",
+                          str(tmp_path / "r.json")], capture_output=True, text=True, cwd=tmp_path)
+    [entry] = json.loads((tmp_path / "r.json").read_text())["files"]
+    assert entry["status"] == "not applicable" and not entry["findings"], run.stdout
