@@ -673,15 +673,8 @@ class ProjectView:
         """(key, "engine.py:12", "engine.train_one_epoch") for each function of another project module
         this module calls that runs a training step itself (its body calls `.backward(`), in a module
         that does not already use mixed precision."""
-        outline = self._own_outline()
-        if outline is None:
-            return []
         found = []
-        for dotted in sorted(outline.calls):
-            resolved = self.index.function(self.path, dotted, outline.imports)
-            if resolved is None or resolved[0] == self.path:
-                continue
-            path, function = resolved
+        for path, function, dotted in self._project_functions_called():
             target = self.index.outline(path)
             if target is None or not function.calls_backward or target.mixed_precision:
                 continue
@@ -693,19 +686,23 @@ class ProjectView:
     def tf1_optimizer_builders(self) -> List[Tuple[str, str, str]]:
         """(key, "optimization.py:59", "optimization.create_optimizer") for each project function this
         module calls that builds a TF1 optimizer in its own module."""
-        outline = self._own_outline()
-        if outline is None:
-            return []
         found = []
-        for dotted in sorted(outline.calls):
-            resolved = self.index.function(self.path, dotted, outline.imports)
-            if resolved is None or resolved[0] == self.path or not resolved[1].builds_tf1_optimizer:
-                continue
-            path, function = resolved
+        for path, function, dotted in self._project_functions_called():
             entry = (str(path), self.where(path, function.line), dotted)
-            if entry not in found:
+            if function.builds_tf1_optimizer and entry not in found:
                 found.append(entry)
         return found
+
+    def _project_functions_called(self) -> Iterator[Tuple[Path, FunctionOutline, str]]:
+        """(module, function, the dotted name it is called through here) for each call of this
+        module that reaches a function of another project module."""
+        outline = self._own_outline()
+        if outline is None:
+            return
+        for dotted in sorted(outline.calls):
+            resolved = self.index.function(self.path, dotted, outline.imports)
+            if resolved is not None and resolved[0] != self.path:
+                yield resolved[0], resolved[1], dotted
 
     def float16_overflows_imported(self) -> List[str]:
         """"transformer/Modules.py:25 masked_fill(..., -1e9)" for model code of the project

@@ -22,7 +22,7 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.tf1 import screen as tf1_screen
 from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
-from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.tf1.gradients_rewrite import GradientsPlan, plan_gradients_rewrites
@@ -244,12 +244,19 @@ class _GraphRewrite:
                                f"the optimizer is built in {where.rsplit(':', 1)[0]}, not in this run; see the warning")
 
     def _first_call_position(self, dotted: str) -> Tuple[int, int]:
-        for call in _calls(self.module):
-            name = _dotted_of(call.func)
-            if name == dotted:
-                start = self.positions[call].start
-                return start.line, start.column
-        return 1, 0
+        found: List[cst.Call] = []
+
+        class _FirstCall(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> Optional[bool]:
+                if not found and dotted_name(node.func) == dotted:
+                    found.append(node)
+                return not found
+
+        self.module.visit(_FirstCall())
+        if not found:
+            return 1, 0
+        start = self.positions[found[0]].start
+        return start.line, start.column
 
     # -- files that already use mixed precision ----------------------------------------------
     def _already_mixed_precision(self, found, hand_written: bool) -> TransformResult:
@@ -527,25 +534,3 @@ class _GraphRewrite:
         if index < len(self.module.body):
             return self.positions[self.module.body[index]].start.line
         return 1
-
-
-def _calls(module: cst.Module) -> List[cst.Call]:
-    found: List[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            found.append(node)
-
-    module.visit(_Calls())
-    return found
-
-
-def _dotted_of(node: cst.BaseExpression) -> Optional[str]:
-    parts = []
-    while isinstance(node, cst.Attribute):
-        parts.append(node.attr.value)
-        node = node.value
-    if not isinstance(node, cst.Name):
-        return None
-    parts.append(node.value)
-    return ".".join(reversed(parts))
