@@ -55,6 +55,8 @@ class FunctionOutline:
     builds_tf1_optimizer: bool = False
     #: its body calls `.backward(...)`: it runs a training step (a driver handing it the optimizer relies on it)
     calls_backward: bool = False
+    #: a class with a training step, outlined as its constructor (`Trainer(model, data, optimizer)`)
+    is_class: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,9 @@ class ModuleOutline:
     registry_calls: Dict[str, List[Call]] = field(default_factory=dict)
     #: the module names a mixed precision API (autocast, GradScaler, apex's scale_loss)
     mixed_precision: bool = False
+    #: classes with a method that calls `.backward(...)` (a trainer: `Trainer(model, data, optimizer)`),
+    #: outlined as their constructor: its parameters, and calls_backward set
+    training_classes: Dict[str, FunctionOutline] = field(default_factory=dict)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -294,9 +299,11 @@ class RepositoryIndex:
                     bound[local] = f"{imported}.{name}" if name else imported
             self._collect_star_imports(path, outline.star_imports, bound, seen, depth + 1)
 
-    def function(self, importer: Path, dotted: str, imports: Dict[str, Tuple[str, Optional[str], int]]) -> Optional[Tuple[Path, FunctionOutline]]:
+    def function(self, importer: Path, dotted: str, imports: Dict[str, Tuple[str, Optional[str], int]],
+                 trainer_classes: bool = False) -> Optional[Tuple[Path, FunctionOutline]]:
         """The project function a dotted call name reaches from `importer`, given its imports:
-        `get_network` (from utils import get_network) or `utils.get_network` (import utils)."""
+        `get_network` (from utils import get_network) or `utils.get_network` (import utils).
+        `trainer_classes`: a class with a training step counts too (outlined as its constructor)."""
         head, _, rest = dotted.partition(".")
         if head not in imports:
             return None
@@ -313,9 +320,13 @@ class RepositoryIndex:
         else:
             return None
         outline = self.outline(path) if path is not None else None
-        if outline is None or function_name not in outline.functions:
+        if outline is None:
             return None
-        return path, outline.functions[function_name]
+        if function_name in outline.functions:
+            return path, outline.functions[function_name]
+        if trainer_classes and function_name in outline.training_classes:
+            return path, outline.training_classes[function_name]
+        return None
 
     def callers(self, defining: Path, function_name: str, through_registries: bool = False) -> Iterator[Call]:
         """Calls of `function_name` of module `defining` anywhere else in the project, through
@@ -413,6 +424,9 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
             outline.functions[statement.name] = _function_outline(statement, tensorflow)
         elif isinstance(statement, ast.ClassDef):
             outline.classes[statement.name] = statement.lineno
+            trainer = _training_class_outline(statement)
+            if trainer is not None:
+                outline.training_classes[statement.name] = trainer
         elif isinstance(statement, ast.Import):
             for alias in statement.names:
                 if alias.asname:
@@ -530,6 +544,18 @@ def _module_level(statements: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
                 yield from _module_level(getattr(statement, part, []))
             for handler in getattr(statement, "handlers", []):
                 yield from _module_level(handler.body)
+
+
+def _training_class_outline(klass: ast.ClassDef) -> Optional[FunctionOutline]:
+    """A class one of whose methods calls `.backward(...)`, as its constructor: None otherwise."""
+    methods = [node for node in klass.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    trains = any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward"
+                 for method in methods for node in ast.walk(method))
+    if not trains:
+        return None
+    init = next((m for m in methods if m.name == "__init__"), None)
+    params = tuple(a.arg for a in [*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs][1:]) if init else ()
+    return FunctionOutline(klass.name, klass.lineno, params, False, False, True, is_class=True)
 
 
 def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
@@ -669,16 +695,17 @@ class ProjectView:
         path, function = found
         return f"{self.where(path, function.line)} {function.name}()"
 
-    def training_functions_called(self) -> List[Tuple[str, str, str]]:
-        """(key, "engine.py:12", "engine.train_one_epoch") for each function of another project module
-        this module calls that runs a training step itself (its body calls `.backward(`), in a module
-        that does not already use mixed precision."""
+    def training_functions_called(self) -> List[Tuple[str, str, str, bool]]:
+        """(key, "engine.py:12", "engine.train_one_epoch", is a class) for each function of another project module
+        this module calls that runs a training step itself (its body calls `.backward(`), or class with
+        a method that does (`Trainer(model, data, optimizer)`), in a module that does not already use
+        mixed precision."""
         found = []
         for path, function, dotted in self._project_functions_called():
             target = self.index.outline(path)
             if target is None or not function.calls_backward or target.mixed_precision:
                 continue
-            entry = (str(path), self.where(path, function.line), dotted)
+            entry = (str(path), self.where(path, function.line), dotted, function.is_class)
             if entry not in found:
                 found.append(entry)
         return found
@@ -700,7 +727,7 @@ class ProjectView:
         if outline is None:
             return
         for dotted in sorted(outline.calls):
-            resolved = self.index.function(self.path, dotted, outline.imports)
+            resolved = self.index.function(self.path, dotted, outline.imports, trainer_classes=True)
             if resolved is not None and resolved[0] != self.path:
                 yield resolved[0], resolved[1], dotted
 

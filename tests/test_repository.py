@@ -298,3 +298,30 @@ def test_a_driver_that_hands_its_optimizer_to_a_checkpoint_helper_is_not_told_to
                           str(tmp_path / "r.json")], capture_output=True, text=True, cwd=tmp_path)
     [entry] = json.loads((tmp_path / "r.json").read_text())["files"]
     assert entry["status"] == "not applicable" and not entry["findings"], run.stdout
+
+
+@pytest.mark.parametrize("backend, code", [("native", "AMP237"), ("apex", "AMP327")])
+def test_a_driver_that_hands_its_optimizer_to_a_trainer_class_of_another_module_names_it(backend, code, tmp_path):
+    """The DDP tutorial's layout split in two files: main.py builds the optimizer and hands it to
+    `Trainer(model, data, optimizer, gpu_id)` of trainer.py. Named alone it is not converted (it was
+    "not applicable"), and the warning says the conversion goes into that class."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "trainer.py").write_text(
+        "import torch\n\n\nclass Trainer:\n    def __init__(self, model, train_data, optimizer, gpu_id):\n"
+        "        self.model = model.to(gpu_id)\n        self.train_data = train_data\n        self.optimizer = optimizer\n\n"
+        "    def train(self):\n        for source, targets in self.train_data:\n            self.optimizer.zero_grad()\n"
+        "            loss = torch.nn.functional.cross_entropy(self.model(source), targets)\n"
+        "            loss.backward()\n            self.optimizer.step()\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "import torch\n\nfrom trainer import Trainer\n\n\ndef main(device):\n    model = torch.nn.Linear(20, 2)\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)\n    Trainer(model, [], optimizer, device).train()\n"
+    )
+    subprocess.run([sys.executable, "-m", "ampify", "--check", "--backend", backend, str(tmp_path / "main.py"),
+                    "--report", str(tmp_path / "r.json")], capture_output=True, text=True, cwd=tmp_path)
+    [entry] = json.loads((tmp_path / "r.json").read_text())["files"]
+    assert entry["status"] == "not converted"
+    [finding] = entry["findings"]
+    assert (finding["code"], finding["line"]) == (code, 9)
+    assert finding["message"].startswith("Trainer() (trainer.py:4) runs the training step with optimizer, created here "
+                                         "at line 8, and trainer.py is not in this run: that class's step is where")

@@ -60,9 +60,9 @@ class ProjectFacts(Protocol):
         """"model.py:215 GPT.configure_optimizers()" when every project class defining `method`
         returns a torch.optim optimizer built from its own parameters only; else None."""
 
-    def training_functions_called(self) -> Sequence[Tuple[str, str, str]]:
-        """(key, "engine.py:12", "engine.train_one_epoch" as called here) for each function of another
-        project module this module calls, when that module has a training step."""
+    def training_functions_called(self) -> Sequence[Tuple[str, str, str, bool]]:
+        """(key, "engine.py:12", "engine.train_one_epoch" as called here, is a class) for each function of
+        another project module this module calls that runs a training step, or class with a method that does."""
 
     def tf1_optimizer_builders(self) -> Sequence[Tuple[str, str, str]]:
         """(key, "optimization.py:59", "optimization.create_optimizer" as called here) for each

@@ -75,6 +75,9 @@ APEX_RULES = BackendRules(
         "{function}() ({where}) runs the training step with {optimizer}, created here at line {line}, and {module} "
         "is not in this run: amp.initialize goes here and amp.scale_loss there, one change set for both files; "
         "run ampify on both files or on the repository",
+        "{function}() ({where}) runs the training step with {optimizer}, created here at line {line}, and {module} "
+        "is not in this run: that class's step is where the conversion goes (this file needs no change); run ampify "
+        "on {module} or on the repository",
     ),
     blocked_reason="apex amp would raise on this script (see the warnings)",
     hazards={

@@ -76,8 +76,9 @@ class BackendRules:
     unpaired_backward: Tuple[str, str]  # message uses {followed}
     unit_refused: Tuple[str, str]  # "{problem}; <suffix>"
     #: a driver hands its optimizer to the training function of a module not in this run; the
-    #: message uses {function}, {where}, {optimizer}, {line}, {module}
-    training_elsewhere: Tuple[str, str]
+    #: message uses {function}, {where}, {optimizer}, {line}, {module}; a second message for a
+    #: trainer class, whose own module gets the whole conversion
+    training_elsewhere: Tuple[str, str, str]
     hazards: Mapping[HazardKind, HazardRule]
     blocked_reason: str
 
@@ -253,7 +254,7 @@ class TorchConversion(abc.ABC):
                       if b.qualified_call and names.is_optimizer_qualname(b.qualified_call) and b.kind == "assign"}
         if not optimizers:
             return None
-        for key, where, dotted in self.project.training_functions_called():
+        for key, where, dotted, is_class in self.project.training_functions_called():
             if self.project.in_this_run(key):
                 continue
             for call in statements.calls_within(s.module):
@@ -263,7 +264,8 @@ class TorchConversion(abc.ABC):
                 if not passed:
                     continue
                 binding = optimizers[passed[0]]
-                code, message = self.rules.training_elsewhere
+                code, message, class_message = self.rules.training_elsewhere
+                message = class_message if is_class else message
                 module = where.rsplit(":", 1)[0]
                 self.warn(code, message.format(function=dotted, where=where, optimizer=passed[0], module=module,
                                                line=s.line(binding.statement) if binding.statement else s.line(call)),

@@ -92,6 +92,9 @@ NATIVE_RULES = BackendRules(
         "{function}() ({where}) runs the training step with {optimizer}, created here at line {line}, and {module} "
         "is not in this run: the GradScaler is created here and passed to the step there, one change set for both "
         "files; run ampify on both files or on the repository",
+        "{function}() ({where}) runs the training step with {optimizer}, created here at line {line}, and {module} "
+        "is not in this run: that class's step is where the conversion goes (this file needs no change); run ampify "
+        "on {module} or on the repository",
     ),
     blocked_reason="mixed precision would break this file; see the warnings",
     hazards={
