@@ -26,9 +26,12 @@ import libcst as cst
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.positions import Positions
+from ampify.transforms.torch.torch_import import add_import_torch
 
 #: device moves of a criterion module (a statement of their own): BCEWithLogitsLoss moves alike
 _DEVICE_MOVES = {"cuda", "cpu", "to"}
+#: a sigmoid applied as a function at the end of forward() (`return torch.sigmoid(self.fc(x))`)
+_FUNCTIONAL_SIGMOIDS = ("torch.sigmoid", "torch.nn.functional.sigmoid")
 _SHAPE_METHODS = {"view", "squeeze", "unsqueeze", "reshape", "flatten", "view_as", "contiguous"}
 _MODEL_ATTRIBUTES = {
     "parameters", "named_parameters", "apply", "to", "cuda", "cpu", "state_dict", "load_state_dict", "train",
@@ -48,15 +51,38 @@ class Fusion:
 
 
 def fuse_bce_after_sigmoid(module: cst.Module, imports: ImportMap) -> Optional[tuple]:
-    """(new module, Fusion) when the shape above holds everywhere; None otherwise."""
-    try:
-        return _Fuser(module, imports).run()
-    except _NotFollowed:
-        return None
-    except (IndexError, AttributeError, KeyError, TypeError):
-        # a shape the checks above did not foresee: not followed, so nothing is fused and the
-        # BCE warning stands (a wrong fusion is the one outcome that must not happen)
-        return None
+    """(new module, Fusion) when the shape above holds everywhere for exactly one of the file's
+    sigmoids (a generator ending in nn.Sigmoid beside the discriminator that feeds the loss: the
+    generator's is not followed to the criterion); None otherwise."""
+    index = _Index()
+    walk(module, index)
+    fused = []
+    for candidate in _sigmoid_candidates(index, imports):
+        try:
+            fused.append(_Fuser(module, imports, index).run(candidate))
+        except _NotFollowed:
+            continue
+        except (IndexError, AttributeError, KeyError, TypeError):
+            # a shape the checks did not foresee: not followed, so nothing is fused and the BCE
+            # warning stands (a wrong fusion is the one outcome that must not happen)
+            continue
+    return fused[0] if len(fused) == 1 else None
+
+
+def _sigmoid_candidates(index: "_Index", imports: ImportMap) -> List[cst.Call]:
+    """`nn.Sigmoid()` modules, and functional sigmoids applied in a model's forward()."""
+    found = []
+    for call in index.calls:
+        resolved = imports.resolve(call.func)
+        if resolved == "torch.nn.Sigmoid" and not call.args:
+            found.append(call)
+        elif resolved in _FUNCTIONAL_SIGMOIDS and len(call.args) == 1 and call.args[0].keyword is None:
+            function = index.parent.get(id(call))
+            while function is not None and not isinstance(function, cst.FunctionDef):
+                function = index.parent.get(id(function))
+            if function is not None and function.name.value == "forward":
+                found.append(call)
+    return found
 
 
 def criterion_never_applied(structure, call: cst.Call) -> bool:
@@ -136,11 +162,13 @@ class _Index(cst.CSTVisitor):
 
 
 class _Fuser:
-    def __init__(self, module: cst.Module, imports: ImportMap) -> None:
+    def __init__(self, module: cst.Module, imports: ImportMap, index: Optional["_Index"] = None) -> None:
         self.module = module
         self.imports = imports
-        self.index = _Index()
-        walk(module, self.index)
+        if index is None:
+            index = _Index()
+            walk(module, index)
+        self.index = index
         self.replace: Dict[int, cst.CSTNode] = {}
         self.positions = Positions(module)
         self._instance_names: Set[str] = set()
@@ -153,13 +181,17 @@ class _Fuser:
         self._followed_helpers: Set[int] = set()
         #: ids of the parameters every call of their function hands a model instance
         self._instance_parameters: Set[int] = set()
+        #: (flag, truthiness under which the Sigmoid is applied) when __init__ adds it only under
+        #: `if not self.wass:` and every instance is built with the module-level `wass_metric`
+        #: (ClusterGAN); None when it is always applied
+        self.condition: Optional[tuple] = None
+        #: the `if` of __init__ that adds the Sigmoid (for the finding)
+        self._guard_if: Optional[cst.If] = None
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self.index.parent.get(id(node))
 
-    def run(self):
-        torch = sorted(self.imports.local_names_for("torch"))
-        _need("torch" in torch)
+    def run(self, sigmoid: cst.Call):
         criteria = [c for c in self.index.calls if self.imports.resolve(c.func) == "torch.nn.BCELoss"]
         _need(bool(criteria) and all(isinstance(c.func, cst.Attribute) for c in criteria))
         _need(not any(self.imports.resolve(c.func) in ("torch.nn.functional.binary_cross_entropy",) for c in self.index.calls))
@@ -170,12 +202,17 @@ class _Fuser:
         _need(criterion_name is not None and all(self._assigned_name(c) == criterion_name for c in criteria))
         _need(len(self._assignments(criterion_name)) == len(criteria))
         _need(len({id(self._scope(c)) for c in criteria}) == len(criteria))
-        sigmoids = [c for c in self.index.calls if self.imports.resolve(c.func) == "torch.nn.Sigmoid"]
-        _need(len(sigmoids) == 1 and not sigmoids[0].args)
-        sigmoid = sigmoids[0]
-        owner = self._sigmoid_attribute_owner(sigmoid)
+        functional = self.imports.resolve(sigmoid.func) in _FUNCTIONAL_SIGMOIDS
+        owner = self._functional_owner(sigmoid) if functional else self._sigmoid_attribute_owner(sigmoid)
         variable = self._sequential_variable(sigmoid) if owner is None else None
-        if owner is not None:
+        if functional:
+            # `return torch.sigmoid(self.fc(x))` last in forward()
+            klass = owner[0]
+            application = self._check_class_applies_sigmoid_last(klass, sigmoid)
+            instances = self._instances(klass)
+            self._instance_names = instances
+            outputs = self._forward_results(instances, klass.name.value)
+        elif owner is not None:
             # `self.sigmoid = nn.Sigmoid()`, applied last in forward()
             klass, attribute = owner
             application = self._check_class_applies_sigmoid_last(klass, attribute)
@@ -192,6 +229,7 @@ class _Fuser:
             self._check_class_returns_sequential(klass, attribute)
             instances = self._instances(klass)
             self._instance_names = instances
+            self.condition = self._condition_of(self.parent(self.parent(sigmoid)), klass)
             outputs = self._forward_results(instances, klass.name.value)
         fusion = Fusion(self._line(criterion_call), self._line(sigmoid))
         seen: Set[int] = set()
@@ -205,15 +243,22 @@ class _Fuser:
             self.replace[id(criterion)] = criterion.with_changes(
                 func=criterion.func.with_changes(attr=cst.Name("BCEWithLogitsLoss"))
             )
+        # torch.sigmoid(...) wrappers need the name torch (`from torch import nn, optim` alone:
+        # `import torch` is added, as the conversion that follows adds it for autocast)
+        needs_import = bool(fusion.wrapped) and "torch" not in self.imports.local_names_for("torch")
+        if needs_import:
+            # the name torch means nothing else here (only `from torch import ...` spells it)
+            _need(all(self._enclosing(n, (cst.ImportFrom, cst.Import)) is not None for n in self.index.names.get("torch", [])))
         if owner is not None:
             node, replacement = application
             self.replace[id(node)] = replacement
+            applied = f"{dotted_name(sigmoid.func)}(...)" if functional else f"self.{owner[1]}(...)"
             fusion.description = (
-                f"BCE after a Sigmoid fused: self.{owner[1]}(...) no longer applied at the end of "
+                f"BCE after a Sigmoid fused: {applied} no longer applied at the end of "
                 f"{owner[0].name.value}.forward() (line {self._line(node)}), the criterion at line "
                 f"{self._line(criterion_call)} is nn.BCEWithLogitsLoss (the same loss, computed from logits)")
             fusion.wrapped.sort()
-            return self.module.visit(_Replace(self.replace)), fusion
+            return _with_torch_imported(self.module.visit(_Replace(self.replace)), needs_import), fusion
         sequential = self.parent(self.parent(sigmoid))
         args = list(sequential.args)
         kept = args[:-1]
@@ -233,7 +278,15 @@ class _Fuser:
             kept[-1] = kept[-1].with_changes(whitespace_after_arg=args[-1].whitespace_after_arg)
         self.replace[id(sequential)] = sequential.with_changes(args=kept)
         fusion.wrapped.sort()
-        return self.module.visit(_Replace(self.replace)), fusion
+        if self.condition is not None:
+            flag, truthy = self.condition
+            fusion.description = (
+                f"BCE after a Sigmoid fused: nn.Sigmoid() at line {fusion.sigmoid_line} dropped from the model "
+                f"(added under `if {cst.Module(body=[]).code_for_node(self._guard_if.test).strip()}:`, that is when "
+                f"{flag} is {'true' if truthy else 'false'}), the criterion at line {fusion.criterion_line} is "
+                "nn.BCEWithLogitsLoss (the same loss, computed from logits); reads of the output where "
+                f"{flag} is {'false' if truthy else 'true'} keep the raw output they saw before")
+        return _with_torch_imported(self.module.visit(_Replace(self.replace)), needs_import), fusion
 
     # ---- the model -------------------------------------------------------------------------
 
@@ -252,27 +305,51 @@ class _Fuser:
         _need(klass is not None)
         return klass, target.split(".")[1]
 
-    def _check_class_applies_sigmoid_last(self, klass: cst.ClassDef, attribute: str):
-        """forward() applies `self.<attribute>` once, last: `return self.sigmoid(x)`, or
-        `out = self.sigmoid(x)` right before `return out`. Returns (node to replace, replacement):
-        the call by its argument, or the whole statement removed when it was `out = self.sigmoid(out)`."""
+    def _functional_owner(self, sigmoid: cst.Call):
+        """(class, "") for a functional sigmoid in the forward() of a class of this file."""
+        function = self._enclosing(sigmoid, cst.FunctionDef)
+        _need(function is not None and function.name.value == "forward")
+        klass = self.parent(self.parent(function))
+        _need(isinstance(klass, cst.ClassDef) and self.parent(klass) is self.module)
+        return klass, ""
+
+    def _check_class_applies_sigmoid_last(self, klass: cst.ClassDef, applied):
+        """forward() applies the sigmoid last: `return self.sigmoid(x)`, or `out = self.sigmoid(x)`
+        right before `return out`. `applied` is the attribute name of `self.<attribute> =
+        nn.Sigmoid()`, which forward() may also apply to hidden layers before (the attribute stays
+        for those; it is used nowhere else), or the functional sigmoid call itself. Returns (node to
+        replace, replacement): the call by its argument, or the whole statement removed when it was
+        `out = self.sigmoid(out)`."""
         forward = next((s for s in klass.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"), None)
         _need(forward is not None and isinstance(forward.body, cst.IndentedBlock))
-        uses = []
-        for name in self.index.names.get(attribute, []):
-            attr = self.parent(name)
-            if isinstance(attr, cst.Attribute) and attr.attr is name and dotted_name(attr) == f"self.{attribute}" \
-                    and self._inside(attr, klass):
-                uses.append(attr)
-        calls = [u for u in uses if isinstance(self.parent(u), cst.Call) and self.parent(u).func is u]
-        _need(len(uses) == 2 and len(calls) == 1)  # the assignment in __init__ and one application
-        call = self.parent(calls[0])
-        _need(self._enclosing(call, cst.FunctionDef) is forward and len(call.args) == 1 and call.args[0].keyword is None)
+        if isinstance(applied, str):
+            attribute = applied
+            uses = []
+            for name in self.index.names.get(attribute, []):
+                attr = self.parent(name)
+                if isinstance(attr, cst.Attribute) and attr.attr is name and dotted_name(attr) == f"self.{attribute}" \
+                        and self._inside(attr, klass):
+                    uses.append(attr)
+            calls = [self.parent(u) for u in uses if isinstance(self.parent(u), cst.Call) and self.parent(u).func is u]
+            # the assignment in __init__, and applications in forward() only
+            _need(len(uses) == len(calls) + 1 and calls)
+            _need(all(self._enclosing(c, cst.FunctionDef) is forward for c in calls))
+        else:
+            calls = [applied]
+        _need(not self._calls_itself(klass))
         _need(len(list(self._nodes(forward, cst.Return))) == 1)
         body = list(forward.body.body)
         last = body[-1]
         _need(isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 and isinstance(last.body[0], cst.Return))
         returned = last.body[0].value
+        if any(returned is c for c in calls):
+            call = returned
+        else:
+            _need(len(body) >= 2 and isinstance(body[-2], cst.SimpleStatementLine) and len(body[-2].body) == 1)
+            value = getattr(body[-2].body[0], "value", None)
+            _need(any(value is c for c in calls))
+            call = value
+        _need(len(call.args) == 1 and call.args[0].keyword is None and not call.args[0].star)
         argument = call.args[0].value
         if returned is call:
             self.head = None
@@ -288,6 +365,158 @@ class _Fuser:
         if isinstance(argument, cst.Name) and argument.value == target.value:
             return before, cst.RemoveFromParent()  # `output = self.sigmoid(output)`: gone
         return call, argument
+
+    # ---- a Sigmoid added under a flag (path-sensitive) ---------------------------------------
+
+    def _condition_of(self, assign_value: cst.CSTNode, klass: cst.ClassDef) -> Optional[tuple]:
+        """None when the Sequential ending in the Sigmoid is always the model's; (flag, truthy)
+        when __init__ assigns it only under `if not self.<attr>:` (or `if self.<attr>: ... else:`),
+        `self.<attr>` is an __init__ parameter stored once, and every instance of the class is
+        built with the same module-level name bound once (`Discriminator_CNN(wass_metric=wass_metric)`):
+        the Sigmoid is then applied exactly where that name's truthiness is `truthy`. Anything else
+        conditional (a loop, a try, an elif, another test) is not followed."""
+        assign = self.parent(assign_value) if not isinstance(assign_value, cst.Assign) else assign_value
+        _need(isinstance(assign, cst.Assign))
+        init = self._enclosing(assign, cst.FunctionDef)
+        compounds = []
+        current = self.parent(assign)
+        while current is not None and current is not init:
+            if isinstance(current, cst.BaseCompoundStatement):
+                compounds.append(current)
+            if isinstance(current, cst.Else):
+                compounds.append(current)
+            current = self.parent(current)
+        target = dotted_name(assign.targets[0].target)
+        # the Sigmoid's Sequential is the last model assigned to self.<model> in __init__
+        later = [a for a in self._nodes(init, cst.Assign)
+                 if len(a.targets) == 1 and dotted_name(a.targets[0].target) == target
+                 and self.index.order[id(a)] > self.index.order[id(assign)]]
+        _need(not later)
+        if not compounds:
+            return None
+        guard = compounds[-1]
+        in_else = False
+        if isinstance(guard, cst.Else):
+            _need(len(compounds) == 2 and isinstance(compounds[0], cst.If) and compounds[0].orelse is guard)
+            guard, in_else = compounds[0], True
+        else:
+            _need(len(compounds) == 1 and isinstance(guard, cst.If))
+        test = guard.test
+        negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+        attribute = dotted_name(test.expression if negated else test) or ""
+        _need(attribute.startswith("self.") and attribute.count(".") == 1)
+        attribute = attribute.split(".")[1]
+        # applied when self.<attribute> is truthy (`if self.sigmoid_out:`), falsy (`if not self.wass:`)
+        truthy = (not negated) != in_else
+        parameter = self._stored_parameter(init, attribute)
+        flag = self._constructed_with(klass, init, parameter)
+        self._guard_if = guard
+        return flag, truthy
+
+    def _stored_parameter(self, init: cst.FunctionDef, attribute: str) -> str:
+        """`self.<attribute> = <parameter>`, a statement of __init__'s own body, the only
+        assignment to any `.<attribute>` in the file."""
+        stores = []
+        for name in self.index.names.get(attribute, []):
+            attr = self.parent(name)
+            if not (isinstance(attr, cst.Attribute) and attr.attr is name):
+                continue
+            holder = self.parent(attr)
+            if isinstance(holder, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.Del)) or (
+                    isinstance(holder, cst.Element)):
+                stores.append(attr)
+        _need(len(stores) == 1 and dotted_name(stores[0]) == f"self.{attribute}")
+        assign = self.parent(self.parent(stores[0]))
+        _need(isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.value, cst.Name))
+        _need(self.parent(self.parent(assign)) is init.body)
+        parameter = assign.value.value
+        _need(any(p.name.value == parameter for p in init.params.params))
+        # the parameter is not rebound in __init__ before it is stored
+        _need(not any(self._is_binding(n) for n in self._references(parameter) if self._scope(n) is init))
+        return parameter
+
+    def _constructed_with(self, klass: cst.ClassDef, init: cst.FunctionDef, parameter: str) -> str:
+        """The one module-level name every `Klass(...)` call passes as `parameter`."""
+        params = list(init.params.params)
+        _need(init.params.star_arg is cst.MaybeSentinel.DEFAULT or init.params.star_arg is None)
+        index = next(i for i, p in enumerate(params) if p.name.value == parameter) - 1  # after self
+        flags = set()
+        for name in self._references(klass.name.value):
+            call = self.parent(name)
+            if not (isinstance(call, cst.Call) and call.func is name):
+                continue
+            _need(not any(a.star for a in call.args))
+            passed = [a for a in call.args if a.keyword is not None and a.keyword.value == parameter]
+            if not passed:
+                plain = [a for a in call.args if a.keyword is None]
+                _need(0 <= index < len(plain))
+                passed = [plain[index]]
+            _need(len(passed) == 1 and isinstance(passed[0].value, cst.Name))
+            flags.add(passed[0].value.value)
+        _need(len(flags) == 1)
+        flag = flags.pop()
+        # bound once, by a statement of the module's own body; never imported, never global
+        # (inside __init__ the name may be the parameter itself: `def __init__(self, wass_metric=False)`)
+        bindings = []
+        for node in self._references(flag):
+            if self._scope(node) is init:
+                continue
+            holder = self.parent(node)
+            _need(not isinstance(holder, (cst.ImportAlias, cst.NamedExpr, cst.Param, cst.Global, cst.Nonlocal,
+                                          cst.AugAssign, cst.For, cst.CompFor, cst.WithItem, cst.AsName)))
+            if self._is_binding(node):
+                bindings.append(node)
+        _need(len(bindings) == 1 and isinstance(self.parent(bindings[0]), cst.AssignTarget))
+        assign = self.parent(self.parent(bindings[0]))
+        _need(isinstance(assign, cst.Assign) and self.parent(self.parent(assign)) is self.module)
+        return flag
+
+    def _applied_at(self, node: cst.CSTNode) -> bool:
+        """Does the model apply the Sigmoid for the output read at `node`? Always when it is
+        unconditional; else from the `if <flag>:` around the read (or around every call of the
+        module-level function it is in); unknown is not followed."""
+        if self.condition is None:
+            return True
+        flag, truthy = self.condition
+        value = self._flag_value(node, flag, set())
+        _need(value is not None)
+        return value == truthy
+
+    def _flag_value(self, node: cst.CSTNode, flag: str, seen: Set[int]) -> Optional[bool]:
+        child, current = node, self.parent(node)
+        while current is not None and not isinstance(current, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            if isinstance(current, cst.If):
+                test = current.test
+                negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+                tested = test.expression if negated else test
+                if isinstance(tested, cst.Name) and tested.value == flag:
+                    if child is current.body:
+                        return not negated
+                    if child is current.orelse:
+                        return negated
+            child, current = current, self.parent(current)
+        if isinstance(current, cst.FunctionDef) and self.parent(current) is self.module and id(current) not in seen:
+            seen.add(id(current))
+            values = set()
+            for name in self._references(current.name.value):
+                if name is current.name:
+                    continue
+                call = self.parent(name)
+                if not (isinstance(call, cst.Call) and call.func is name):
+                    return None
+                values.add(self._flag_value(call, flag, seen))
+            if len(values) == 1:
+                return values.pop()
+        return None
+
+    def _calls_itself(self, klass: cst.ClassDef) -> bool:
+        """`self(x)` or `self.forward(x)` in a method: forward's output read inside the class,
+        where no use is followed."""
+        for call in self._nodes(klass, cst.Call):
+            name = dotted_name(call.func)
+            if name in ("self", "self.forward"):
+                return True
+        return False
 
     def _sequential_variable(self, sigmoid: cst.Call) -> Optional[str]:
         """The name a Sequential ending in the Sigmoid is bound to, when it is a plain variable
@@ -344,7 +573,10 @@ class _Fuser:
                 continue  # another class's own `self.main`
             if self._enclosing(attr, cst.FunctionDef) is not forward:
                 statement = self._enclosing(attr, cst.Assign)
-                _need(statement is not None and self._enclosing(attr, cst.FunctionDef).name.value == "__init__")
+                _need(self._enclosing(attr, cst.FunctionDef).name.value == "__init__")
+                printed = self.parent(attr)
+                _need(statement is not None or (
+                    isinstance(printed, cst.Arg) and dotted_name(self.parent(printed).func) == "print"))
                 continue
             holder = self.parent(attr)
             if isinstance(holder, cst.Arg):  # nn.parallel.data_parallel(self.main, input, ...)
@@ -549,7 +781,8 @@ class _Fuser:
         if isinstance(holder, cst.Assign) and len(holder.targets) == 1 and isinstance(holder.targets[0].target, cst.Name):
             self._follow_name(holder.targets[0].target.value, holder, result, criterion, fusion)
             return
-        self._wrap(result, fusion)
+        if self._applied_at(result):
+            self._wrap(result, fusion)
 
     def _follow_name(self, name: str, holder: cst.Assign, result: cst.BaseExpression, criterion: str,
                      fusion: Fusion) -> None:
@@ -571,7 +804,8 @@ class _Fuser:
             _need(not isinstance(argument, (cst.Del, cst.Global, cst.Nonlocal, cst.AugAssign)))
             if isinstance(argument, cst.Arg) and self._is_criterion_first_argument(argument, criterion):
                 continue
-            self._wrap(use, fusion)
+            if self._applied_at(use):
+                self._wrap(use, fusion)
 
     def _is_binding(self, name: cst.Name) -> bool:
         """`name = ...` or `name, other = ...`: where the name is bound, not read."""
@@ -600,6 +834,8 @@ class _Fuser:
             _need(isinstance(call, cst.Call) and call.func is holder and isinstance(self.parent(call), cst.Expr))
             return
         _need(isinstance(holder, cst.Call) and holder.func is use and holder.args)
+        # a conditional Sigmoid: the criterion runs only where the flag says it is applied
+        _need(self._applied_at(holder))
         first = _strip_shape_ops(holder.args[0].value)
         # its input is a forward result, or a name that holds only forward results
         if isinstance(first, cst.Name):
@@ -705,6 +941,10 @@ class _Fuser:
 
     def _line(self, node: cst.CSTNode) -> int:
         return self.positions[node].start.line
+
+
+def _with_torch_imported(module: cst.Module, needed: bool) -> cst.Module:
+    return add_import_torch(module) if needed else module
 
 
 def _strip_shape_ops(node: cst.BaseExpression) -> cst.BaseExpression:
