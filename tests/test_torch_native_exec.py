@@ -74,6 +74,12 @@ EXPECTED_CALLS = {
     "dragan_penalty_helper": {"step": 6, "update": 3, "scale": 9, "load_state_dict": 0},
     # 2 epochs x 3 batches; self.sigmoid no longer applied, the model handed to train() and test()
     "siamese_sigmoid_attribute": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
+    # 4 iterations (vanilla GAN mode): a generator step at every other one, a discriminator step
+    # each, one update per iteration; the discriminator's conditional Sigmoid fused into the loss
+    "clustergan_wass_flag": {"step": 6, "update": 4, "scale": 6, "load_state_dict": 0},
+    # 4 epochs each: the last of the Sigmoid's applications (or the functional sigmoid) fused
+    "logistic_sigmoid_hidden_layers": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
+    "logistic_functional_sigmoid": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
     # 3 batches: one step each; scale() for the summed loss and the penalty's outputs
     "gail_discriminator": {"step": 3, "update": 3, "scale": 6, "load_state_dict": 0},
     # 2 models x 3 steps through one step function; a scaler created after each optimizer
@@ -86,7 +92,7 @@ EXPECTED_CALLS = {
 #: scripts that run inference after training, outside any step (a decoded sample): those
 #: matmuls stay float32, as ampify converts training steps only
 FLOAT32_INFERENCE_MATMULS = {"vae_sigmoid_decoder": 2, "attention_masked_fill": 2, "dragan_penalty_helper": 6,
-                             "siamese_sigmoid_attribute": 18,
+                             "siamese_sigmoid_attribute": 18, "logistic_functional_sigmoid": 1,
                              # actions picked in float32 at global steps 1-5 (outside any training step)
                              "sac_autotune": 5}
 
@@ -289,4 +295,63 @@ def test_vae_sigmoid_decoder_fused_computes_the_same_fp32_losses_and_probabiliti
     original = run_script(str(SCRIPTS / "vae_sigmoid_decoder.py")).script_globals
     same = run_script(str(script)).script_globals
     assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-4)
+    assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
+
+
+@pytest.mark.parametrize("wass", ["0", "1"])
+def test_conditional_sigmoid_fused_computes_the_same_fp32_losses_in_both_modes(wass, tmp_path, monkeypatch):
+    """ClusterGAN: the discriminator adds its Sigmoid only when the module-level flag says it is
+    not a Wasserstein critic. Fused (the Sigmoid dropped, BCEWithLogitsLoss, the Wasserstein
+    branch left reading the raw output), the script computes the original's losses and penalties
+    to 1e-6 in both modes; converted, it trains in the reduced dtype in both."""
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
+
+    monkeypatch.setenv("CLUSTERGAN_WASS", wass)
+    name = "clustergan_wass_flag"
+    module = cst.parse_module((SCRIPTS / f"{name}.py").read_text())
+    fused, fusion = fuse_bce_after_sigmoid(module, ImportMap.from_module(module))
+    assert "self.model = nn.Sequential(self.model)\n" in fused.code and "BCEWithLogitsLoss()" in fused.code
+    assert "g_loss = torch.mean(D_gen)" in fused.code and "torch.sigmoid(" not in fused.code
+    assert fused.code.count("nn.Sigmoid()") == 1 and not fusion.wrapped  # the generator keeps its own
+    script = tmp_path / "fused.py"
+    script.write_text(fused.code)
+    original = run_script(str(SCRIPTS / f"{name}.py")).script_globals
+    same = run_script(str(script)).script_globals
+    assert len(same["LOSSES"]) == 4 and same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
+    assert same["PENALTIES"] == pytest.approx(original["PENALTIES"], abs=1e-6)
+    assert bool(original["PENALTIES"]) == (wass == "1")
+    for dtype in ("float16", "bfloat16"):
+        evidence = run_script(str(_convert(name, dtype, tmp_path)))
+        assert evidence.dtypes[REDUCED[dtype]] > 0 and evidence.dtypes[torch.float32] == 0, dict(evidence.dtypes)
+        losses = evidence.script_globals["LOSSES"]
+        if dtype == "float16" and wass == "1":
+            losses = losses[1:]  # the penalty overflows at GradScaler's first scale: that step is skipped
+        assert len(losses) >= 3 and all(math.isfinite(loss) for loss in losses), losses
+
+
+@pytest.mark.parametrize("name", ["logistic_sigmoid_hidden_layers", "logistic_functional_sigmoid"])
+def test_last_sigmoid_of_forward_fused_computes_the_same_fp32_losses_and_probabilities(name, tmp_path):
+    """The Sigmoid attribute also applied to hidden layers (only its last application goes), or a
+    functional sigmoid ending forward() with an nn.BCELoss criterion (the file gets `import torch`
+    for the torch.sigmoid(...) reads): fused, in fp32, the original's losses and probabilities to 1e-6."""
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
+
+    module = cst.parse_module((SCRIPTS / f"{name}.py").read_text())
+    fused, fusion = fuse_bce_after_sigmoid(module, ImportMap.from_module(module))
+    assert "BCEWithLogitsLoss(" in fused.code and fusion.wrapped
+    if name == "logistic_sigmoid_hidden_layers":
+        assert fused.code.count("self.sigmoid(") == 2 and "y_pred = self.l3(out2)" in fused.code
+    else:
+        assert "y_pred = self.linear(x)" in fused.code and fused.code.count("\nimport torch\n") == 1
+    script = tmp_path / "fused.py"
+    script.write_text(fused.code)
+    original = run_script(str(SCRIPTS / f"{name}.py")).script_globals
+    same = run_script(str(script)).script_globals
+    assert len(same["LOSSES"]) == 4 and same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
     assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)

@@ -97,7 +97,7 @@ class AutocastPlanner:
             )
         block, body, end = found
         start, before_barrier, needed = self._forward_start(body, end, barriers, loss_names)
-        outer_forwards = self._check_outer_forward(path[level + 1:], needed, by_block, backward)
+        outer_forwards = self._check_outer_forward(path[level + 1:], needed, barriers, by_block, backward)
         planned = by_block.get(id(block), (block, []))[1]
         if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
             # an earlier region that starts after it with no backward()/step() in between
@@ -105,6 +105,11 @@ class AutocastPlanner:
             for k, (a, b) in enumerate(planned):
                 if before_barrier < a and not any(id(body[i]) in barriers for i in range(before_barrier, a)):
                     planned[k] = (before_barrier, b)
+                    break
+                # or one that ends right before it (ClusterGAN: `D_real = discriminator(real_imgs)`
+                # right after the generator step's `D_gen = discriminator(gen_imgs)`)
+                if b < before_barrier and not any(id(body[i]) in barriers for i in range(b + 1, before_barrier + 1)):
+                    planned[k] = (a, before_barrier)
                     break
         if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
             raise Unconvertible(
@@ -320,7 +325,9 @@ class AutocastPlanner:
                 continue
             # a continue/break/return may go inside the region: leaving a `with` block is fine
             if (_bound_or_filled(statement) - THROWAWAY) & needed:
-                needed |= statements.used_names(statement)
+                # `probs = policy(state_pool[i])` makes probs here: an earlier probs (a rollout's,
+                # in an outer block) is not what the loss reads
+                needed = (needed - _overwritten_names(statement)) | _read_names(statement)
                 if crossed_barrier:
                     if before_barrier is None and self._calls_model(statement):
                         before_barrier = index
@@ -328,10 +335,11 @@ class AutocastPlanner:
                     start = index
         return start, before_barrier, needed
 
-    def _check_outer_forward(self, outer_levels, needed: Set[str], by_block, backward) -> int:
+    def _check_outer_forward(self, outer_levels, needed: Set[str], barriers: Set[int], by_block, backward) -> int:
         """The loss is computed in a nested block (an `if`): a model call before that block that
-        the loss needs would stay outside the autocast region, so refuse unless a region holds it.
-        Returns how many such model calls were found (each inside a region)."""
+        the loss needs gets an autocast region of its own in its block, unless one holds it already
+        (or part of its forward pass runs before an earlier backward()/step(): refused). Returns
+        how many such model calls were found (each inside a region)."""
         s = self.structure
         found = 0
         for block, holder in outer_levels:
@@ -342,14 +350,30 @@ class AutocastPlanner:
                 if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
                     return found
                 if (statements.assigned_names(statement) - THROWAWAY) & needed:
-                    needed = needed | statements.used_names(statement)
+                    assigned_here = (statements.assigned_names(statement) - THROWAWAY) & needed
+                    needed = (needed - _overwritten_names(statement)) | _read_names(statement)
                     if self._calls_model(statement):
                         if not any(a <= index <= b for a, b in planned):
-                            raise Unconvertible(
-                                f"the forward pass for this loss (line {s.line(statement)}) is outside the block "
-                                "that computes the loss: put torch.autocast around both by hand",
-                                backward.call,
-                            )
+                            # a region of its own in that block: from its forward pass to it
+                            # (ClusterGAN: `D_gen = discriminator(gen_imgs)` before `if i % n == 0:`,
+                            # whose body computes the generator's loss from it); not a whole loop
+                            # or branch (a rollout that fills the lists the loss reads)
+                            if isinstance(statement, cst.BaseCompoundStatement):
+                                raise Unconvertible(
+                                    f"the forward pass for this loss (line {s.line(statement)}) is outside the block "
+                                    "that computes the loss: put torch.autocast around both by hand",
+                                    backward.call,
+                                )
+                            start, before_barrier, _ = self._forward_start(body, index, barriers, assigned_here)
+                            if before_barrier is not None:
+                                raise Unconvertible(
+                                    f"the forward pass for this loss (line {s.line(statement)}) is outside the block "
+                                    "that computes the loss, and part of it runs before an earlier backward()/step(): "
+                                    "put torch.autocast around it by hand",
+                                    backward.call,
+                                )
+                            by_block.setdefault(id(block), (block, planned))[1].append((start, index))
+                            planned = by_block[id(block)][1]
                         found += 1
         return found
 
@@ -365,6 +389,44 @@ def _bound_or_filled(statement: cst.CSTNode) -> Set[str]:
     """Names a statement binds, and the lists it adds to (`policy_loss.append(-log_prob * R)`
     in a loop makes `policy_loss`, which the loss is then summed from)."""
     return statements.assigned_names(statement) | statements.filled_containers(statement)
+
+
+def _overwritten_names(statement: cst.CSTNode) -> Set[str]:
+    """Names a simple statement rebinds outright (`probs = policy(x)`, `a, b = f()`): before it,
+    their earlier values are not read through it. Subscript and attribute targets, augmented
+    assignments and anything inside a compound statement (which may not run) do not count."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return set()
+    found: Set[str] = set()
+    for small in statement.body:
+        if not isinstance(small, cst.Assign):
+            continue
+        for target in small.targets:
+            node = target.target
+            elements = node.elements if isinstance(node, (cst.Tuple, cst.List)) else [node]
+            for element in elements:
+                value = element.value if isinstance(element, (cst.Element, cst.StarredElement)) else element
+                if isinstance(value, cst.Name):
+                    found.add(value.value)
+    return found
+
+
+def _read_names(statement: cst.CSTNode) -> Set[str]:
+    """The names a statement reads: of a line of plain assignments, their values and any
+    non-name targets (`x[i] = ...` reads x); else every name in it."""
+    if not isinstance(statement, cst.SimpleStatementLine) or not all(isinstance(s, cst.Assign) for s in statement.body):
+        return statements.used_names(statement)
+    read: Set[str] = set()
+    for small in statement.body:
+        read |= statements.used_names(small.value)
+        for target in small.targets:
+            node = target.target
+            elements = node.elements if isinstance(node, (cst.Tuple, cst.List)) else [node]
+            for element in elements:
+                value = element.value if isinstance(element, (cst.Element, cst.StarredElement)) else element
+                if not isinstance(value, cst.Name):
+                    read |= statements.used_names(value)
+    return read
 
 
 def index_of(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> int:
