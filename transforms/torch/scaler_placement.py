@@ -260,7 +260,9 @@ class ScalerPlacement:
                 method = first.scope
             elif first.scope is not method:
                 raise Unconvertible("the optimizers are created in different methods", node)
-            first_bindings.append(first.statement)
+            # every assignment of that method: `if kfac: self.optimizer = KFAC(...) else:
+            # self.optimizer = RMSprop(...)` gets the scaler after the whole `if`, not in one branch
+            first_bindings.extend(b.statement for b in bindings if b.scope is method)
         after = self._insertion_point(first_bindings, [], node)
         # `self.device = ...` a few lines below the optimizers (StarGAN's Solver): create the
         # scaler after it, so that it can use the script's device
