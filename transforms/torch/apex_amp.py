@@ -30,7 +30,7 @@ from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConver
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
 from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_sites, sites_of_unit
 from ampify.transforms.torch.manual_updates import manual_update_beside_steps
-from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, distinct_losses, pair_helper_backwards
+from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, distinct_losses, pair_helper_backwards
 from ampify.transforms.torch.normalize import converted_in_shape
 from ampify.transforms.torch.wrapper_steps import project_wrapper_steps
 from ampify.transforms.torch.statements import code_of
@@ -260,7 +260,7 @@ class ApexConversion(TorchConversion):
         """Plan the whole conversion of one training unit, or raise Unconvertible."""
         if not unit.steps:
             refuse(unit.backwards[0].call, "no optimizer step found for this backward()")
-        unfollowed = call_of_unfollowed_backward(self.s, unit)
+        unfollowed = call_of_unfollowed_backward(self.s, unit) or backward_for_its_hooks(self.s, unit)
         if unfollowed is not None:
             refuse(unfollowed[1], unfollowed[0])
         by_hand = manual_update_beside_steps(self.s, unit)

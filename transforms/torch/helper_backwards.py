@@ -160,6 +160,33 @@ def call_of_unfollowed_backward(structure: TrainingStructure, unit: TrainingUnit
     return None
 
 
+def backward_for_its_hooks(structure: TrainingStructure, unit: TrainingUnit) -> Optional[Tuple[str, cst.Call]]:
+    """A backward() whose gradients are cleared before any step uses them: `fisher_loss.backward()`
+    then `optimizer.zero_grad()` and the real loss's backward and step (ACKTR's K-FAC). It runs for
+    what hooks see during it (K-FAC's Fisher statistics), and scaling its loss would scale those
+    too. With a message; None when every backward reaches a step. Only the source order of one
+    iteration is read: a zero_grad() of the optimizer that steps next, with no step in between."""
+    steps = sorted((structure.line(step.call), step.receiver) for step in unit.steps)
+    for backward in unit.backwards:
+        if backward.delegation is not None:
+            continue
+        line = structure.line(backward.call)
+        later_steps = [(at, receiver) for at, receiver in steps if at > line]
+        if not later_steps:
+            continue
+        next_step, stepped = later_steps[0]
+        for clear in unit.zero_grads:
+            at = structure.line(clear.call)
+            if line < at < next_step and clear.receiver == stepped:
+                return (
+                    f"the gradients of this backward() are cleared by {clear.receiver}.zero_grad() (line {at}) "
+                    "before any step uses them: it runs for what hooks see during it (K-FAC's Fisher statistics, say), "
+                    "and loss scaling (or autocast) would change that too; convert by hand",
+                    backward.call,
+                )
+    return None
+
+
 def _may_call(structure: TrainingStructure, func: cst.BaseExpression, function: cst.FunctionDef) -> bool:
     """Can a call of `func` run `function`? A module-level function is called by its bare name,
     a method through `self.` (or `super()`); `other.name()` is another object's method."""

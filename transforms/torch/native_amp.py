@@ -39,7 +39,7 @@ from ampify.transforms.torch.framework_switches import (
     switch_keyword,
 )
 from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_sites, sites_of_unit, write_penalty
-from ampify.transforms.torch.helper_backwards import call_of_unfollowed_backward, pair_helper_backwards
+from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, pair_helper_backwards
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.manual_updates import backwards_of, manual_update_beside_steps, manual_update_units
 from ampify.transforms.torch.normalize import converted_in_shape
@@ -341,7 +341,7 @@ class NativeConversion(TorchConversion):
     def plan_unit(self, unit: TrainingUnit) -> UnitPlan:
         if not unit.steps:
             raise Unconvertible("no optimizer step in this training step")
-        unfollowed = call_of_unfollowed_backward(self.structure, unit)
+        unfollowed = call_of_unfollowed_backward(self.structure, unit) or backward_for_its_hooks(self.structure, unit)
         if unfollowed is not None:
             raise Unconvertible(*unfollowed)
         for step in unit.steps:
