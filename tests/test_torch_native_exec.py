@@ -80,6 +80,8 @@ EXPECTED_CALLS = {
     # 4 epochs each: the last of the Sigmoid's applications (or the functional sigmoid) fused
     "logistic_sigmoid_hidden_layers": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
     "logistic_functional_sigmoid": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
+    # 2 epochs x 3 batches; decode()'s F.sigmoid fused, `out` reused for a sample and a reconstruction
+    "vae_output_name_reused": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
     # 3 batches: one step each; scale() for the summed loss and the penalty's outputs
     "gail_discriminator": {"step": 3, "update": 3, "scale": 6, "load_state_dict": 0},
     # 2 models x 3 steps through one step function; a scaler created after each optimizer
@@ -93,6 +95,8 @@ EXPECTED_CALLS = {
 #: matmuls stay float32, as ampify converts training steps only
 FLOAT32_INFERENCE_MATMULS = {"vae_sigmoid_decoder": 2, "attention_masked_fill": 2, "dragan_penalty_helper": 6,
                              "siamese_sigmoid_attribute": 18, "logistic_functional_sigmoid": 1,
+                             # per epoch: a decoded sample (2 layers) and a reconstruction (5)
+                             "vae_output_name_reused": 14,
                              # actions picked in float32 at global steps 1-5 (outside any training step)
                              "sac_autotune": 5}
 
@@ -354,4 +358,27 @@ def test_last_sigmoid_of_forward_fused_computes_the_same_fp32_losses_and_probabi
     original = run_script(str(SCRIPTS / f"{name}.py")).script_globals
     same = run_script(str(script)).script_globals
     assert len(same["LOSSES"]) == 4 and same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
+    assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
+
+
+def test_output_name_reused_for_another_value_is_wrapped_where_it_holds_the_model_output(tmp_path):
+    """`out = model.decode(z)` (wrapped where decode() is called), then `out, _, _ = model(x)`: each
+    read of `out` sees the assignment before it in the block, and only the reconstruction's reads
+    get torch.sigmoid(...). Fused, in fp32, the original's losses and logged means to 1e-6."""
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_functional import fuse_functional_bce
+
+    name = "vae_output_name_reused"
+    module = cst.parse_module((SCRIPTS / f"{name}.py").read_text())
+    fused, fusion = fuse_functional_bce(module, ImportMap.from_module(module))
+    assert "out = torch.sigmoid(model.decode(z)).view(-1, 4, 4)" in fused.code
+    assert "torch.sigmoid(out).view(-1, 4, 4)" in fused.code and "PROBABILITIES.append(out.mean().item())" in fused.code
+    assert len(fusion.wrapped) == 2
+    script = tmp_path / "fused.py"
+    script.write_text(fused.code)
+    original = run_script(str(SCRIPTS / f"{name}.py")).script_globals
+    same = run_script(str(script)).script_globals
+    assert len(same["LOSSES"]) == 6 and same["LOSSES"] == pytest.approx(original["LOSSES"], rel=1e-6, abs=1e-4)
     assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)

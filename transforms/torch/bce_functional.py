@@ -86,7 +86,7 @@ class _FunctionalFuser(_Fuser):
                 func=call.func.with_changes(attr=cst.Name("binary_cross_entropy_with_logits")))
         fusion.wrapped.sort()
         fusion.description = (
-            f"BCE after a Sigmoid fused: torch.sigmoid at line {fusion.sigmoid_line} dropped from "
+            f"BCE after a Sigmoid fused: {dotted_name(sigmoid.func)} at line {fusion.sigmoid_line} dropped from "
             f"{klass.name.value}.{self.method_name}(), F.binary_cross_entropy at line{'s' if len(bce_calls) > 1 else ''} "
             f"{', '.join(str(self._line(c)) for c in bce_calls)} is F.binary_cross_entropy_with_logits (the same "
             "loss, computed from logits)")

@@ -789,8 +789,12 @@ class _Fuser:
         """Every read of `name` (bound to the model's output at `holder`) is the criterion's first
         argument or gets torch.sigmoid(...)."""
         scope = self._scope(holder)
-        for assignment in self._assignments(name, within=scope):
-            _need(assignment.value is result or self._is_forward_result(assignment.value))
+        assignments = self._assignments(name, within=scope)
+        reaching = None
+        if not all(a.value is result or self._is_forward_result(a.value) for a in assignments):
+            # the name also holds something else (`out = model.decode(z)` before `out, _, _ = model(x)`):
+            # followed read by read, when the assignments are statements of one block
+            reaching = self._reaching_assignments(name, assignments, scope)
         for use in self._references(name):
             if self._is_binding(use):
                 continue
@@ -799,6 +803,10 @@ class _Fuser:
                 # this one from elsewhere (a global, a closure) cannot be followed
                 _need(self._binds_locally(self._scope(use), name))
                 continue
+            if reaching is not None:
+                source = reaching[id(use)]
+                if not (source.value is result or self._is_forward_result(source.value)):
+                    continue  # this read sees the other value, which the fusion leaves as it was
             argument = self.parent(use)
             # `del output`, `global output`, `output += ...`: not a read that sigmoid can wrap
             _need(not isinstance(argument, (cst.Del, cst.Global, cst.Nonlocal, cst.AugAssign)))
@@ -806,6 +814,30 @@ class _Fuser:
                 continue
             if self._applied_at(use):
                 self._wrap(use, fusion)
+
+    def _reaching_assignments(self, name: str, assignments: List[cst.Assign], scope: cst.CSTNode) -> Dict[int, cst.Assign]:
+        """id(read) -> the assignment each read of `name` in `scope` sees, when every assignment is
+        a statement of its own in one block (no branch or loop between them) and every read comes
+        after one of them in that block: then the last one before it is the one it sees."""
+        lines = [self.parent(a) for a in assignments]
+        _need(all(isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 for line in lines))
+        block = self.parent(lines[0])
+        _need(all(self.parent(line) is block for line in lines))
+        body = list(block.body)
+        positions = {id(line): body.index(line) for line in lines}
+        found: Dict[int, cst.Assign] = {}
+        for use in self._references(name):
+            if self._is_binding(use) or self._scope(use) is not scope:
+                continue
+            statement = use
+            while statement is not None and self.parent(statement) is not block:
+                statement = self.parent(statement)
+            _need(statement is not None)
+            index = body.index(statement)
+            before = [a for a, line in zip(assignments, lines) if positions[id(line)] < index]
+            _need(bool(before))
+            found[id(use)] = max(before, key=lambda a: positions[id(self.parent(a))])
+        return found
 
     def _is_binding(self, name: cst.Name) -> bool:
         """`name = ...` or `name, other = ...`: where the name is bound, not read."""
