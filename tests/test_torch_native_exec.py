@@ -82,6 +82,8 @@ EXPECTED_CALLS = {
     "logistic_functional_sigmoid": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
     # 2 epochs x 3 batches; decode()'s F.sigmoid fused, `out` reused for a sample and a reconstruction
     "vae_output_name_reused": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
+    # 4 episodes of 3 steps, an update every second one: one backward per stored step
+    "policy_gradient_counted_rollout": {"step": 2, "update": 2, "scale": 12, "load_state_dict": 0},
     # 3 batches: one step each; scale() for the summed loss and the penalty's outputs
     "gail_discriminator": {"step": 3, "update": 3, "scale": 6, "load_state_dict": 0},
     # 2 models x 3 steps through one step function; a scaler created after each optimizer
@@ -97,6 +99,8 @@ FLOAT32_INFERENCE_MATMULS = {"vae_sigmoid_decoder": 2, "attention_masked_fill": 
                              "siamese_sigmoid_attribute": 18, "logistic_functional_sigmoid": 1,
                              # per epoch: a decoded sample (2 layers) and a reconstruction (5)
                              "vae_output_name_reused": 14,
+                             # the rollout's actions, picked under no_grad outside the update (12 x 2 layers)
+                             "policy_gradient_counted_rollout": 24,
                              # actions picked in float32 at global steps 1-5 (outside any training step)
                              "sac_autotune": 5}
 

@@ -351,6 +351,13 @@ class AutocastPlanner:
                     return found
                 if (statements.assigned_names(statement) - THROWAWAY) & needed:
                     assigned_here = (statements.assigned_names(statement) - THROWAWAY) & needed
+                    inner = _inner_assignments(statement, assigned_here)
+                    if inner is not None and not any(self._calls_model(line) for line in inner):
+                        # a loop or branch whose only part the loss needs is plain bookkeeping
+                        # (a rollout's `steps += 1`): no forward pass there, only what it reads
+                        for line in inner:
+                            needed = needed | _read_names(line)
+                        continue
                     needed = (needed - _overwritten_names(statement)) | _read_names(statement)
                     if self._calls_model(statement):
                         if not any(a <= index <= b for a, b in planned):
@@ -389,6 +396,35 @@ def _bound_or_filled(statement: cst.CSTNode) -> Set[str]:
     """Names a statement binds, and the lists it adds to (`policy_loss.append(-log_prob * R)`
     in a loop makes `policy_loss`, which the loss is then summed from)."""
     return statements.assigned_names(statement) | statements.filled_containers(statement)
+
+
+def _inner_assignments(statement: cst.CSTNode, wanted: Set[str]) -> Optional[List[cst.SimpleStatementLine]]:
+    """The simple statements inside a compound statement that bind any of `wanted`; None when it
+    is not a compound statement, or when its own header binds one (`for x in ...:`, `with ... as x:`,
+    `except E as x:`), which is not followed line by line."""
+    if not isinstance(statement, cst.BaseCompoundStatement):
+        return None
+    lines: List[cst.SimpleStatementLine] = []
+
+    class _Lines(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+            if (statements.assigned_names(node) - THROWAWAY) & wanted:
+                lines.append(node)
+            return False
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+    statement.visit(_Lines())
+    bound_by_lines: Set[str] = set()
+    for line in lines:
+        bound_by_lines |= statements.assigned_names(line)
+    if (wanted & (statements.assigned_names(statement) - THROWAWAY)) - bound_by_lines:
+        return None  # bound by a header (a for target, an `as` name), or a nested def
+    return lines
 
 
 def _overwritten_names(statement: cst.CSTNode) -> Set[str]:
