@@ -328,6 +328,47 @@ class RepositoryIndex:
             return path, outline.training_classes[function_name]
         return None
 
+    def project_class(self, importer: Path, local: str,
+                      imports: Dict[str, Tuple[str, Optional[str], int]]) -> Optional[Tuple[Path, str, int]]:
+        """(module, class name, line) for a class of another project module that `importer` binds
+        by `from module import Class` (or `as local`); None otherwise."""
+        if local not in imports:
+            return None
+        module, name, level = imports[local]
+        if name is None:
+            return None
+        path = self.resolve_module(importer, module, level)
+        outline = self.outline(path) if path is not None else None
+        if outline is None or name not in outline.classes or path == importer.resolve():
+            return None
+        return path, name, outline.classes[name]
+
+    def users_of(self, defining: Path, name: str, besides: Sequence[Path]) -> List[Path]:
+        """Project modules other than `defining` and `besides` that may use `defining`'s `name`:
+        they import it (or its module, or a module re-exporting it) and spell the name."""
+        defining = defining.resolve()
+        skipped = {defining} | {p.resolve() for p in besides}
+        exposures = self.exposures(defining, name)
+        found: List[Path] = []
+        for path in self.modules():
+            if path in skipped:
+                continue
+            outline = self.outline(path)
+            if outline is None:
+                continue
+            if any(module == path for module, _ in exposures):
+                found.append(path)  # a package re-exporting it: its users are not followed
+                continue
+            if not any(self._names_reaching(path, outline, module, exposed) for module, exposed in exposures):
+                continue
+            try:
+                spelled = name.encode() in path.read_bytes()
+            except OSError:
+                spelled = True
+            if spelled:
+                found.append(path)
+        return found
+
     def callers(self, defining: Path, function_name: str, through_registries: bool = False) -> Iterator[Call]:
         """Calls of `function_name` of module `defining` anywhere else in the project, through
         `from module import function`, `import module` / `module.function`,
@@ -826,6 +867,23 @@ class ProjectView:
 
     def dependency_pins(self) -> Dict[str, Tuple[str, str]]:
         return dependency_pins(self.index.root)
+
+    def imported_class(self, local: str) -> Optional[Tuple[str, str, str, int, bool]]:
+        """(key, "models.py", class name, line, its module trains) for a class of another project
+        module that this module imports as `local`; None otherwise."""
+        outline = self._own_outline()
+        if outline is None:
+            return None
+        found = self.index.project_class(self.path, local, outline.imports)
+        if found is None:
+            return None
+        path, name, line = found
+        target = self.index.outline(path)
+        return str(path), self.where(path, 0).rsplit(":", 1)[0], name, line, bool(target is not None and target.trains)
+
+    def class_users_elsewhere(self, key: str, name: str) -> List[str]:
+        """"test.py" for every project module besides this one and `key` that may use the class."""
+        return [self.where(path, 0).rsplit(":", 1)[0] for path in self.index.users_of(Path(key), name, [self.path])]
 
     def callers_elsewhere(self, function_name: str) -> List[str]:
         calls = sorted(self.index.callers(self.path, function_name), key=lambda call: (str(call.path), call.line))

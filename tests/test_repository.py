@@ -7,6 +7,7 @@ findings `findings.txt`. A second run changes nothing. AMPIFY_UPDATE_GOLDEN=1 re
 """
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -325,3 +326,76 @@ def test_a_driver_that_hands_its_optimizer_to_a_trainer_class_of_another_module_
     assert (finding["code"], finding["line"]) == (code, 9)
     assert finding["message"].startswith("Trainer() (trainer.py:4) runs the training step with optimizer, created here "
                                          "at line 8, and trainer.py is not in this run: that class's step is where")
+
+
+_LOSSES_PROBE = """
+import json, runpy, sys
+import torch
+dtypes = []
+original_linear = torch.nn.functional.linear
+def recording_linear(*args, **kwargs):
+    out = original_linear(*args, **kwargs)
+    dtypes.append(str(out.dtype))
+    return out
+torch.nn.functional.linear = recording_linear
+sys.path.insert(0, ".")
+found = runpy.run_path("train.py", run_name="not_main")
+print(json.dumps({"losses": found["LOSSES"], "probabilities": found["PROBABILITIES"], "dtypes": sorted(set(dtypes))}))
+"""
+
+
+def _run_losses(tree: Path) -> dict:
+    completed = subprocess.run([sys.executable, "-c", _LOSSES_PROBE], cwd=tree, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def test_a_sigmoid_model_of_another_module_fused_computes_the_same_fp32_losses_then_trains_in_float16(tmp_path):
+    """models.py's Discriminator ends in nn.Sigmoid, train.py feeds it to nn.BCELoss: the fusion
+    alone (the Sigmoid dropped in models.py, BCEWithLogitsLoss and torch.sigmoid(...) for the
+    logged D(x) in train.py) trains as the original does, to 1e-6; the converted project (the
+    golden's expected tree) trains with its forward passes in float16 under CPU autocast."""
+    pytest.importorskip("torch")
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_logits import fuse_imported_sigmoid_model
+
+    case = ROOT / "fixtures" / "repositories" / "bce_model_in_other_module"
+    original = tmp_path / "original"
+    shutil.copytree(case / "input", original)
+    (original / ".git").mkdir()
+    fused_tree = tmp_path / "fused"
+    shutil.copytree(case / "input", fused_tree)
+    (fused_tree / ".git").mkdir()
+    train = fused_tree / "train.py"
+    module = cst.parse_module(train.read_text())
+    view = ProjectView(RepositoryIndex(fused_tree), train, [fused_tree])
+    fused, fusion, companion = fuse_imported_sigmoid_model(module, ImportMap.from_module(module), view, "train.py")
+    assert "nn.Sigmoid()" not in companion.new.decode() and "BCEWithLogitsLoss()" in fused.code
+    assert "D_x = torch.sigmoid(output).mean().item()" in fused.code and fusion.wrapped
+    train.write_text(fused.code)
+    Path(companion.key).write_bytes(companion.new)
+    expected, same = _run_losses(original), _run_losses(fused_tree)
+    assert len(same["losses"]) == 6 and same["losses"] == pytest.approx(expected["losses"], abs=1e-6)
+    assert same["probabilities"] == pytest.approx(expected["probabilities"], abs=1e-6)
+    assert expected["dtypes"] == same["dtypes"] == ["torch.float32"]
+    converted = tmp_path / "converted"
+    shutil.copytree(case / "expected", converted)
+    mixed = _run_losses(converted)
+    assert "torch.float16" in mixed["dtypes"], mixed["dtypes"]
+    assert len(mixed["losses"]) == 6 and all(math.isfinite(loss) for loss in mixed["losses"]), mixed["losses"]
+
+
+def test_a_sigmoid_model_of_a_module_outside_the_run_is_named_and_nothing_is_written(tmp_path):
+    """train.py named alone: its model's Sigmoid lies in models.py, which is not in the run, so
+    neither file changes and the BCE warning says where the sigmoid is and what to run."""
+    tree = tmp_path / "repo"
+    shutil.copytree(ROOT / "fixtures" / "repositories" / "bce_model_in_other_module" / "input", tree)
+    (tree / ".git").mkdir()
+    before = _tree(tree)
+    completed = subprocess.run([sys.executable, "-m", "ampify", "train.py"], cwd=tree, capture_output=True, text=True)
+    assert completed.returncode in (0, 1), completed.stderr
+    assert _tree(tree) == before
+    warning = next(line for line in completed.stdout.splitlines() if "AMP210" in line)
+    assert "Discriminator (models.py:28)" in warning and "models.py is not in this run" in warning, warning

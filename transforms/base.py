@@ -78,6 +78,13 @@ class ProjectFacts(Protocol):
         """Every call of this module's `function_name` in other project files, to edit them;
         `through_registries`: also `model(...)` in `for model in [GAN, CGAN]:` (a call of each)."""
 
+    def imported_class(self, local: str) -> Optional[Tuple[str, str, str, int, bool]]:
+        """(key, "models.py", class name, line, its module trains) for a class of another project
+        module that this module binds as `local` (`from models import Discriminator`)."""
+
+    def class_users_elsewhere(self, key: str, name: str) -> Sequence[str]:
+        """"test.py" for every other project module (not this one, not `key`) that may use that class."""
+
     def source_of(self, key: str) -> Optional[bytes]:
         """The bytes of another project module (a CallSite's `key`); None when unreadable."""
 

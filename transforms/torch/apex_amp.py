@@ -184,7 +184,7 @@ class TorchApexAmp(Transform):
             pair_helper_backwards(structure)
             return ApexConversion(structure, options, context).run()
 
-        return converted_in_shape(module, convert, imports)
+        return converted_in_shape(module, convert, imports, context)
 
 
 class ApexConversion(TorchConversion):

@@ -23,6 +23,8 @@ from typing import Dict, List, Optional, Set
 
 import libcst as cst
 
+from ampify.findings import Finding, Severity
+from ampify.transforms.base import CompanionChange
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.positions import Positions
@@ -67,6 +69,68 @@ def fuse_bce_after_sigmoid(module: cst.Module, imports: ImportMap) -> Optional[t
             # warning stands (a wrong fusion is the one outcome that must not happen)
             continue
     return fused[0] if len(fused) == 1 else None
+
+
+def fuse_imported_sigmoid_model(module: cst.Module, imports: ImportMap, project, here: str):
+    """The model feeding this module's BCE criterion is a class of another project module that
+    ends in a sigmoid: (fused module, Fusion, CompanionChange of the model module) when both sides
+    can be followed and the model module is in this run and used by no other module; a one-line
+    reason (str) when the only obstacle is that the model module is not in this run; None
+    otherwise (the BCE warning stands)."""
+    imported_class = getattr(project, "imported_class", None)
+    if imported_class is None:
+        return None
+    locals_called = sorted({c.func.value for c in _all_calls(module) if isinstance(c.func, cst.Name)})
+    found = []
+    for local in locals_called:
+        described = imported_class(local)
+        if described is None:
+            continue
+        key, display, class_name, line, trains = described
+        source = project.source_of(key)
+        if source is None or trains:
+            continue
+        try:
+            model_module = cst.parse_module(source)
+        except Exception:  # noqa: BLE001 - a module that does not parse is not followed
+            continue
+        model_imports = ImportMap.from_module(model_module)
+        model_index = _Index()
+        walk(model_module, model_index)
+        for candidate in _sigmoid_candidates(model_index, model_imports):
+            try:
+                dropped, sigmoid_line, head = _Fuser(model_module, model_imports, model_index).drop_final_sigmoid(
+                    class_name, candidate)
+                fused, fusion = _Fuser(module, imports).fuse_with_imported_model(local, head, sigmoid_line, display)
+            except (_NotFollowed, IndexError, AttributeError, KeyError, TypeError, ValueError):
+                continue
+            found.append((key, display, class_name, source, dropped, sigmoid_line, fused, fusion))
+    if len(found) != 1:
+        return None
+    key, display, class_name, source, dropped, sigmoid_line, fused, fusion = found[0]
+    users = list(project.class_users_elsewhere(key, class_name))
+    if users:
+        return (f"the model {class_name} ({display}:{sigmoid_line}) ends in a sigmoid that feeds this file's BCE loss, "
+                f"but {', '.join(users[:3])} also use{'s' if len(users) == 1 else ''} that class, where its output may be "
+                "read as a probability: fuse it by hand (drop the sigmoid, BCEWithLogitsLoss here, torch.sigmoid(...) "
+                "where a probability is read)")
+    if not project.in_this_run(key):
+        return (f"the model {class_name} ({display}:{sigmoid_line}) ends in a sigmoid that feeds this file's BCE "
+                f"loss; {display} is not in this run: run ampify on both files or on the repository, and the "
+                "sigmoid is fused into the loss (BCEWithLogitsLoss) there")
+    companion = CompanionChange(
+        key=key, display=display, old=source, new=dropped.bytes,
+        findings=[Finding("AMP231", f"BCE after a Sigmoid fused: the final sigmoid of {class_name} (line {sigmoid_line}) "
+                          f"dropped: {here} feeds its output to nn.BCEWithLogitsLoss now", sigmoid_line, 0, Severity.INFO)],
+        reason=f"changed with {here}: the final sigmoid of {class_name} is fused into that file's BCE loss",
+    )
+    return fused, fusion, companion
+
+
+def _all_calls(module: cst.Module) -> List[cst.Call]:
+    index = _Index()
+    walk(module, index)
+    return index.calls
 
 
 def _sigmoid_candidates(index: "_Index", imports: ImportMap) -> List[cst.Call]:
@@ -259,6 +323,20 @@ class _Fuser:
                 f"{self._line(criterion_call)} is nn.BCEWithLogitsLoss (the same loss, computed from logits)")
             fusion.wrapped.sort()
             return _with_torch_imported(self.module.visit(_Replace(self.replace)), needs_import), fusion
+        self._plan_sequential_drop(sigmoid)
+        fusion.wrapped.sort()
+        if self.condition is not None:
+            flag, truthy = self.condition
+            fusion.description = (
+                f"BCE after a Sigmoid fused: nn.Sigmoid() at line {fusion.sigmoid_line} dropped from the model "
+                f"(added under `if {cst.Module(body=[]).code_for_node(self._guard_if.test).strip()}:`, that is when "
+                f"{flag} is {'true' if truthy else 'false'}), the criterion at line {fusion.criterion_line} is "
+                "nn.BCEWithLogitsLoss (the same loss, computed from logits); reads of the output where "
+                f"{flag} is {'false' if truthy else 'true'} keep the raw output they saw before")
+        return _with_torch_imported(self.module.visit(_Replace(self.replace)), needs_import), fusion
+
+    def _plan_sequential_drop(self, sigmoid: cst.Call) -> None:
+        """The Sigmoid, last argument of its nn.Sequential, goes; the layout around it stays."""
         sequential = self.parent(self.parent(sigmoid))
         args = list(sequential.args)
         kept = args[:-1]
@@ -277,15 +355,97 @@ class _Fuser:
         else:
             kept[-1] = kept[-1].with_changes(whitespace_after_arg=args[-1].whitespace_after_arg)
         self.replace[id(sequential)] = sequential.with_changes(args=kept)
+
+    # ---- a model class of another module (cross-module form) --------------------------------
+
+    def drop_final_sigmoid(self, class_name: str, sigmoid: cst.Call):
+        """This module defines the model class `class_name`, used only by another module: its
+        final sigmoid (`sigmoid`, a Sequential's last layer, a `self.sigmoid` applied last, a
+        functional sigmoid ending forward()) is dropped, unconditionally. Returns (new module,
+        line of the sigmoid, head of forward's output)."""
+        klass = next((c for c in self.module.body if isinstance(c, cst.ClassDef) and c.name.value == class_name), None)
+        _need(klass is not None and self._inside(sigmoid, klass))
+        # the class is neither built nor subclassed here: its only uses are in the training module
+        for name in self._references(class_name):
+            if name is klass.name:
+                continue
+            holder = self.parent(name)
+            _need(isinstance(holder, cst.Arg) and dotted_name(self.parent(holder).func) == "super")
+        functional = self.imports.resolve(sigmoid.func) in _FUNCTIONAL_SIGMOIDS
+        owner = self._functional_owner(sigmoid) if functional else self._sigmoid_attribute_owner(sigmoid)
+        if owner is not None:
+            _need(owner[0] is klass)
+            node, replacement = self._check_class_applies_sigmoid_last(klass, sigmoid if functional else owner[1])
+            self.replace[id(node)] = replacement
+        else:
+            owner_class, attribute = self._sequential_owner(sigmoid)
+            _need(owner_class is klass)
+            self._check_class_returns_sequential(klass, attribute)
+            assign = self.parent(self.parent(sigmoid))
+            # added under no condition (a flag would have to be followed into the other module)
+            function = self._enclosing(assign, cst.FunctionDef)
+            current = self.parent(assign)
+            while current is not function:
+                _need(not isinstance(current, (cst.BaseCompoundStatement, cst.Else)))
+                current = self.parent(current)
+            _need(self._condition_of(assign, klass) is None)
+            self._plan_sequential_drop(sigmoid)
+        return self.module.visit(_Replace(self.replace)), self._line(sigmoid), self.head
+
+    def fuse_with_imported_model(self, local: str, head, sigmoid_line: int, model_display: str):
+        """This training module builds the model class it imports as `local`, whose final sigmoid
+        `drop_final_sigmoid` removes in its own module: the criterion takes logits and every other
+        read of the output gets torch.sigmoid(...), as for a class of this file."""
+        criteria = [c for c in self.index.calls if self.imports.resolve(c.func) == "torch.nn.BCELoss"]
+        _need(bool(criteria) and all(isinstance(c.func, cst.Attribute) for c in criteria))
+        _need(not any(self.imports.resolve(c.func) in ("torch.nn.functional.binary_cross_entropy",) for c in self.index.calls))
+        _need(not any(self.imports.resolve(c.func) in ("torch.nn.Sigmoid",) + _FUNCTIONAL_SIGMOIDS for c in self.index.calls))
+        criterion_call = criteria[0]
+        criterion_name = self._assigned_name(criterion_call)
+        _need(criterion_name is not None and all(self._assigned_name(c) == criterion_name for c in criteria))
+        _need(len(self._assignments(criterion_name)) == len(criteria))
+        _need(len({id(self._scope(c)) for c in criteria}) == len(criteria))
+        self.head = head
+        instances: Set[str] = set()
+        for name in self._references(local):
+            if self._enclosing(name, (cst.Import, cst.ImportFrom)) is not None:
+                continue
+            call = self.parent(name)
+            _need(isinstance(call, cst.Call) and call.func is name)
+            top = call
+            while True:  # Discriminator(ngpu).to(device)
+                attr = self.parent(top)
+                if isinstance(attr, cst.Attribute) and attr.value is top and attr.attr.value in ("to", "cuda", "cpu"):
+                    outer = self.parent(attr)
+                    _need(isinstance(outer, cst.Call))
+                    top = outer
+                    continue
+                break
+            assign = self.parent(top)
+            _need(isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name))
+            instances.add(assign.targets[0].target.value)
+        _need(bool(instances))
+        self._instance_names = instances
+        outputs = self._forward_results(instances, local)
+        fusion = Fusion(self._line(criterion_call), sigmoid_line)
+        seen: Set[int] = set()
+        for result in outputs:
+            if id(result) not in seen:
+                seen.add(id(result))
+                self._follow_result(result, criterion_name, fusion)
+        for use in self._references(criterion_name):
+            self._check_criterion_use(use, criterion_name)
+        for criterion in criteria:
+            self.replace[id(criterion)] = criterion.with_changes(
+                func=criterion.func.with_changes(attr=cst.Name("BCEWithLogitsLoss")))
+        needs_import = bool(fusion.wrapped) and "torch" not in self.imports.local_names_for("torch")
+        if needs_import:
+            _need(all(self._enclosing(n, (cst.ImportFrom, cst.Import)) is not None for n in self.index.names.get("torch", [])))
         fusion.wrapped.sort()
-        if self.condition is not None:
-            flag, truthy = self.condition
-            fusion.description = (
-                f"BCE after a Sigmoid fused: nn.Sigmoid() at line {fusion.sigmoid_line} dropped from the model "
-                f"(added under `if {cst.Module(body=[]).code_for_node(self._guard_if.test).strip()}:`, that is when "
-                f"{flag} is {'true' if truthy else 'false'}), the criterion at line {fusion.criterion_line} is "
-                "nn.BCEWithLogitsLoss (the same loss, computed from logits); reads of the output where "
-                f"{flag} is {'false' if truthy else 'true'} keep the raw output they saw before")
+        fusion.description = (
+            f"BCE after a Sigmoid fused: the final sigmoid of {local} ({model_display}:{sigmoid_line}) dropped there, "
+            f"the criterion at line {fusion.criterion_line} is nn.BCEWithLogitsLoss (the same loss, computed from "
+            "logits); both files are written as one change set")
         return _with_torch_imported(self.module.visit(_Replace(self.replace)), needs_import), fusion
 
     # ---- the model -------------------------------------------------------------------------

@@ -197,7 +197,7 @@ class TorchNativeAmp(Transform):
             pair_helper_backwards(structure)
             return NativeConversion(structure, imports, options, context).run()
 
-        return converted_in_shape(module, convert, imports)
+        return converted_in_shape(module, convert, imports, context)
 
 
 class NativeConversion(TorchConversion):

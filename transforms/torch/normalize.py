@@ -24,7 +24,7 @@ import libcst as cst
 from ampify.findings import Finding, Severity
 from ampify.transforms.base import TransformResult, Verdict
 from ampify.transforms.torch.bce_functional import fuse_functional_bce
-from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
+from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid, fuse_imported_sigmoid_model
 from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_fills
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
@@ -189,7 +189,7 @@ def _backward_of_a_call(value: cst.BaseExpression) -> bool:
 
 
 def converted_in_shape(
-    module: cst.Module, convert: Callable[[cst.Module], TransformResult], imports=None
+    module: cst.Module, convert: Callable[[cst.Module], TransformResult], imports=None, context=None
 ) -> TransformResult:
     """Run `convert` on the module, and on its reshaped form where a refused step may convert
     that way (see `_converted_in_shape`); findings always name the lines of `module` as it was.
@@ -210,7 +210,25 @@ def converted_in_shape(
             fused_result = _converted_in_shape(fused[0], convert)
             if fused_result.verdict is Verdict.CONVERTED:
                 return _with_fusion(module, fused[0], fused[1], fused_result)
+        elif context is not None and context.project is not None:
+            # the model is a class of another module of the project (models.py): its sigmoid is
+            # dropped there, in the same change set
+            imported = fuse_imported_sigmoid_model(module, imports, context.project, context.display)
+            if isinstance(imported, str):
+                result.findings = _with_note_on_bce(result.findings, imported)
+            elif imported is not None:
+                fused_module, fusion, companion = imported
+                fused_result = _converted_in_shape(fused_module, convert)
+                if fused_result.verdict is Verdict.CONVERTED:
+                    converted = _with_fusion(module, fused_module, fusion, fused_result)
+                    converted.companions = [*converted.companions, companion]
+                    return converted
     return result
+
+
+def _with_note_on_bce(findings, note: str):
+    """The BCE warnings also say where the sigmoid is and how to have it fused."""
+    return [replace(f, message=f"{f.message}; {note}") if f.code in _BCE_REFUSALS else f for f in findings]
 
 
 #: the masked_fill overflow warnings of the two backends
