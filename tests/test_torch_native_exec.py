@@ -324,10 +324,7 @@ def test_conditional_sigmoid_fused_computes_the_same_fp32_losses_in_both_modes(w
     assert "self.model = nn.Sequential(self.model)\n" in fused.code and "BCEWithLogitsLoss()" in fused.code
     assert "g_loss = torch.mean(D_gen)" in fused.code and "torch.sigmoid(" not in fused.code
     assert fused.code.count("nn.Sigmoid()") == 1 and not fusion.wrapped  # the generator keeps its own
-    script = tmp_path / "fused.py"
-    script.write_text(fused.code)
-    original = run_script(str(SCRIPTS / f"{name}.py")).script_globals
-    same = run_script(str(script)).script_globals
+    original, same = _original_and_fused_globals(name, fused.code, tmp_path)
     assert len(same["LOSSES"]) == 4 and same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
     assert same["PENALTIES"] == pytest.approx(original["PENALTIES"], abs=1e-6)
     assert bool(original["PENALTIES"]) == (wass == "1")
@@ -357,10 +354,7 @@ def test_last_sigmoid_of_forward_fused_computes_the_same_fp32_losses_and_probabi
         assert fused.code.count("self.sigmoid(") == 2 and "y_pred = self.l3(out2)" in fused.code
     else:
         assert "y_pred = self.linear(x)" in fused.code and fused.code.count("\nimport torch\n") == 1
-    script = tmp_path / "fused.py"
-    script.write_text(fused.code)
-    original = run_script(str(SCRIPTS / f"{name}.py")).script_globals
-    same = run_script(str(script)).script_globals
+    original, same = _original_and_fused_globals(name, fused.code, tmp_path)
     assert len(same["LOSSES"]) == 4 and same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
     assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
 
@@ -380,9 +374,13 @@ def test_output_name_reused_for_another_value_is_wrapped_where_it_holds_the_mode
     assert "out = torch.sigmoid(model.decode(z)).view(-1, 4, 4)" in fused.code
     assert "torch.sigmoid(out).view(-1, 4, 4)" in fused.code and "PROBABILITIES.append(out.mean().item())" in fused.code
     assert len(fusion.wrapped) == 2
-    script = tmp_path / "fused.py"
-    script.write_text(fused.code)
-    original = run_script(str(SCRIPTS / f"{name}.py")).script_globals
-    same = run_script(str(script)).script_globals
+    original, same = _original_and_fused_globals(name, fused.code, tmp_path)
     assert len(same["LOSSES"]) == 6 and same["LOSSES"] == pytest.approx(original["LOSSES"], rel=1e-6, abs=1e-4)
     assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
+
+
+def _original_and_fused_globals(name: str, fused_code: str, tmp_path) -> tuple:
+    """The globals of the fixture script and of its fused form, each run in float32."""
+    script = tmp_path / "fused.py"
+    script.write_text(fused_code)
+    return run_script(str(SCRIPTS / f"{name}.py")).script_globals, run_script(str(script)).script_globals

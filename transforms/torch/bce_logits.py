@@ -260,12 +260,7 @@ class _Fuser:
         _need(bool(criteria) and all(isinstance(c.func, cst.Attribute) for c in criteria))
         _need(not any(self.imports.resolve(c.func) in ("torch.nn.functional.binary_cross_entropy",) for c in self.index.calls))
         criterion_call = criteria[0]
-        criterion_name = self._assigned_name(criterion_call)
-        # one criterion, or one per function under the same name (`criterion = nn.BCELoss()` in
-        # both train() and test(), pytorch/examples' siamese network), each assigned once there
-        _need(criterion_name is not None and all(self._assigned_name(c) == criterion_name for c in criteria))
-        _need(len(self._assignments(criterion_name)) == len(criteria))
-        _need(len({id(self._scope(c)) for c in criteria}) == len(criteria))
+        criterion_name = self._criterion_name(criteria)
         functional = self.imports.resolve(sigmoid.func) in _FUNCTIONAL_SIGMOIDS
         owner = self._functional_owner(sigmoid) if functional else self._sigmoid_attribute_owner(sigmoid)
         variable = self._sequential_variable(sigmoid) if owner is None else None
@@ -296,23 +291,7 @@ class _Fuser:
             self.condition = self._condition_of(self.parent(self.parent(sigmoid)), klass)
             outputs = self._forward_results(instances, klass.name.value)
         fusion = Fusion(self._line(criterion_call), self._line(sigmoid))
-        seen: Set[int] = set()
-        for result in outputs:
-            if id(result) not in seen:  # a call reached both by name and through a parameter
-                seen.add(id(result))
-                self._follow_result(result, criterion_name, fusion)
-        for use in self._references(criterion_name):
-            self._check_criterion_use(use, criterion_name)
-        for criterion in criteria:
-            self.replace[id(criterion)] = criterion.with_changes(
-                func=criterion.func.with_changes(attr=cst.Name("BCEWithLogitsLoss"))
-            )
-        # torch.sigmoid(...) wrappers need the name torch (`from torch import nn, optim` alone:
-        # `import torch` is added, as the conversion that follows adds it for autocast)
-        needs_import = bool(fusion.wrapped) and "torch" not in self.imports.local_names_for("torch")
-        if needs_import:
-            # the name torch means nothing else here (only `from torch import ...` spells it)
-            _need(all(self._enclosing(n, (cst.ImportFrom, cst.Import)) is not None for n in self.index.names.get("torch", [])))
+        needs_import = self._fuse_outputs(outputs, criteria, criterion_name, fusion)
         if owner is not None:
             node, replacement = application
             self.replace[id(node)] = replacement
@@ -401,46 +380,13 @@ class _Fuser:
         _need(not any(self.imports.resolve(c.func) in ("torch.nn.functional.binary_cross_entropy",) for c in self.index.calls))
         _need(not any(self.imports.resolve(c.func) in ("torch.nn.Sigmoid",) + _FUNCTIONAL_SIGMOIDS for c in self.index.calls))
         criterion_call = criteria[0]
-        criterion_name = self._assigned_name(criterion_call)
-        _need(criterion_name is not None and all(self._assigned_name(c) == criterion_name for c in criteria))
-        _need(len(self._assignments(criterion_name)) == len(criteria))
-        _need(len({id(self._scope(c)) for c in criteria}) == len(criteria))
+        criterion_name = self._criterion_name(criteria)
         self.head = head
-        instances: Set[str] = set()
-        for name in self._references(local):
-            if self._enclosing(name, (cst.Import, cst.ImportFrom)) is not None:
-                continue
-            call = self.parent(name)
-            _need(isinstance(call, cst.Call) and call.func is name)
-            top = call
-            while True:  # Discriminator(ngpu).to(device)
-                attr = self.parent(top)
-                if isinstance(attr, cst.Attribute) and attr.value is top and attr.attr.value in ("to", "cuda", "cpu"):
-                    outer = self.parent(attr)
-                    _need(isinstance(outer, cst.Call))
-                    top = outer
-                    continue
-                break
-            assign = self.parent(top)
-            _need(isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name))
-            instances.add(assign.targets[0].target.value)
-        _need(bool(instances))
+        instances = self._instances_named(local)
         self._instance_names = instances
         outputs = self._forward_results(instances, local)
         fusion = Fusion(self._line(criterion_call), sigmoid_line)
-        seen: Set[int] = set()
-        for result in outputs:
-            if id(result) not in seen:
-                seen.add(id(result))
-                self._follow_result(result, criterion_name, fusion)
-        for use in self._references(criterion_name):
-            self._check_criterion_use(use, criterion_name)
-        for criterion in criteria:
-            self.replace[id(criterion)] = criterion.with_changes(
-                func=criterion.func.with_changes(attr=cst.Name("BCEWithLogitsLoss")))
-        needs_import = bool(fusion.wrapped) and "torch" not in self.imports.local_names_for("torch")
-        if needs_import:
-            _need(all(self._enclosing(n, (cst.ImportFrom, cst.Import)) is not None for n in self.index.names.get("torch", [])))
+        needs_import = self._fuse_outputs(outputs, criteria, criterion_name, fusion)
         fusion.wrapped.sort()
         fusion.description = (
             f"BCE after a Sigmoid fused: the final sigmoid of {local} ({model_display}:{sigmoid_line}) dropped there, "
@@ -669,6 +615,35 @@ class _Fuser:
                 return values.pop()
         return None
 
+    def _fuse_outputs(self, outputs, criteria: List[cst.Call], criterion_name: str, fusion: Fusion) -> bool:
+        """Every model output followed (torch.sigmoid(...) where it is read as a probability), every
+        use of the criterion checked, the criteria made BCEWithLogitsLoss. Returns whether the
+        wrappers need `import torch` (a file with only `from torch import ...`)."""
+        seen: Set[int] = set()
+        for result in outputs:
+            if id(result) not in seen:  # a call reached both by name and through a parameter
+                seen.add(id(result))
+                self._follow_result(result, criterion_name, fusion)
+        for use in self._references(criterion_name):
+            self._check_criterion_use(use, criterion_name)
+        for criterion in criteria:
+            self.replace[id(criterion)] = criterion.with_changes(
+                func=criterion.func.with_changes(attr=cst.Name("BCEWithLogitsLoss")))
+        needs_import = bool(fusion.wrapped) and "torch" not in self.imports.local_names_for("torch")
+        if needs_import:
+            # the name torch means nothing else here (only `from torch import ...` spells it)
+            _need(all(self._enclosing(n, (cst.ImportFrom, cst.Import)) is not None for n in self.index.names.get("torch", [])))
+        return needs_import
+
+    def _criterion_name(self, criteria: List[cst.Call]) -> str:
+        """One criterion, or one per function under the same name (`criterion = nn.BCELoss()` in
+        both train() and test(), pytorch/examples' siamese network), each assigned once there."""
+        criterion_name = self._assigned_name(criteria[0])
+        _need(criterion_name is not None and all(self._assigned_name(c) == criterion_name for c in criteria))
+        _need(len(self._assignments(criterion_name)) == len(criteria))
+        _need(len({id(self._scope(c)) for c in criteria}) == len(criteria))
+        return criterion_name
+
     def _calls_itself(self, klass: cst.ClassDef) -> bool:
         """`self(x)` or `self.forward(x)` in a method: forward's output read inside the class,
         where no use is followed."""
@@ -789,9 +764,15 @@ class _Fuser:
         return indices[0], len(returned.elements)
 
     def _instances(self, klass: cst.ClassDef) -> Set[str]:
+        return self._instances_named(klass.name.value)
+
+    def _instances_named(self, class_name: str) -> Set[str]:
+        """The names bound to `<class_name>(...)` (moved to a device or not), its only uses
+        besides its definition, its import and super() calls."""
         instances: Set[str] = set()
-        for name in self._references(klass.name.value):
-            if name is klass.name:
+        for name in self._references(class_name):
+            holder = self.parent(name)
+            if isinstance(holder, cst.ClassDef) or self._enclosing(name, (cst.Import, cst.ImportFrom)) is not None:
                 continue
             call = self.parent(name)
             if isinstance(call, cst.Arg) and dotted_name(self.parent(call).func) == "super":
