@@ -80,7 +80,11 @@ def fuse_imported_sigmoid_model(module: cst.Module, imports: ImportMap, project,
     imported_class = getattr(project, "imported_class", None)
     if imported_class is None:
         return None
-    locals_called = sorted({c.func.value for c in _all_calls(module) if isinstance(c.func, cst.Name)})
+    calls = _all_calls(module)
+    if not any(imports.resolve(c.func) == "torch.nn.BCELoss" for c in calls):
+        return None  # only an nn.BCELoss criterion is followed across modules
+    # the classes this file builds and binds to a name (`netD = Discriminator().to(device)`)
+    locals_called = sorted({c.func.value for c in calls if isinstance(c.func, cst.Name)})
     found = []
     for local in locals_called:
         described = imported_class(local)
@@ -88,7 +92,7 @@ def fuse_imported_sigmoid_model(module: cst.Module, imports: ImportMap, project,
             continue
         key, display, class_name, line, trains = described
         source = project.source_of(key)
-        if source is None or trains:
+        if source is None or trains or b"igmoid" not in source:
             continue
         try:
             model_module = cst.parse_module(source)
@@ -234,7 +238,7 @@ class _Fuser:
             walk(module, index)
         self.index = index
         self.replace: Dict[int, cst.CSTNode] = {}
-        self.positions = Positions(module)
+        self._positions: Optional[Positions] = None  # computed on the first line asked for
         self._instance_names: Set[str] = set()
         #: the `nn.Sequential(...)` (with its device moves) bound to a variable, in that form
         self._sequential_value: Optional[cst.CSTNode] = None
@@ -1113,7 +1117,9 @@ class _Fuser:
         return found
 
     def _line(self, node: cst.CSTNode) -> int:
-        return self.positions[node].start.line
+        if self._positions is None:
+            self._positions = Positions(self.module)
+        return self._positions[node].start.line
 
 
 def _with_torch_imported(module: cst.Module, needed: bool) -> cst.Module:
