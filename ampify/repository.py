@@ -13,6 +13,7 @@ Finding the callers of a function reads the modules of the project that import i
 from __future__ import annotations
 
 import ast
+import re
 import functools
 import os
 from dataclasses import dataclass, field
@@ -880,6 +881,57 @@ class ProjectView:
         path, name, line = found
         target = self.index.outline(path)
         return str(path), self.where(path, 0).rsplit(":", 1)[0], name, line, bool(target is not None and target.trains)
+
+    def only_inspects_parameter(self, dotted: str, position: Optional[int], keyword: Optional[str],
+                                allowed: Sequence[str]) -> bool:
+        """Does the project function `dotted` (as this module calls it) use the argument passed at
+        `position` (or as `keyword`) only through the attributes `allowed` (`net.parameters()`) or
+        by printing it (`print(net)`)? A model handed to `utils.print_network(self.D)` is then
+        never called there."""
+        outline = self._own_outline()
+        found = self.index.function(self.path, dotted, outline.imports) if outline is not None else None
+        if found is None:
+            return False
+        path, function = found
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            return False
+        definition = next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function.name), None)
+        if definition is None or definition.args.vararg or definition.args.kwarg:
+            return False
+        params = [a.arg for a in definition.args.posonlyargs + definition.args.args]
+        if keyword is not None:
+            parameter = keyword if keyword in params + [a.arg for a in definition.args.kwonlyargs] else None
+        else:
+            parameter = params[position] if position is not None and position < len(params) else None
+        if parameter is None:
+            return False
+        parents = {id(child): node for node in ast.walk(definition) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(definition):
+            if not (isinstance(node, ast.Name) and node.id == parameter):
+                continue
+            holder = parents.get(id(node))
+            if isinstance(holder, ast.Attribute) and holder.value is node and holder.attr in allowed:
+                continue
+            if isinstance(holder, ast.Call) and node in holder.args and isinstance(holder.func, ast.Name) \
+                    and holder.func.id == "print":
+                continue
+            return False
+        return True
+
+    def attribute_spelled_elsewhere(self, class_name: str, attribute: str) -> Optional[str]:
+        """"main.py" when a project module that may use this module's class `class_name` spells
+        `.attribute` (`gan.D(x)`); None when none does."""
+        pattern = re.compile(rb"\." + re.escape(attribute.encode()) + rb"\b")
+        for path in self.index.users_of(self.path, class_name, []):
+            try:
+                data = path.read_bytes()
+            except OSError:
+                return self.where(path, 0).rsplit(":", 1)[0]
+            if pattern.search(data):
+                return self.where(path, 0).rsplit(":", 1)[0]
+        return None
 
     def class_users_elsewhere(self, key: str, name: str) -> List[str]:
         """"test.py" for every project module besides this one and `key` that may use the class."""

@@ -399,3 +399,19 @@ def test_a_sigmoid_model_of_a_module_outside_the_run_is_named_and_nothing_is_wri
     assert _tree(tree) == before
     warning = next(line for line in completed.stdout.splitlines() if "AMP210" in line)
     assert "Discriminator (models.py:28)" in warning and "models.py is not in this run" in warning, warning
+
+
+def test_a_helper_of_another_module_that_only_inspects_a_model_is_told_apart_from_one_that_calls_it(tmp_path):
+    """utils.print_network(net) reads net.parameters() and prints net: the model's output is not read
+    there; utils.probe(net) calls it. Only the first lets a BCE fusion follow the model."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "utils.py").write_text(
+        "def print_network(net):\n    n = sum(p.numel() for p in net.parameters())\n    print(net)\n    print(n)\n\n\n"
+        "def probe(net):\n    return net(None) > 0.5\n")
+    (tmp_path / "train.py").write_text("import utils\nfrom utils import probe\n")
+    view = ProjectView(RepositoryIndex(tmp_path), tmp_path / "train.py", [tmp_path])
+    allowed = ("parameters", "state_dict")
+    assert view.only_inspects_parameter("utils.print_network", 0, None, allowed)
+    assert not view.only_inspects_parameter("probe", 0, None, allowed)
+    assert not view.only_inspects_parameter("utils.print_network", 1, None, allowed)
+    assert not view.only_inspects_parameter("utils.missing", 0, None, allowed)

@@ -384,3 +384,30 @@ def _original_and_fused_globals(name: str, fused_code: str, tmp_path) -> tuple:
     script = tmp_path / "fused.py"
     script.write_text(fused_code)
     return run_script(str(SCRIPTS / f"{name}.py")).script_globals, run_script(str(script)).script_globals
+
+
+def test_trainer_class_attributes_fused_compute_the_same_fp32_losses_and_the_conversion_runs(tmp_path):
+    """The model and the criterion as attributes of a trainer class (`self.D`, `self.BCE_loss`
+    assigned in both branches of `if self.gpu_mode:`), the discriminator's forward() rebinding `x`
+    through its layers: fused, in fp32, the original's losses and logged D(x) to 1e-6; converted,
+    the script runs (under CUDA autocast where a GPU is present: its device comes from the
+    script's own .cuda() calls, so on a CPU it stays float32)."""
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
+
+    name = "gan_trainer_class_attributes"
+    module = cst.parse_module((SCRIPTS / f"{name}.py").read_text())
+    fused, fusion = fuse_bce_after_sigmoid(module, ImportMap.from_module(module))
+    assert fused.code.count("nn.BCEWithLogitsLoss()") == 2 and "nn.Sigmoid()" not in fused.code
+    assert "PROBABILITIES.append(torch.sigmoid(D_real).mean().item())" in fused.code and fusion.wrapped
+    original, same = _original_and_fused_globals(name, fused.code, tmp_path)
+    assert len(same["LOSSES"]) == 6 and same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
+    assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
+    evidence = run_script(str(_convert(name, "float16", tmp_path)))
+    losses = evidence.script_globals["LOSSES"]
+    assert len(losses) == 6 and all(math.isfinite(loss) for loss in losses), losses
+    assert evidence.scaler_calls["update"] == 6 and evidence.scaler_calls["step"] == 12
+    if torch.cuda.is_available():
+        assert evidence.dtypes[torch.float16] > 0, dict(evidence.dtypes)

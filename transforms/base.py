@@ -82,6 +82,14 @@ class ProjectFacts(Protocol):
         """(key, "models.py", class name, line, its module trains) for a class of another project
         module that this module binds as `local` (`from models import Discriminator`)."""
 
+    def only_inspects_parameter(self, dotted: str, position: Optional[int], keyword: Optional[str],
+                                allowed: Sequence[str]) -> bool:
+        """Does the project function `dotted` use that argument only through the attributes
+        `allowed` or by printing it (a model handed to `utils.print_network(net)`)?"""
+
+    def attribute_spelled_elsewhere(self, class_name: str, attribute: str) -> Optional[str]:
+        """"main.py" when a module that may use this module's class spells `.attribute`."""
+
     def class_users_elsewhere(self, key: str, name: str) -> Sequence[str]:
         """"test.py" for every other project module (not this one, not `key`) that may use that class."""
 

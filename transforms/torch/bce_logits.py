@@ -52,7 +52,7 @@ class Fusion:
     description: Optional[str] = None
 
 
-def fuse_bce_after_sigmoid(module: cst.Module, imports: ImportMap) -> Optional[tuple]:
+def fuse_bce_after_sigmoid(module: cst.Module, imports: ImportMap, project=None) -> Optional[tuple]:
     """(new module, Fusion) when the shape above holds everywhere for exactly one of the file's
     sigmoids (a generator ending in nn.Sigmoid beside the discriminator that feeds the loss: the
     generator's is not followed to the criterion); None otherwise."""
@@ -61,7 +61,9 @@ def fuse_bce_after_sigmoid(module: cst.Module, imports: ImportMap) -> Optional[t
     fused = []
     for candidate in _sigmoid_candidates(index, imports):
         try:
-            fused.append(_Fuser(module, imports, index).run(candidate))
+            fuser = _Fuser(module, imports, index)
+            fuser.project = project
+            fused.append(fuser.run(candidate))
         except _NotFollowed:
             continue
         except (IndexError, AttributeError, KeyError, TypeError):
@@ -105,7 +107,9 @@ def fuse_imported_sigmoid_model(module: cst.Module, imports: ImportMap, project,
             try:
                 dropped, sigmoid_line, head = _Fuser(model_module, model_imports, model_index).drop_final_sigmoid(
                     class_name, candidate)
-                fused, fusion = _Fuser(module, imports).fuse_with_imported_model(local, head, sigmoid_line, display)
+                trainer = _Fuser(module, imports)
+                trainer.project = project
+                fused, fusion = trainer.fuse_with_imported_model(local, head, sigmoid_line, display)
             except (_NotFollowed, IndexError, AttributeError, KeyError, TypeError, ValueError):
                 continue
             found.append((key, display, class_name, source, dropped, sigmoid_line, fused, fusion))
@@ -255,6 +259,14 @@ class _Fuser:
         self.condition: Optional[tuple] = None
         #: the `if` of __init__ that adds the Sigmoid (for the finding)
         self._guard_if: Optional[cst.If] = None
+        #: a trainer class (not the model) whose methods hold the model and the criterion as
+        #: `self.D` / `self.BCE_loss` (znxlwm's GAN collection, pytorch-wgan): its attributes are
+        #: followed as names are, when nothing else in the file spells those attributes
+        self._trainer_class: Optional[cst.ClassDef] = None
+        #: the project (another module's helper that only inspects the model: utils.print_network)
+        self.project = None
+        #: trainer attributes already checked against the other modules of the project
+        self._checked_attributes: Set[str] = set()
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self.index.parent.get(id(node))
@@ -645,7 +657,8 @@ class _Fuser:
         criterion_name = self._assigned_name(criteria[0])
         _need(criterion_name is not None and all(self._assigned_name(c) == criterion_name for c in criteria))
         _need(len(self._assignments(criterion_name)) == len(criteria))
-        _need(len({id(self._scope(c)) for c in criteria}) == len(criteria))
+        if "." not in criterion_name:
+            _need(len({id(self._scope(c)) for c in criteria}) == len(criteria))
         return criterion_name
 
     def _calls_itself(self, klass: cst.ClassDef) -> bool:
@@ -731,12 +744,12 @@ class _Fuser:
             results.add(assign.targets[0].target.value)
         _need(bool(results) or bool(direct))
         for result in results:
-            for assignment in self._assignments(result, within=forward):
-                value = assignment.value
-                _need(isinstance(value, cst.Call))
-                parallel = self.imports.resolve(value.func) == "torch.nn.parallel.data_parallel"
-                _need(dotted_name(value.func) == f"self.{attribute}" or (
-                    parallel and dotted_name(value.args[0].value) == f"self.{attribute}"))
+            assignments = self._assignments(result, within=forward)
+            if all(self._calls_sequential(a.value, attribute) for a in assignments):
+                continue
+            # `x = self.conv(input); x = x.view(...); x = self.fc(x); return x`: the name also holds
+            # earlier layers' outputs, but the one return sees the Sequential's (the last binding)
+            _need(self._returned_after_sequential(forward, result, attribute))
         returns = [n for n in self._nodes(forward, cst.Return)]
         _need(bool(returns))
         heads = set()
@@ -752,6 +765,36 @@ class _Fuser:
             heads.add(None)
         _need(len(heads) == 1)  # every return has the same shape
         self.head = heads.pop()
+
+    def _calls_sequential(self, value: cst.BaseExpression, attribute: str) -> bool:
+        if not isinstance(value, cst.Call):
+            return False
+        parallel = self.imports.resolve(value.func) == "torch.nn.parallel.data_parallel"
+        return dotted_name(value.func) == f"self.{attribute}" or (
+            parallel and bool(value.args) and dotted_name(value.args[0].value) == f"self.{attribute}")
+
+    def _returned_after_sequential(self, forward: cst.FunctionDef, result: str, attribute: str) -> bool:
+        """forward()'s only return is its last statement, and the last statement before it that
+        binds `result` is `result = self.<attribute>(...)`, a line of its own."""
+        body = list(forward.body.body)
+        if len(self._nodes(forward, cst.Return)) != 1 or not body:
+            return False
+        last = body[-1]
+        if not (isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 and isinstance(last.body[0], cst.Return)):
+            return False
+        for statement in reversed(body[:-1]):
+            binds = [n for n in self._nodes(statement, cst.Name) if n.value == result and self._is_binding(n)] + [
+                n for n in self._nodes(statement, cst.Name) if n.value == result
+                and isinstance(self.parent(n), (cst.AugAssign, cst.For, cst.CompFor, cst.WithItem, cst.AsName, cst.NamedExpr))]
+            if not binds:
+                continue
+            if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+                    and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1):
+                return False
+            assign = statement.body[0]
+            target = assign.targets[0].target
+            return isinstance(target, cst.Name) and target.value == result and self._calls_sequential(assign.value, attribute)
+        return False
 
     def _head_of(self, returned: cst.Tuple, results: Set[str]) -> tuple:
         """(index, length) of the one element of `return validity, label` that is the
@@ -792,10 +835,32 @@ class _Fuser:
                     continue
                 break
             assign = self.parent(top)
-            _need(isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name))
-            instances.add(assign.targets[0].target.value)
+            _need(isinstance(assign, cst.Assign) and len(assign.targets) == 1)
+            target = assign.targets[0].target
+            if isinstance(target, cst.Name):
+                instances.add(target.value)
+                continue
+            # `self.D = discriminator(...)` in a trainer class's __init__
+            instances.add(self._trainer_attribute(target))
         _need(bool(instances))
         return instances
+
+    def _trainer_attribute(self, target: cst.BaseExpression) -> str:
+        """"self.D" for `self.D = ...` in a method of a class other than the model's; every class
+        holding one must be the same."""
+        dotted = dotted_name(target) or ""
+        _need(dotted.startswith("self.") and dotted.count(".") == 1)
+        method = self._enclosing(target, cst.FunctionDef)
+        klass = self._enclosing(method, cst.ClassDef) if method is not None else None
+        _need(klass is not None and self.parent(method) is klass.body)
+        _need(self._trainer_class is None or self._trainer_class is klass)
+        if dotted not in self._checked_attributes:
+            # another module of the project reading `gan.D(...)` is not followed
+            spelled = getattr(self.project, "attribute_spelled_elsewhere", None)
+            _need(spelled is None or spelled(klass.name.value, dotted.split(".")[1]) is None)
+            self._checked_attributes.add(dotted)
+        self._trainer_class = klass
+        return dotted
 
     def _forward_results(self, instances: Set[str], klass_name: Optional[str]) -> List[cst.BaseExpression]:
         """Every call of the instances (klass_name None: the Sequential bound to a variable, whose
@@ -853,7 +918,8 @@ class _Fuser:
                 unnamed = [a for a in site.args if a.keyword is None]
                 _need(not any(a.star for a in unnamed))
                 passed = unnamed[index:index + 1]
-            _need(len(passed) == 1 and isinstance(passed[0].value, cst.Name) and passed[0].value.value in instances)
+            _need(len(passed) == 1 and isinstance(passed[0].value, (cst.Name, cst.Attribute))
+                  and dotted_name(passed[0].value) in instances)
             calls += 1
         _need(calls > 0)
         for param in [*positional, *params.kwonly_params]:
@@ -876,7 +942,16 @@ class _Fuser:
         hands an instance in the same place, and the parameter is only called (or used through
         the model's own attributes) there. Its calls are the outputs to follow."""
         call = self.parent(argument)
-        _need(isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and not argument.star)
+        _need(isinstance(call, cst.Call) and not argument.star)
+        if not isinstance(call.func, cst.Name) or not any(
+                isinstance(s, cst.FunctionDef) and s.name.value == call.func.value for s in self.module.body):
+            # a function of another module: followed when it only inspects the model there
+            inspects = getattr(self.project, "only_inspects_parameter", None)
+            position = None if argument.keyword is not None else [a for a in call.args if a.keyword is None].index(argument)
+            _need(inspects is not None and inspects(dotted_name(call.func) or "", position,
+                                                    argument.keyword.value if argument.keyword else None,
+                                                    tuple(sorted(_MODEL_ATTRIBUTES))))
+            return []
         function = next((s for s in self.module.body if isinstance(s, cst.FunctionDef) and s.name.value == call.func.value), None)
         _need(function is not None)
         if id(function) in self._followed_helpers:
@@ -892,7 +967,6 @@ class _Fuser:
         else:
             parameter = argument.keyword.value
             _need(any(p.name.value == parameter for p in [*positional, *params.kwonly_params]))
-        self._verify_helper_parameter(function, parameter, instances)
         results = []
         for use in self._references(parameter):
             if self._scope(use) is not function:
@@ -904,7 +978,15 @@ class _Fuser:
             if isinstance(holder, cst.Call) and holder.func is use:
                 results.append(_outermost_shape_op(holder, self.parent))
                 continue
+            if isinstance(holder, cst.Arg) and holder.value is use and dotted_name(self.parent(holder).func) == "print":
+                continue
             _need(isinstance(holder, cst.Attribute) and holder.value is use and holder.attr.value in _MODEL_ATTRIBUTES)
+        if not results:
+            # a helper that only inspects what it is handed (`print_network(net)`): whatever
+            # else its other calls pass, no output of the model is read there
+            self._followed_helpers.discard(id(function))
+            return []
+        self._verify_helper_parameter(function, parameter, instances)
         return results
 
     # ---- its outputs -----------------------------------------------------------------------
@@ -955,8 +1037,8 @@ class _Fuser:
             argument = self.parent(use)
             # `del output`, `global output`, `output += ...`: not a read that sigmoid can wrap
             _need(not isinstance(argument, (cst.Del, cst.Global, cst.Nonlocal, cst.AugAssign)))
-            if isinstance(argument, cst.Arg) and self._is_criterion_first_argument(argument, criterion):
-                continue
+            if self._feeds_criterion(use, criterion):
+                continue  # `criterion(output.view(-1), label)`: the logits the criterion now takes
             if self._applied_at(use):
                 self._wrap(use, fusion)
 
@@ -984,6 +1066,13 @@ class _Fuser:
             found[id(use)] = max(before, key=lambda a: positions[id(self.parent(a))])
         return found
 
+    def _feeds_criterion(self, use: cst.BaseExpression, criterion: str) -> bool:
+        """Is this read the criterion's input, directly or through shape operations
+        (`criterion(output.view(-1), label)`, `self.loss(outputs.flatten(), labels)`)?"""
+        top = _outermost_shape_op_of(use, self.parent)
+        argument = self.parent(top)
+        return isinstance(argument, cst.Arg) and self._is_criterion_first_argument(argument, criterion)
+
     def _is_binding(self, name: cst.Name) -> bool:
         """`name = ...` or `name, other = ...`: where the name is bound, not read."""
         parent = self.parent(name)
@@ -997,8 +1086,8 @@ class _Fuser:
     def _is_criterion_first_argument(self, argument: cst.Arg, criterion: str) -> bool:
         call = self.parent(argument)
         return (
-            isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value == criterion
-            and call.args and call.args[0] is argument and argument.keyword is None
+            isinstance(call, cst.Call) and isinstance(call.func, (cst.Name, cst.Attribute))
+            and dotted_name(call.func) == criterion and call.args and call.args[0] is argument and argument.keyword is None
         )
 
     def _check_criterion_use(self, use: cst.Name, criterion: str) -> None:
@@ -1023,7 +1112,8 @@ class _Fuser:
             _need(self.head is None and self._is_instance_call(first))  # a tuple is no probability
 
     def _is_instance_call(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in self._instance_names
+        return isinstance(node, cst.Call) and isinstance(node.func, (cst.Name, cst.Attribute)) \
+            and dotted_name(node.func) in self._instance_names
 
     def _wrap(self, node: cst.BaseExpression, fusion: Fusion) -> None:
         if id(node) in self.replace:
@@ -1034,7 +1124,10 @@ class _Fuser:
     # ---- small queries ---------------------------------------------------------------------
 
     def _references(self, name: str) -> List[cst.Name]:
-        """Name nodes that refer to a variable `name` (not `obj.name`, not a keyword `name=`)."""
+        """Name nodes that refer to a variable `name` (not `obj.name`, not a keyword `name=`); for
+        "self.D", the `self.D` nodes of the trainer class, the only ones spelling `.D` in the file."""
+        if "." in name:
+            return self._attribute_references(name)
         found = []
         for node in self.index.names.get(name, []):
             parent = self.parent(node)
@@ -1047,10 +1140,37 @@ class _Fuser:
             found.append(node)
         return found
 
+    def _attribute_references(self, name: str) -> List[cst.Attribute]:
+        attribute = name.split(".", 1)[1]
+        _need(self._trainer_class is not None)
+        found = []
+        for node in self.index.names.get(attribute, []):
+            holder = self.parent(node)
+            if not (isinstance(holder, cst.Attribute) and holder.attr is node):
+                continue  # a variable or a keyword of that name: not the attribute
+            _need(dotted_name(holder) == name and self._inside(holder, self._trainer_class))
+            found.append(holder)
+        return found
+
     def _assigned_name(self, call: cst.Call) -> Optional[str]:
-        assign = self.parent(call)
-        if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
-            return assign.targets[0].target.value
+        top = call
+        while True:  # nn.BCELoss().cuda()
+            attribute = self.parent(top)
+            outer = self.parent(attribute) if attribute is not None else None
+            if isinstance(attribute, cst.Attribute) and attribute.value is top and attribute.attr.value in _DEVICE_MOVES \
+                    and isinstance(outer, cst.Call) and outer.func is attribute:
+                top = outer
+                continue
+            break
+        assign = self.parent(top)
+        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1):
+            return None
+        target = assign.targets[0].target
+        if isinstance(target, cst.Name):
+            return target.value
+        if isinstance(target, cst.Attribute) and (dotted_name(target) or "").startswith("self."):
+            # `self.BCE_loss = nn.BCELoss().cuda()` in the trainer class
+            return self._trainer_attribute(target)
         return None
 
     def _assignments(self, name: str, within: Optional[cst.CSTNode] = None) -> List[cst.Assign]:
@@ -1130,6 +1250,19 @@ def _strip_shape_ops(node: cst.BaseExpression) -> cst.BaseExpression:
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _SHAPE_METHODS:
         node = node.func.value
     return node
+
+
+def _outermost_shape_op_of(node: cst.BaseExpression, parent) -> cst.BaseExpression:
+    """`output` in `output.view(-1).squeeze()`: the whole chain of shape operations on it."""
+    top = node
+    while True:
+        attr = parent(top)
+        if isinstance(attr, cst.Attribute) and attr.value is top and attr.attr.value in _SHAPE_METHODS:
+            outer = parent(attr)
+            if isinstance(outer, cst.Call) and outer.func is attr:
+                top = outer
+                continue
+        return top
 
 
 def _outermost_shape_op(call: cst.Call, parent) -> cst.BaseExpression:

@@ -205,7 +205,8 @@ def converted_in_shape(
                 return _with_fill_limits(module, limited, limited_result)
     if imports is not None and any(f.code in _BCE_REFUSALS for f in result.findings):
         # only files the BCE hazard stopped pay for the attempt
-        fused = fuse_bce_after_sigmoid(module, imports) or fuse_functional_bce(module, imports)
+        project = context.project if context is not None else None
+        fused = fuse_bce_after_sigmoid(module, imports, project) or fuse_functional_bce(module, imports)
         if fused is not None:
             fused_result = _converted_in_shape(fused[0], convert)
             if fused_result.verdict is Verdict.CONVERTED:
