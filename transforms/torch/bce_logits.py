@@ -691,7 +691,13 @@ class _Fuser:
         _need(isinstance(assign, cst.Assign) and len(assign.targets) == 1)
         target = assign.targets[0].target
         if not isinstance(target, cst.Name):
-            return None
+            klass = self._enclosing(assign, cst.ClassDef)
+            if klass is None or any(isinstance(s, cst.FunctionDef) and s.name.value == "forward" for s in klass.body.body):
+                return None  # `self.main = nn.Sequential(...)` of a model class: the class form
+            # `self.D = nn.Sequential(..., nn.Sigmoid())` in a trainer class (pytorch-wgan's GAN): the
+            # attribute is the model, as a variable would be
+            self._sequential_value = top
+            return self._trainer_attribute(target)
         _need(self._enclosing(assign, cst.ClassDef) is None)
         self._sequential_value = top
         return target.value
