@@ -175,9 +175,14 @@ def backward_for_its_hooks(structure: TrainingStructure, unit: TrainingUnit) -> 
         if not later_steps:
             continue
         next_step, stepped = later_steps[0]
+        # blocks that hold the backward: a zero_grad() there runs whenever the backward did (one
+        # in a branch of its own, `if skip: optimizer.zero_grad(); continue`, drops a bad batch)
+        around = {id(block) for block, _ in structure.block_path(backward.call)}
         for clear in unit.zero_grads:
             at = structure.line(clear.call)
-            if line < at < next_step and clear.receiver == stepped:
+            statement = structure.statement_of(clear.call)
+            unconditional = statement is not None and id(structure.block_of(statement)) in around
+            if line < at < next_step and clear.receiver == stepped and unconditional:
                 return (
                     f"the gradients of this backward() are cleared by {clear.receiver}.zero_grad() (line {at}) "
                     "before any step uses them: it runs for what hooks see during it (K-FAC's Fisher statistics, say), "
