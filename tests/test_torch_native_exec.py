@@ -88,6 +88,9 @@ EXPECTED_CALLS = {
     "gail_discriminator": {"step": 3, "update": 3, "scale": 6, "load_state_dict": 0},
     # 2 models x 3 steps through one step function; a scaler created after each optimizer
     "optimizer_built_twice": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
+    # 2 epochs x 3 training batches; the evaluation epochs pass a DummyOptimizer and a disabled
+    # GradScaler, and run no backward
+    "evaluation_with_dummy_optimizer": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
     # 3 episodes of 5 actions: the forward passes run in select_action(), one step per episode
     "actor_critic_saved_actions": {"step": 3, "update": 3, "scale": 3, "load_state_dict": 0},
 }
@@ -411,3 +414,19 @@ def test_trainer_class_attributes_fused_compute_the_same_fp32_losses_and_the_con
     assert evidence.scaler_calls["update"] == 6 and evidence.scaler_calls["step"] == 12
     if torch.cuda.is_available():
         assert evidence.dtypes[torch.float16] > 0, dict(evidence.dtypes)
+
+
+def test_evaluation_with_a_dummy_optimizer_gets_a_disabled_scaler_and_changes_nothing(tmp_path):
+    """run_epoch(..., DummyOptimizer(), mode="eval") of the Annotated Transformer: the converted call
+    passes GradScaler(enabled=False); the evaluation epochs run under autocast, leave the
+    parameters as they were, and give finite losses."""
+    converted = _convert("evaluation_with_dummy_optimizer", "float16", tmp_path)
+    assert "scaler=torch.amp.GradScaler(enabled=False)" in converted.read_text()
+    evidence = run_script(str(converted))
+    script = evidence.script_globals
+    assert len(script["EVAL_LOSSES"]) == 6 and all(math.isfinite(loss) for loss in script["EVAL_LOSSES"])
+    for before, after in zip(script["PARAMETERS_BEFORE_EVAL"], script["PARAMETERS_AFTER_EVAL"]):
+        assert all(torch.equal(b, a) for b, a in zip(before, after))
+    # training moved the parameters between the two evaluations
+    first, second = script["PARAMETERS_BEFORE_EVAL"]
+    assert not all(torch.equal(a, b) for a, b in zip(first, second))

@@ -16,7 +16,7 @@ import libcst as cst
 from ampify.transforms.base import ProjectFacts
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch.apex_injected import InjectedOptimizer, injected_optimizer
-from ampify.transforms.torch.scaler_placement import callers_elsewhere_note
+from ampify.transforms.torch.scaler_placement import callers_elsewhere_note, no_op_optimizer_class
 from ampify.transforms.torch.statements import calls_within, code_of, used_names
 from ampify.transforms.torch.training_loop import Binding, Scope, TrainingStructure, TrainingUnit, Unconvertible
 
@@ -178,6 +178,11 @@ class ApexSetupFinder:
         for call, caller_scope in callers:
             argument = _argument_for(function, name, call)
             argument_name = dotted_name(argument) if argument is not None else None
+            idle = no_op_optimizer_class(self.s, argument, caller_scope)
+            if idle is not None:
+                refuse(call, f"{function.name.value}() is called with a {idle}, whose step() does nothing, for "
+                             f"{name}: apex's amp.scale_loss needs an optimizer that amp.initialize set up (the "
+                             "native backend passes a disabled GradScaler there)")
             if argument_name is None:
                 refuse(call, f"{function.name.value}() is called without a plain name for {name}")
             found.append(self._construction(argument_name, caller_scope, call, depth + 1))

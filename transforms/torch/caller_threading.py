@@ -22,7 +22,7 @@ from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.checkpoints import CheckpointWriter
 from ampify.transforms.torch.device_choice import DeviceChoice
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
-from ampify.transforms.torch.scaler_placement import ScalerHome, ScalerPlacement
+from ampify.transforms.torch.scaler_placement import ScalerHome, ScalerPlacement, no_op_optimizer_class
 from ampify.transforms.torch.torch_import import add_import_torch, last_leading_import, module_level_aliases
 from ampify.transforms.torch.training_loop import (
     HazardKind,
@@ -100,7 +100,12 @@ def thread_scaler_into_caller(
     edits = StatementEdits()
     homes: List[ScalerHome] = []
     calls = []
+    idle_calls: List[Tuple[cst.Call, str]] = []
     for site in sites:
+        idle = _idle_optimizer_call(s, site, function_name, positions, receivers)
+        if idle is not None:
+            idle_calls.append(idle)
+            continue
         call, passed = call_and_passed_optimizers(s, site, function_name, positions, receivers)
         scope = s.scope_of(call)
         for name in passed:
@@ -151,6 +156,15 @@ def thread_scaler_into_caller(
     for call, home in zip(calls, homes):
         edits.add_keyword(call, keyword, home.reference)
         report.info("AMP204", f"{function_name}(...) now passes {keyword}={home.reference}", call)
+    for call, idle in idle_calls:
+        disabled = f"{torch}.amp.GradScaler(enabled=False)"
+        edits.add_keyword(call, keyword, disabled)
+        report.info(
+            "AMP204",
+            f"this call of {function_name}() passes a {idle}, whose step() does nothing: it gets {keyword}={disabled}, "
+            "which leaves its backward and step exactly as they were",
+            call,
+        )
     CheckpointWriter(
         s, imports, edits, torch, lambda scope, line: _reference_in(s, homes, scope, line), report.info, report.warn,
     ).write({name for home in homes for name in home.optimizers})
@@ -163,6 +177,23 @@ def thread_scaler_into_caller(
         reason=f"changed with {step_display}: the GradScaler of {function_name}() is created here and passed in",
     )
     return CallerPlan(change, found_device)
+
+
+def _idle_optimizer_call(
+    s, site: CallSite, function_name: str, positions: Dict[str, int], receivers: Sequence[str]
+) -> Optional[Tuple[cst.Call, str]]:
+    """(the call, the class) when the call at `site` passes, for every optimizer parameter, a new
+    instance of a class of this module whose step() does nothing (`DummyOptimizer()`)."""
+    call = next(
+        (c for c in statements.calls_within(s.module)
+         if (dotted_name(c.func) or "").split(".")[-1] == function_name and s.line(c) == site.line),
+        None,
+    )
+    if call is None:
+        return None
+    idle = [no_op_optimizer_class(s, statements.argument_for(call, receiver, positions), s.scope_of(call))
+            for receiver in receivers]
+    return (call, idle[0]) if idle and all(idle) else None
 
 
 def check_caller_setup(s: TrainingStructure, display: str, backend: str, creates_sharded_scaler: bool = False) -> None:

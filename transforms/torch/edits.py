@@ -206,6 +206,15 @@ class _EditApplier(cst.CSTTransformer):
             star = params.star_arg
             if star is cst.MaybeSentinel.DEFAULT:
                 star = cst.ParamStar()
+                listed = list(params.params)
+                if listed and not params.kwonly_params and params.star_kwarg is None and isinstance(listed[-1].comma, cst.Comma):
+                    # one parameter per line with a trailing comma: `*, scaler` goes on a line of
+                    # its own, and the new parameter takes the trailing comma over
+                    separator = _separator_like(listed, len(listed) - 1)
+                    new = new.with_changes(comma=listed[-1].comma)
+                    listed[-1] = listed[-1].with_changes(comma=separator)
+                    star = cst.ParamStar(comma=separator)
+                    params = params.with_changes(params=listed)
             kwonly = _append_with_comma(list(params.kwonly_params), new)
             if params.star_kwarg is not None and kwonly[-1].comma is cst.MaybeSentinel.DEFAULT:
                 kwonly[-1] = kwonly[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))

@@ -52,7 +52,7 @@ from ampify.transforms.torch.wrapper_steps import (
 )
 from ampify.transforms.torch.scaler_calls import ScalerCallPlanner
 from ampify.transforms.torch.torch_import import add_import_torch, last_leading_import, module_level_aliases
-from ampify.transforms.torch.scaler_placement import ScalerHome, ScalerPlacement, UnitPlan
+from ampify.transforms.torch.scaler_placement import DISABLED_SCALER, ScalerHome, ScalerPlacement, UnitPlan
 from ampify.transforms.torch.training_loop import (
     flat_parameter_fsdp_wraps,
     HazardKind,
@@ -596,6 +596,15 @@ class NativeConversion(TorchConversion):
                     relay,
                 )
             for call, caller_reference in plan.threaded_calls:
+                if caller_reference == DISABLED_SCALER:
+                    caller_reference = f"{self.torch}.amp.GradScaler(enabled=False)"
+                    idle = next(klass for c, klass in self.placement.idle_optimizers if c is call)
+                    self.info(
+                        "AMP204",
+                        f"this call passes a {idle}, whose step() does nothing: it gets {caller_reference}, which "
+                        "leaves its backward and step exactly as they were",
+                        call,
+                    )
                 self.edits.add_keyword(call, self.scaler_name, caller_reference)
             if plan.companions:
                 self.companions.extend(caller.change for caller in plan.companions)
@@ -609,7 +618,8 @@ class NativeConversion(TorchConversion):
                 )
                 return
             name = plan.threaded_function.name.value
-            direct = [c for c, _ in plan.threaded_calls if dotted_name(c.func) in (name, f"self.{name}")]
+            direct = [c for c, reference in plan.threaded_calls
+                      if reference != DISABLED_SCALER and dotted_name(c.func) in (name, f"self.{name}")]
             self.info(
                 "AMP204",
                 f"{plan.threaded_function.name.value}() takes the GradScaler as a new required parameter "

@@ -26,6 +26,62 @@ from ampify.transforms.torch.training_loop import (
 )
 
 
+#: the scaler reference a call passes for an optimizer whose step() does nothing (see
+#: `no_op_optimizer_class`); written as `<torch>.amp.GradScaler(enabled=False)`
+DISABLED_SCALER = "<disabled GradScaler>"
+
+
+def no_op_optimizer_class(
+    s: TrainingStructure, argument: Optional[cst.BaseExpression], scope: Optional[Scope] = None
+) -> Optional[str]:
+    """The class name when `argument` builds an instance of a class of this module whose step()
+    does nothing (`DummyOptimizer()` of the Annotated Transformer, passed for evaluation runs of
+    the training function), or is a name (seen from `scope`) only ever bound to one; None
+    otherwise. A GradScaler built with enabled=False delegates step() to it and does nothing
+    else, so such a call behaves exactly as before."""
+    if isinstance(argument, cst.Name) and scope is not None:
+        bindings = s.bindings_visible(argument.value, scope)
+        classes = {no_op_optimizer_class(s, b.value) if b.kind == "assign" else None for b in bindings}
+        return classes.pop() if len(classes) == 1 and bindings else None
+    if not (isinstance(argument, cst.Call) and isinstance(argument.func, cst.Name)):
+        return None
+    name = argument.func.value
+    classes = [
+        statement for statement in s.module.body
+        if isinstance(statement, cst.ClassDef) and statement.name.value == name
+    ]
+    if len(classes) != 1 or any(b.name == name for b in s.bindings):
+        return None
+    klass = classes[0]
+    if not isinstance(klass.body, cst.IndentedBlock):
+        return None
+    steps = [item for item in klass.body.body if isinstance(item, cst.FunctionDef) and item.name.value == "step"]
+    if len(steps) != 1 or steps[0].decorators:
+        return None
+    return name if _does_nothing(steps[0].body) else None
+
+
+def _does_nothing(body: cst.BaseSuite) -> bool:
+    """A function body of `pass`, `None`, `...`, a docstring or a bare `return` / `return None`."""
+    statements_ = body.body if isinstance(body, cst.IndentedBlock) else [body]
+    for line in statements_:
+        if not isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            return False
+        for small in line.body:
+            if isinstance(small, cst.Pass):
+                continue
+            if isinstance(small, cst.Expr) and isinstance(small.value, (cst.Name, cst.Ellipsis, cst.SimpleString,
+                                                                          cst.ConcatenatedString)):
+                if isinstance(small.value, cst.Name) and small.value.value != "None":
+                    return False
+                continue
+            if isinstance(small, cst.Return) and (
+                    small.value is None or (isinstance(small.value, cst.Name) and small.value.value == "None")):
+                continue
+            return False
+    return True
+
+
 @dataclass
 class ScalerHome:
     """Where a scaler is created and how code refers to it."""
@@ -89,6 +145,8 @@ class ScalerPlacement:
         self.project = project
         #: id(scope or class) -> its scaler home
         self.homes: Dict[int, ScalerHome] = {}
+        #: calls that pass an optimizer whose step() does nothing, and its class (they get DISABLED_SCALER)
+        self.idle_optimizers: List[Tuple[cst.Call, str]] = []
 
     def place(self, plan: UnitPlan) -> None:
         """Decide where the unit's GradScaler is created and how its code refers to it (sets
@@ -333,6 +391,15 @@ class ScalerPlacement:
             positions = {name: index - 1 for name, index in positions.items() if index > 0}
         for call in calls:
             caller_scope = s.scope_of(call)
+            idle = [no_op_optimizer_class(s, statements.argument_for(call, receiver, positions), caller_scope)
+                    for receiver in receivers]
+            if all(idle):
+                # `run_epoch(..., DummyOptimizer(), mode="eval")`: an optimizer whose step() does
+                # nothing gets a disabled GradScaler, whose scale/step/update/unscale_ are then
+                # exactly loss.backward() and optimizer.step()
+                threaded.append((call, DISABLED_SCALER))
+                self.idle_optimizers.append((call, idle[0]))
+                continue
             passed = []
             for receiver in receivers:
                 argument = statements.argument_for(call, receiver, positions)
