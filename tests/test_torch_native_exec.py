@@ -430,3 +430,42 @@ def test_evaluation_with_a_dummy_optimizer_gets_a_disabled_scaler_and_changes_no
     # training moved the parameters between the two evaluations
     first, second = script["PARAMETERS_BEFORE_EVAL"]
     assert not all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+STANDINS = SCRIPTS.parent / "exec_standins"
+WARPCTC_SCRIPT = SCRIPTS.parent / "warpctc_loss_float32_only.in.py"
+
+
+def _run_with_standins(path: Path, *args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, timeout=300,
+                          cwd=path.parent, env={"PYTHONPATH": str(STANDINS), "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("flags", [["--baidu_ctc"], []])
+def test_warpctc_loss_gets_float32_activations_under_autocast(flags, tmp_path):
+    """warpctc_pytorch.CTCLoss (a stand-in that raises on non-float32 activations, as the real
+    kernel does): the converted script casts its activations and trains under float16 autocast;
+    without the cast the same conversion fails."""
+    source = WARPCTC_SCRIPT.read_text().replace("range(100)", "range(3)")
+    original = tmp_path / "original.py"
+    original.write_text(source)
+    fp32 = _run_with_standins(original, *flags)
+    assert fp32.returncode == 0, fp32.stderr[-2000:]
+
+    conversion = convert_source(source, Options(backend="native", dtype="float16"), filename="train.py")
+    assert conversion.status is FileStatus.CHANGED, conversion.reason
+    converted = tmp_path / "converted.py"
+    converted.write_text(conversion.converted.replace("device_type=device.type", 'device_type="cpu"'))
+    run = _run_with_standins(converted, *flags)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+    uncast = tmp_path / "uncast.py"
+    uncast.write_text(converted.read_text().replace(".float(), text", ", text"))
+    failed = _run_with_standins(uncast, *flags)
+    if flags:
+        assert failed.returncode != 0 and "warp-ctc takes float32 only" in failed.stderr
+    else:
+        assert failed.returncode == 0, failed.stderr[-2000:]  # torch's CTCLoss runs in float32 under autocast

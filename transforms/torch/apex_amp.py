@@ -29,6 +29,7 @@ from ampify.transforms.torch.apex_wrap_hoist import plan_hoist
 from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConversion, short_text
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
 from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_sites, sites_of_unit
+from ampify.transforms.torch.float32_losses import float32_only_loss_calls
 from ampify.transforms.torch.manual_updates import manual_update_beside_steps
 from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, distinct_losses, pair_helper_backwards
 from ampify.transforms.torch.normalize import converted_in_shape
@@ -290,6 +291,7 @@ class ApexConversion(TorchConversion):
         self.plan_backwards(unit)
         self._plan_penalties(unit)
         self._plan_index_assignment_casts(unit)
+        self._plan_float32_only_loss_casts(unit)
         self._plan_clipping(unit)
         self.plan_checkpoints(setup, anchor)
         self.initialize_planned = (unit, setup.scope)
@@ -338,6 +340,21 @@ class ApexConversion(TorchConversion):
         )
 
     # -- where the optimizers and models are built
+
+    def _plan_float32_only_loss_casts(self, unit: TrainingUnit) -> None:
+        """A loss of a compiled extension that takes float32 only (float32_losses.py): under O1
+        the model's outputs are float16, so its activations are cast to float32 wherever this file
+        calls it."""
+        for call, constructor in float32_only_loss_calls(self.s, self.s.module):
+            if id(call) in self.plan.float_first_arguments:
+                continue
+            self.plan.cast_first_argument_to_float(call)
+            self.info(
+                "AMP302", f"the activations passed to {dotted_name(call.func)} are cast to float32: it is (or may be) the "
+                f"{constructor}, whose compiled kernel takes float32 only, and apex O1 makes them float16 (a no-op "
+                "on float32 activations)",
+                call,
+            )
 
     def _plan_index_assignment_casts(self, unit: TrainingUnit) -> None:
         """Under O1 model outputs are float16: `values[mask] = net(x)` into a float32 tensor

@@ -30,6 +30,8 @@ class StatementEdits:
     removed: Set[int] = field(default_factory=set)
     #: id(Assign) -> dtype expression: `x[i] = v` becomes `x[i] = (v).to(<dtype>)`
     casts: Dict[int, str] = field(default_factory=dict)
+    #: id(Call) of calls whose first argument `x` becomes `x.float()`
+    float_first_arguments: Set[int] = field(default_factory=set)
     #: bookkeeping for callers: statements after which a scaler is already created
     created_scalers: Set[int] = field(default_factory=set)
 
@@ -45,6 +47,7 @@ class StatementEdits:
             dict_elements={k: list(v) for k, v in self.dict_elements.items()},
             removed=set(self.removed),
             casts=dict(self.casts),
+            float_first_arguments=set(self.float_first_arguments),
             created_scalers=set(self.created_scalers),
         )
 
@@ -80,6 +83,10 @@ class StatementEdits:
         planned = self.keywords.setdefault(id(call), [])
         if (keyword, value) not in planned:
             planned.append((keyword, value))
+
+    def cast_first_argument_to_float(self, call: cst.Call) -> None:
+        """`loss(x, y)` becomes `loss(x.float(), y)`."""
+        self.float_first_arguments.add(id(call))
 
     def cast_assigned_value(self, assign: cst.Assign, dtype: str) -> None:
         """`target = value` becomes `target = (value).to(<dtype>)`."""
@@ -171,6 +178,13 @@ class _EditApplier(cst.CSTTransformer):
         replacement = self.edits.calls.get(id(original_node))
         if replacement is not None:
             return replacement
+        if id(original_node) in self.edits.float_first_arguments:
+            first = updated_node.args[0]
+            value = first.value
+            if not isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not value.lpar:
+                value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            cast = cst.Call(func=cst.Attribute(value=value, attr=cst.Name("float")))
+            updated_node = updated_node.with_changes(args=[first.with_changes(value=cast), *updated_node.args[1:]])
         keywords = self.edits.keywords.get(id(original_node))
         if keywords:
             args = list(updated_node.args)

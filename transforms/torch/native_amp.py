@@ -52,6 +52,7 @@ from ampify.transforms.torch.wrapper_steps import (
 )
 from ampify.transforms.torch.scaler_calls import ScalerCallPlanner
 from ampify.transforms.torch.torch_import import add_import_torch, last_leading_import, module_level_aliases
+from ampify.transforms.torch.float32_losses import float32_only_loss_calls
 from ampify.transforms.torch.scaler_placement import DISABLED_SCALER, ScalerHome, ScalerPlacement, UnitPlan
 from ampify.transforms.torch.training_loop import (
     flat_parameter_fsdp_wraps,
@@ -498,6 +499,7 @@ class NativeConversion(TorchConversion):
         unit = plan.unit
         dtype = f"{self.torch}.{self.options.dtype}"
         shared_device = self._one_device_for_unit(plan)
+        self._cast_float32_only_loss_inputs()
         for block, start, end in plan.regions:
             body = list(block.body)
             first = body[start]
@@ -646,6 +648,22 @@ class NativeConversion(TorchConversion):
                     "the gradients by scaler.get_scale() (PyTorch AMP examples), or use --dtype bfloat16",
                     call,
                 )
+
+    def _cast_float32_only_loss_inputs(self) -> None:
+        """A loss of a compiled extension that takes float32 only (float32_losses.py): its
+        activations are cast to float32 wherever this file calls it (under autocast, in a helper
+        that a step calls, or outside any, where the cast changes nothing)."""
+        for call, constructor in float32_only_loss_calls(self.structure, self.structure.module):
+            if id(call) in self.edits.float_first_arguments:
+                continue
+            self.edits.cast_first_argument_to_float(call)
+            self.info(
+                "AMP201",
+                f"the activations passed to {dotted_name(call.func)} are cast to float32: it is (or may be) the "
+                f"{constructor}, whose compiled kernel takes float32 only, and under autocast they are "
+                f"{self.options.dtype} (a no-op on float32 activations)",
+                call,
+            )
 
     def _cast_index_assignments(self, statement: cst.CSTNode, unit: TrainingUnit) -> None:
         """Index assignments of a model output into a float32 tensor, cast back to its dtype
