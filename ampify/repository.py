@@ -102,6 +102,9 @@ class ModuleOutline:
     #: classes with a method that calls `.backward(...)` (a trainer: `Trainer(model, data, optimizer)`),
     #: outlined as their constructor: its parameters, and calls_backward set
     training_classes: Dict[str, FunctionOutline] = field(default_factory=dict)
+    #: loss classes with a backward() of their own that runs `self.<attribute>.backward()`
+    #: (pytorch-seq2seq's Loss): class -> (line of that method, "self.acc_loss")
+    loss_backwards: Dict[str, Tuple[int, str]] = field(default_factory=dict)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -469,6 +472,9 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
             trainer = _training_class_outline(statement)
             if trainer is not None:
                 outline.training_classes[statement.name] = trainer
+            own_backward = loss_class_backward(statement)
+            if own_backward is not None:
+                outline.loss_backwards[statement.name] = own_backward
         elif isinstance(statement, ast.Import):
             for alias in statement.names:
                 if alias.asname:
@@ -586,6 +592,24 @@ def _module_level(statements: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
                 yield from _module_level(getattr(statement, part, []))
             for handler in getattr(statement, "handlers", []):
                 yield from _module_level(handler.body)
+
+
+def loss_class_backward(klass: ast.ClassDef) -> Optional[Tuple[int, str]]:
+    """(line, "self.acc_loss") when the class defines an instance method `backward` that calls
+    `.backward()` on an attribute of self: a loss object whose instances training code calls
+    `loss.backward()` on. None otherwise (autograd Functions' static backward included)."""
+    for method in klass.body:
+        if not (isinstance(method, ast.FunctionDef) and method.name == "backward" and method.args.args
+                and method.args.args[0].arg == "self"):
+            continue
+        if any(isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod") for d in method.decorator_list):
+            return None
+        for node in ast.walk(method):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward"
+                    and isinstance(node.func.value, ast.Attribute) and isinstance(node.func.value.value, ast.Name)
+                    and node.func.value.value.id == "self"):
+                return method.lineno, f"self.{node.func.value.attr}"
+    return None
 
 
 def _training_class_outline(klass: ast.ClassDef) -> Optional[FunctionOutline]:
@@ -828,6 +852,18 @@ class ProjectView:
                     return None
                 found.append(f"{self.where(path, line)} {klass}.{method}()")
         return found[0] if len(found) == 1 else (f"{found[0]} and {len(found) - 1} more" if found else None)
+
+    def loss_classes_with_backward(self) -> List[Tuple[str, str, str]]:
+        """("loss/loss.py:78", class name, "self.acc_loss") for every class of the project (this
+        module included) with a backward() of its own that runs `self.<attribute>.backward()`."""
+        found = []
+        for path in self.index.modules():
+            outline = self.index.outline(path)
+            if outline is None:
+                continue
+            for name, (line, inner) in sorted(outline.loss_backwards.items()):
+                found.append((self.where(path, line), name, inner))
+        return found
 
     def torch_module_imported(self) -> Optional[str]:
         """"models/pix2pix_model.py" when a project module this module imports directly imports

@@ -415,3 +415,21 @@ def test_a_helper_of_another_module_that_only_inspects_a_model_is_told_apart_fro
     assert not view.only_inspects_parameter("probe", 0, None, allowed)
     assert not view.only_inspects_parameter("utils.print_network", 1, None, allowed)
     assert not view.only_inspects_parameter("utils.missing", 0, None, allowed)
+
+
+@pytest.mark.parametrize("case", ["loss_class_with_own_backward", "apex_loss_class_with_own_backward"])
+def test_a_loss_object_with_its_own_backward_is_refused_with_that_reason(case, tmp_path):
+    """pytorch-seq2seq's `loss.backward()` on a Loss whose backward() runs self.acc_loss.backward():
+    scaler.scale(loss) / amp.scale_loss(loss, ...) would fail on the object (apex converted it
+    before). Both files are left alone, and the warnings say why."""
+    folder = ROOT / "fixtures" / "repositories" / case
+    tree = tmp_path / "repo"
+    shutil.copytree(folder / "input", tree)
+    completed = _run(tree, folder, tmp_path / "report.json")
+    assert completed.returncode == 1, completed.stderr
+    assert _tree(tree) == _tree(folder / "input")
+    messages = {Path(entry["path"]).name: [f["message"] for f in entry["findings"]]
+                for entry in json.loads((tmp_path / "report.json").read_text())["files"]}
+    assert any("loss may be an instance of Loss (loss.py:22), a loss class whose own backward() runs "
+               "self.acc_loss.backward()" in m for m in messages["trainer.py"]), messages
+    assert any("it is the backward() of Loss, a loss class" in m for m in messages["loss.py"]), messages

@@ -68,6 +68,10 @@ class ProjectFacts(Protocol):
         """(key, "optimization.py:59", "optimization.create_optimizer" as called here) for each
         project function this module calls that builds a TF1 optimizer in its own module."""
 
+    def loss_classes_with_backward(self) -> Sequence[Tuple[str, str, str]]:
+        """("loss/loss.py:78", class name, "self.acc_loss") for every project class with a
+        backward() of its own that runs `self.<attribute>.backward()` (a loss object)."""
+
     def torch_module_imported(self) -> Optional[str]:
         """"models/pix2pix_model.py" when a project module this module imports imports torch."""
 

@@ -261,7 +261,8 @@ class ApexConversion(TorchConversion):
         """Plan the whole conversion of one training unit, or raise Unconvertible."""
         if not unit.steps:
             refuse(unit.backwards[0].call, "no optimizer step found for this backward()")
-        unfollowed = call_of_unfollowed_backward(self.s, unit) or backward_for_its_hooks(self.s, unit)
+        unfollowed = (call_of_unfollowed_backward(self.s, unit) or backward_for_its_hooks(self.s, unit)
+                      or self.loss_object_backward(unit))
         if unfollowed is not None:
             refuse(unfollowed[1], unfollowed[0])
         by_hand = manual_update_beside_steps(self.s, unit)

@@ -16,7 +16,9 @@ from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.saved_outputs import SavedForward, SavedOutputs
-from ampify.transforms.torch.training_loop import BackwardCall, Block, TrainingStructure, TrainingUnit, Unconvertible
+from ampify.transforms.torch.training_loop import (
+    BackwardCall, Block, LossNotFound, TrainingStructure, TrainingUnit, Unconvertible, receiver_of,
+)
 
 #: reductions allowed on the loss inside `<loss>.backward()` (`loss.mean().backward()`)
 LOSS_REDUCTIONS = {"mean", "sum", "float", "squeeze", "view", "reshape", "double"}
@@ -90,10 +92,10 @@ class AutocastPlanner:
             if found:
                 break
         if found is None:
-            raise Unconvertible(
+            raise LossNotFound(
                 f"the loss of backward() ({', '.join(sorted(loss_names))}) is not computed in this loop, "
                 "so the forward pass cannot be put under autocast",
-                backward.call,
+                backward.call, receiver_of(backward),
             )
         block, body, end = found
         start, before_barrier, needed = self._forward_start(body, end, barriers, loss_names)
@@ -123,11 +125,11 @@ class AutocastPlanner:
                 body, end, barriers, planned, outer_forwards):
             first, last = s.line(body[start]), s.line(body[end])
             lines = f"line {first}" if first == last else f"lines {first}-{last}"
-            raise Unconvertible(
+            raise LossNotFound(
                 f"the loss of backward() is computed from tensors made elsewhere: {lines}, which compute it, call "
                 "no model ampify recognises (a module built in this file, or one that is called like one), so the "
                 "forward pass runs elsewhere; put torch.autocast around it by hand",
-                backward.call,
+                backward.call, receiver_of(backward),
             )
         start = self._stateful_forward_start(body, start, barriers)
         ranges = by_block.setdefault(id(block), (block, []))[1]

@@ -36,11 +36,13 @@ from ampify.transforms.torch.wrapper_steps import steps_of_wrapper_methods
 from ampify.transforms.torch.training_loop import (
     Hazard,
     HazardKind,
+    LossNotFound,
     MixedPrecisionElsewhere,
     TrainingStructure,
     TrainingUnit,
     Unconvertible,
     describe_mixed_precision_use,
+    receiver_of,
     training_without_torch_import,
     units_outside_mixed_precision,
 )
@@ -237,10 +239,60 @@ class TorchConversion(abc.ABC):
         if not plans and refusals and all(isinstance(problem, MixedPrecisionElsewhere) for problem, _ in refusals):
             return self.result(Verdict.ALREADY_MIXED_PRECISION, f"already in mixed precision: {refusals[0][0]}")
         for problem, node in refusals:
+            if isinstance(problem, LossNotFound):
+                problem = self._loss_object_note(problem)
             self.warn(problem.code or code, message.format(problem=problem), node)
         if not plans:
             return self.result(Verdict.UNCONVERTED, "training code found, but no training step could be converted safely")
         return self.result(Verdict.CONVERTED, module=self.write(plans))
+
+    def loss_object_backward(self, unit: TrainingUnit) -> Optional[Tuple[str, cst.Call]]:
+        """A `loss.backward()` of the unit whose `loss` looks like an instance of a loss class of
+        the project with a backward() of its own (see `_loss_object_note`) rather than a tensor:
+        bound here only as a parameter, an alias (`loss = self.loss`) or an instance of such a
+        class. With the message; None otherwise. Scaling it (`amp.scale_loss(loss, ...)`,
+        `scaler.scale(loss)`) would fail on the object."""
+        if self.project is None:
+            return None
+        classes = None
+        for backward in unit.backwards:
+            if backward.delegation is not None:
+                continue
+            receiver = receiver_of(backward)
+            if not receiver:
+                continue
+            if classes is None:
+                classes = list(self.project.loss_classes_with_backward())
+                if not classes:
+                    return None
+            bindings = self.structure.bindings_visible(receiver, backward.scope)
+            names = {name for _, name, _ in classes}
+            if bindings and all(_alias_or_instance(b, names) for b in bindings):
+                note = self._loss_object_note(LossNotFound("", backward.call, receiver))
+                return str(note).rsplit("; besides, ", 1)[0], backward.call
+        return None
+
+    def _loss_object_note(self, problem: "LossNotFound") -> Unconvertible:
+        """The loss of `loss.backward()` was not found: when the project has a loss class with a
+        backward() of its own (pytorch-seq2seq's `Loss.backward()` runs `self.acc_loss.backward()`),
+        `loss` may well be one of its instances, and that is the reason to give first."""
+        if not problem.receiver or self.project is None:
+            return problem
+        classes = list(self.project.loss_classes_with_backward())
+        if not classes:
+            return problem
+        bound = {_called_name(b.value) for b in self.structure.bindings_visible(problem.receiver, problem.node and
+                                                                               self.structure.scope_of(problem.node))}
+        chosen = [c for c in classes if c[1] in bound] or classes
+        where, name, inner = chosen[0]
+        more = f" (or another of the {len(chosen)} such classes)" if len(chosen) > 1 else ""
+        return Unconvertible(
+            f"{problem.receiver} may be an instance of {name} ({where}){more}, a loss class whose own backward() runs "
+            f"{inner}.backward(): ampify does not convert a loss class's backward() yet (by hand: scale {inner} there, "
+            "with scaler.scale() or amp.scale_loss(), and for autocast put the forward pass and the calls that "
+            f"accumulate the loss under it); besides, {problem}",
+            problem.node, problem.code,
+        )
 
     def _training_elsewhere_not_in_run(self) -> Optional[TransformResult]:
         """A driver (DETR's main.py) builds the optimizer and hands it to the training function of
@@ -401,3 +453,24 @@ def short_text(text: str, limit: int = 60) -> str:
     """`text` on one line, cut to `limit` characters with an ellipsis."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _called_name(value: Optional[cst.BaseExpression]) -> Optional[str]:
+    """`NLLLoss` of `NLLLoss(...)` / `losses.NLLLoss(...)`."""
+    if isinstance(value, cst.Call):
+        func = value.func
+        return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
+    return None
+
+
+def _alias_or_instance(binding, loss_classes) -> bool:
+    """A binding that gives a name no computed tensor: a parameter, `loss = self.loss` /
+    `loss = criterion`, or an instance of one of `loss_classes`."""
+    if binding.kind == "parameter":
+        return True
+    if binding.kind != "assign":
+        return False
+    value = binding.value
+    if isinstance(value, (cst.Name, cst.Attribute)):
+        return True
+    return _called_name(value) in loss_classes

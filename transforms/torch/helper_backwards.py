@@ -227,6 +227,11 @@ def _routes_to_iterations(
     if klass is None:
         raise _NoRoute(f"{name}() is not a method (helpers that are plain functions are not followed)")
     calls, other_uses = method_calls(structure, helper, klass)
+    if name == "backward" and not calls:
+        raise _NoRoute(
+            f"it is the backward() of {klass.name.value}, a loss class: training code calls it on its instances "
+            "(`loss.backward()`), and ampify does not convert a loss class's backward() yet"
+        )
     if other_uses:
         raise _NoRoute(f"{name} is used other than as self.{name}() ({_where(structure, other_uses[0])})")
     if not calls:

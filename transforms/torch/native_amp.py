@@ -342,7 +342,8 @@ class NativeConversion(TorchConversion):
     def plan_unit(self, unit: TrainingUnit) -> UnitPlan:
         if not unit.steps:
             raise Unconvertible("no optimizer step in this training step")
-        unfollowed = call_of_unfollowed_backward(self.structure, unit) or backward_for_its_hooks(self.structure, unit)
+        unfollowed = (call_of_unfollowed_backward(self.structure, unit) or backward_for_its_hooks(self.structure, unit)
+                      or self.loss_object_backward(unit))
         if unfollowed is not None:
             raise Unconvertible(*unfollowed)
         for step in unit.steps:

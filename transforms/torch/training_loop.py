@@ -74,6 +74,24 @@ class Unconvertible(Exception):
         self.code = code
 
 
+class LossNotFound(Unconvertible):
+    """The statements that compute a backward()'s loss were not found (or call no model): the
+    name may hold something else than a tensor (a loss object with a backward() of its own)."""
+
+    def __init__(self, message: str, node: Optional[cst.CSTNode] = None, receiver: str = "") -> None:
+        super().__init__(message, node)
+        #: the name backward() is called on (`loss` of `loss.backward()`)
+        self.receiver = receiver
+
+
+def receiver_of(backward: "BackwardCall") -> str:
+    """`loss` of `loss.backward()` (no arguments); empty for anything else."""
+    func = backward.call.func
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and not backward.call.args:
+        return func.value.value
+    return ""
+
+
 class MixedPrecisionElsewhere(Unconvertible):
     """The step is already in mixed precision, set up by the module that calls it (FSDP's
     MixedPrecision policy, a GradScaler, amp.initialize there): nothing is added."""
