@@ -258,7 +258,7 @@ class AutocastPlanner:
                 called = call.func.value
             else:
                 return True
-            if called not in names.TENSOR_ARITHMETIC_CALLS:
+            if called not in names.TENSOR_ARITHMETIC_CALLS and not statements.fetches_a_batch(call, called):
                 return True
         return False
 

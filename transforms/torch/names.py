@@ -153,6 +153,13 @@ DATA_PREPARATION_CALLS = {
     "appendleft", "insert", "extend", "extendleft", "deque",
 }
 
+#: methods that fetch a batch when called on a data source (`replay_buffer.sample(batch_size)`,
+#: `train_dataset.get_batch()`, `data_iter.next()`): data preparation, not a forward pass. Only
+#: with a receiver named like a data source (DATA_SOURCE_WORDS): `generator.sample(z)` runs a model
+DATA_SOURCE_METHODS = {"sample", "get_batch", "next_batch", "get_next", "load_batch", "next", "sample_batch"}
+DATA_SOURCE_WORDS = ("buffer", "memory", "replay", "dataset", "loader", "data", "iter", "batch", "queue", "storage",
+                     "rollout", "sampler")
+
 #: tensor methods and builtins that compute on tensors already made: a region whose calls are
 #: all of these (or of imported functions such as torch.cat) holds no model forward pass
 TENSOR_ARITHMETIC_CALLS = DATA_PREPARATION_CALLS | {

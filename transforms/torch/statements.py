@@ -146,9 +146,19 @@ def has_forward_call(statement: cst.CSTNode) -> bool:
             called = call.func.value
         else:
             return True
-        if called not in names.DATA_PREPARATION_CALLS:
-            return True
+        if called in names.DATA_PREPARATION_CALLS or fetches_a_batch(call, called):
+            continue
+        return True
     return False
+
+
+def fetches_a_batch(call: cst.Call, method: str) -> bool:
+    """`replay_buffer.sample(n)`, `train_dataset.get_batch()`: a batch fetched from a data source."""
+    if method not in names.DATA_SOURCE_METHODS or not isinstance(call.func, cst.Attribute):
+        return False
+    receiver = call.func.value
+    last = receiver.attr.value if isinstance(receiver, cst.Attribute) else receiver.value if isinstance(receiver, cst.Name) else ""
+    return any(word in last.lower() for word in names.DATA_SOURCE_WORDS)
 
 
 class _JumpFinder(cst.CSTVisitor):
