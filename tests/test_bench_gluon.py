@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from ampify.bench.hardware import Device, expectations
-from mxnet_environment import mxnet_python
+from mxnet_environment import mxnet_bfloat16_python, mxnet_python
 
 GLUON_SCRIPT = """\
 import sys
@@ -38,7 +38,7 @@ def _bench(*args, cwd):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_gluon_versions_run_in_turns_for_the_counted_steps(tmp_path, dtype):
-    python = mxnet_python()
+    python = mxnet_bfloat16_python() if dtype == "bfloat16" else mxnet_python()
     script = tmp_path / "train.py"
     script.write_text(GLUON_SCRIPT)
     run = _bench(script, "--python", python, "--dtype", dtype, "--steps", "3", "--warmup", "1", "--repeats", "2",

@@ -11,7 +11,7 @@ import pytest
 from ampify.convert import convert_source
 from ampify.findings import FileStatus
 from ampify.options import Options
-from mxnet_environment import mxnet_python, run_mxnet
+from mxnet_environment import mxnet_bfloat16_python, run_mxnet
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gluon"
 #: bfloat16 keeps 8 bits of mantissa: per-step losses within this relative distance of fp32
@@ -20,7 +20,7 @@ TOLERANCE = 0.03
 
 @pytest.fixture(scope="module")
 def python():
-    return mxnet_python()
+    return mxnet_bfloat16_python()
 
 
 def _converted(tmp_path: Path, script: str, dtype: str, on_cpu: bool = True) -> Path:

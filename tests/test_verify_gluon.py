@@ -3,7 +3,7 @@ while autograd records, the hybridized graph's amp_cast nodes and the trainer's 
 real MXNet runs on CPU in the MXNet environment; the float16 rules on recorded evidence."""
 import pytest
 
-from mxnet_environment import mxnet_python
+from mxnet_environment import mxnet_bfloat16_python, mxnet_python
 from verify_helpers import FIXTURES
 
 from ampify.convert import convert_source
@@ -38,6 +38,7 @@ def test_fp32_gluon_script_is_not_active_with_the_reason(python):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_converted_gluon_script_verifies(tmp_path, python, dtype):
+    mxnet_bfloat16_python()  # the converted script computes in bfloat16 (float16 too, on CPU)
     result = verify_script(_converted(tmp_path, dtype), python=python)
     assert result.status == "verified", result.output[-2000:]
     assert result.verdict.startswith("verified: amp.init(target_dtype=bfloat16), network output in bfloat16, "
