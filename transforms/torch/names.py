@@ -146,7 +146,8 @@ DATA_PREPARATION_CALLS = {
     # legacy tensor constructors (also the usual aliases, `Tensor = torch.cuda.FloatTensor if cuda
     # else torch.FloatTensor`) and numpy's random draws: `valid = Variable(Tensor(n, 1).fill_(1.0))`
     "FloatTensor", "LongTensor", "DoubleTensor", "HalfTensor", "ByteTensor", "BoolTensor", "IntTensor", "Tensor",
-    "normal", "uniform", "choice", "permutation",
+    "normal", "uniform", "choice", "permutation", "randperm", "linspace", "eye", "bernoulli",
+    "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "empty_like",
     # a batch copied into a preallocated buffer: `real_A = Variable(input_A.copy_(batch['A']))`
     "copy_",
     # lists of rewards and returns built before a policy-gradient loss
