@@ -343,6 +343,16 @@ class RepositoryIndex:
             return None
         path = self.resolve_module(importer, module, level)
         outline = self.outline(path) if path is not None else None
+        for _ in range(MAX_STAR_DEPTH):
+            # a package that re-exports it (`models/__init__.py`: `from .dcgan import Discriminator`)
+            if outline is None or name in outline.classes or name not in outline.imports:
+                break
+            module, imported, level = outline.imports[name]
+            if imported is None:
+                return None
+            path = self.resolve_module(path, module, level)
+            outline = self.outline(path) if path is not None else None
+            name = imported
         if outline is None or name not in outline.classes or path == importer.resolve():
             return None
         return path, name, outline.classes[name]
@@ -361,8 +371,9 @@ class RepositoryIndex:
             if outline is None:
                 continue
             if any(module == path for module, _ in exposures):
-                found.append(path)  # a package re-exporting it: its users are not followed
-                continue
+                if not _only_reexports(path, [exposed for module, exposed in exposures if module == path]):
+                    found.append(path)  # a module re-exporting it that also uses it
+                continue  # a package that only re-exports it: its users are found through it
             if not any(self._names_reaching(path, outline, module, exposed) for module, exposed in exposures):
                 continue
             try:
@@ -451,6 +462,22 @@ class RepositoryIndex:
         names += [name for name in self._rebinding(path, outline, defining, function_name)
                   if name not in outline.imports]
         return names
+
+
+def _only_reexports(path: Path, names: Sequence[str]) -> bool:
+    """Does the module spell `names` only in its imports (`from .dcgan import Discriminator` in a
+    package's `__init__.py`) and in `__all__`, never using them?"""
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return False
+    wanted = set(names)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in wanted:
+            return False
+        if isinstance(node, ast.Attribute) and node.attr in wanted:
+            return False
+    return True
 
 
 def _outline(path: Path) -> Optional[ModuleOutline]:

@@ -433,3 +433,26 @@ def test_a_loss_object_with_its_own_backward_is_refused_with_that_reason(case, t
     assert any("loss may be an instance of Loss (loss.py:22), a loss class whose own backward() runs "
                "self.acc_loss.backward()" in m for m in messages["trainer.py"]), messages
     assert any("it is the backward() of Loss, a loss class" in m for m in messages["loss.py"]), messages
+
+
+def test_a_class_reexported_by_a_package_is_found_where_it_is_defined(tmp_path):
+    """`from models import Discriminator` with models/__init__.py re-exporting it from .dcgan (two
+    levels): the class is found in models/dcgan.py; the package counts as a user of the class only
+    when it does more than re-export it."""
+    (tmp_path / ".git").mkdir()
+    package = tmp_path / "models"
+    (package / "nets").mkdir(parents=True)
+    (package / "nets" / "__init__.py").write_text("from .dcgan import Discriminator\n")
+    (package / "nets" / "dcgan.py").write_text("import torch.nn as nn\n\n\nclass Discriminator(nn.Module):\n    pass\n")
+    (package / "__init__.py").write_text("from .nets import Discriminator\n__all__ = ['Discriminator']\n")
+    train = tmp_path / "train.py"
+    train.write_text("from models import Discriminator\n\nnetD = Discriminator()\n")
+    view = ProjectView(RepositoryIndex(tmp_path), train)
+    key, display, name, line, trains = view.imported_class("Discriminator")
+    assert (Path(key), display, name, line, trains) == (
+        (package / "nets" / "dcgan.py").resolve(), "models/nets/dcgan.py", "Discriminator", 4, False)
+    index = RepositoryIndex(tmp_path)
+    assert index.users_of(package / "nets" / "dcgan.py", "Discriminator", [train]) == []
+    (package / "__init__.py").write_text("from .nets import Discriminator\n\n\ndef build():\n    return Discriminator()\n")
+    index = RepositoryIndex(tmp_path)
+    assert index.users_of(package / "nets" / "dcgan.py", "Discriminator", [train]) == [(package / "__init__.py").resolve()]
