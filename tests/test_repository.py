@@ -456,3 +456,41 @@ def test_a_class_reexported_by_a_package_is_found_where_it_is_defined(tmp_path):
     (package / "__init__.py").write_text("from .nets import Discriminator\n\n\ndef build():\n    return Discriminator()\n")
     index = RepositoryIndex(tmp_path)
     assert index.users_of(package / "nets" / "dcgan.py", "Discriminator", [train]) == [(package / "__init__.py").resolve()]
+
+
+def test_a_vae_of_another_module_fused_computes_the_same_fp32_losses_then_trains_in_float16(tmp_path):
+    """models.py's VAE.decode() returns torch.sigmoid(...), train.py feeds the output to
+    F.binary_cross_entropy and keeps a decoded sample: the fusion alone (the sigmoid dropped in
+    models.py, F.binary_cross_entropy_with_logits and torch.sigmoid(model.decode(z)) in train.py)
+    computes the original's losses and sample to 1e-5; the converted project (the golden's
+    expected tree) trains with its forward passes in float16 under CPU autocast."""
+    pytest.importorskip("torch")
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_functional import fuse_imported_functional_bce
+
+    case = ROOT / "fixtures" / "repositories" / "bce_functional_model_in_other_module"
+    original = tmp_path / "original"
+    shutil.copytree(case / "input", original)
+    (original / ".git").mkdir()
+    fused_tree = tmp_path / "fused"
+    shutil.copytree(case / "input", fused_tree)
+    (fused_tree / ".git").mkdir()
+    train = fused_tree / "train.py"
+    module = cst.parse_module(train.read_text())
+    view = ProjectView(RepositoryIndex(fused_tree), train, [fused_tree])
+    fused, fusion, companion = fuse_imported_functional_bce(module, ImportMap.from_module(module), view, "train.py")
+    assert "return self.fc4(h3)\n" in companion.new.decode() and "binary_cross_entropy_with_logits(" in fused.code
+    assert "torch.sigmoid(model.decode(z))" in fused.code and fusion.wrapped
+    train.write_text(fused.code)
+    Path(companion.key).write_bytes(companion.new)
+    expected, same = _run_losses(original), _run_losses(fused_tree)
+    assert len(same["losses"]) == 6 and same["losses"] == pytest.approx(expected["losses"], rel=1e-5)
+    assert same["probabilities"] == pytest.approx(expected["probabilities"], abs=1e-6)
+    assert expected["dtypes"] == same["dtypes"] == ["torch.float32"]
+    converted = tmp_path / "converted"
+    shutil.copytree(case / "expected", converted)
+    mixed = _run_losses(converted)
+    assert "torch.float16" in mixed["dtypes"], mixed["dtypes"]
+    assert len(mixed["losses"]) == 6 and all(math.isfinite(loss) for loss in mixed["losses"]), mixed["losses"]

@@ -26,6 +26,7 @@ import libcst as cst
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.torch.bce_logits import (
     _MODEL_ATTRIBUTES,
+    imported_model_change,
     Fusion,
     _Fuser,
     _need,
@@ -37,6 +38,41 @@ from ampify.transforms.torch.bce_logits import (
 
 _SIGMOIDS = ("torch.sigmoid", "torch.nn.functional.sigmoid")
 _FUNCTIONAL_BCE = ("torch.nn.functional.binary_cross_entropy",)
+
+
+def fuse_imported_functional_bce(module: cst.Module, imports: ImportMap, project, here: str):
+    """The VAE shape across modules: the model class is imported from another project module
+    (`from models import VAE`) whose `decode()` returns `torch.sigmoid(...)`, and this module feeds
+    its output to F.binary_cross_entropy. (fused module, Fusion, CompanionChange of the model
+    module), a one-line reason (str) when the model module is used elsewhere or not in this run,
+    or None (the BCE warning stands); see bce_logits.fuse_imported_sigmoid_model."""
+    imported_class = getattr(project, "imported_class", None)
+    if imported_class is None:
+        return None
+    calls = _FunctionalFuser(module, imports).index.calls
+    if not any(imports.resolve(c.func) in _FUNCTIONAL_BCE for c in calls):
+        return None
+    found = []
+    for local in sorted({c.func.value for c in calls if isinstance(c.func, cst.Name)}):
+        described = imported_class(local)
+        if described is None:
+            continue
+        key, display, class_name, _line, trains = described
+        source = project.source_of(key)
+        if source is None or trains or b"sigmoid" not in source:
+            continue
+        try:
+            model_module = cst.parse_module(source)
+            dropped, sigmoid_line, method_name, head = _FunctionalFuser(
+                model_module, ImportMap.from_module(model_module)).drop_returned_sigmoid(class_name)
+            fused, fusion = _FunctionalFuser(module, imports).fuse_with_imported_model(
+                local, method_name, head, sigmoid_line, display)
+        except (_NotFollowed, IndexError, AttributeError, KeyError, TypeError, ValueError):
+            continue
+        found.append((key, display, class_name, source, dropped, sigmoid_line, fused, fusion))
+    if len(found) != 1:
+        return None
+    return imported_model_change(project, here, *found[0], loss="F.binary_cross_entropy_with_logits")
 
 
 def fuse_functional_bce(module: cst.Module, imports: ImportMap) -> Optional[tuple]:
@@ -91,6 +127,60 @@ class _FunctionalFuser(_Fuser):
             f"{', '.join(str(self._line(c)) for c in bce_calls)} is F.binary_cross_entropy_with_logits (the same "
             "loss, computed from logits)")
         return self.module.visit(_SigmoidDropped(self.replace, id(sigmoid))), fusion
+
+    # ---- across modules ------------------------------------------------------------------------
+
+    def drop_returned_sigmoid(self, class_name: str):
+        """This module defines the model class `class_name`, used only by another module: the
+        `torch.sigmoid(...)` one of its methods returns is dropped. Returns (new module, line of the
+        sigmoid, the method's name, head of forward's output)."""
+        klass = next((c for c in self.module.body if isinstance(c, cst.ClassDef) and c.name.value == class_name), None)
+        _need(klass is not None)
+        for name in self._references(class_name):
+            if name is klass.name:
+                continue
+            holder = self.parent(name)
+            _need(isinstance(holder, cst.Arg) and dotted_name(self.parent(holder).func) == "super")
+        returned = [c for c in self.index.calls if self.imports.resolve(c.func) in _SIGMOIDS
+                    and isinstance(self.parent(c), cst.Return) and self._inside(c, klass)]
+        _need(len(returned) == 1 and len(returned[0].args) == 1 and returned[0].args[0].keyword is None)
+        sigmoid = returned[0]
+        method = self._enclosing(sigmoid, cst.FunctionDef)
+        _need(method is not None and self._enclosing(method, cst.ClassDef) is klass)
+        _need(self._enclosing(method, cst.FunctionDef) is None and len(self._nodes(method, cst.Return)) == 1)
+        self.method_name = method.name.value
+        head = None if self.method_name == "forward" else self._head_through_forward(klass)
+        return self.module.visit(_SigmoidDropped(self.replace, id(sigmoid))), self._line(sigmoid), self.method_name, head
+
+    def fuse_with_imported_model(self, local: str, method_name: str, head, sigmoid_line: int, model_display: str):
+        """This training module builds the model class it imports as `local`, whose method
+        `method_name` no longer applies its sigmoid (`drop_returned_sigmoid`): the loss takes
+        logits, and every other read of the output gets torch.sigmoid(...)."""
+        _need("torch" in self.imports.local_names_for("torch"))
+        _need(not any(self.imports.resolve(c.func) in ("torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss")
+                      for c in self.index.calls))
+        bce_calls = [c for c in self.index.calls if self.imports.resolve(c.func) in _FUNCTIONAL_BCE]
+        _need(bool(bce_calls) and all(isinstance(c.func, cst.Attribute) for c in bce_calls))
+        self.method_name = method_name
+        self.head = head
+        instances = self._instances_named(local)
+        self._instance_names = instances
+        fusion = Fusion(self._line(bce_calls[0]), sigmoid_line)
+        for call in bce_calls:
+            self._check_bce_input(call)
+        self._check_helper_calls()
+        for result in self._outputs(instances, local, fusion):
+            self._follow_result(result, "", fusion)
+        for call in bce_calls:
+            self.replace[id(call)] = call.with_changes(
+                func=call.func.with_changes(attr=cst.Name("binary_cross_entropy_with_logits")))
+        fusion.wrapped.sort()
+        fusion.description = (
+            f"BCE after a Sigmoid fused: the torch.sigmoid that {local}.{method_name}() returns ({model_display}:"
+            f"{sigmoid_line}) dropped there, F.binary_cross_entropy at line{'s' if len(bce_calls) > 1 else ''} "
+            f"{', '.join(str(self._line(c)) for c in bce_calls)} is F.binary_cross_entropy_with_logits (the same loss, "
+            "computed from logits); both files are written as one change set")
+        return self.module.visit(_Replace(self.replace)), fusion
 
     # ---- where the method's output goes --------------------------------------------------------
 

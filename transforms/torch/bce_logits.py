@@ -115,21 +115,28 @@ def fuse_imported_sigmoid_model(module: cst.Module, imports: ImportMap, project,
             found.append((key, display, class_name, source, dropped, sigmoid_line, fused, fusion))
     if len(found) != 1:
         return None
-    key, display, class_name, source, dropped, sigmoid_line, fused, fusion = found[0]
+    return imported_model_change(project, here, *found[0], loss="nn.BCEWithLogitsLoss")
+
+
+def imported_model_change(project, here: str, key: str, display: str, class_name: str, source: bytes,
+                          dropped: cst.Module, sigmoid_line: int, fused: cst.Module, fusion: "Fusion", loss: str):
+    """(fused module, Fusion, CompanionChange of the model module) for a sigmoid dropped in the
+    model module `key`, or the one-line reason why not: another module uses the class (where its
+    output may be read as a probability), or the model module is not in this run."""
     users = list(project.class_users_elsewhere(key, class_name))
     if users:
         return (f"the model {class_name} ({display}:{sigmoid_line}) ends in a sigmoid that feeds this file's BCE loss, "
                 f"but {', '.join(users[:3])} also use{'s' if len(users) == 1 else ''} that class, where its output may be "
-                "read as a probability: fuse it by hand (drop the sigmoid, BCEWithLogitsLoss here, torch.sigmoid(...) "
+                f"read as a probability: fuse it by hand (drop the sigmoid, {loss} here, torch.sigmoid(...) "
                 "where a probability is read)")
     if not project.in_this_run(key):
         return (f"the model {class_name} ({display}:{sigmoid_line}) ends in a sigmoid that feeds this file's BCE "
                 f"loss; {display} is not in this run: run ampify on both files or on the repository, and the "
-                "sigmoid is fused into the loss (BCEWithLogitsLoss) there")
+                f"sigmoid is fused into the loss ({loss}) there")
     companion = CompanionChange(
         key=key, display=display, old=source, new=dropped.bytes,
         findings=[Finding("AMP231", f"BCE after a Sigmoid fused: the final sigmoid of {class_name} (line {sigmoid_line}) "
-                          f"dropped: {here} feeds its output to nn.BCEWithLogitsLoss now", sigmoid_line, 0, Severity.INFO)],
+                          f"dropped: {here} feeds its output to {loss} now", sigmoid_line, 0, Severity.INFO)],
         reason=f"changed with {here}: the final sigmoid of {class_name} is fused into that file's BCE loss",
     )
     return fused, fusion, companion

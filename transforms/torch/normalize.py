@@ -23,7 +23,7 @@ import libcst as cst
 
 from ampify.findings import Finding, Severity
 from ampify.transforms.base import TransformResult, Verdict
-from ampify.transforms.torch.bce_functional import fuse_functional_bce
+from ampify.transforms.torch.bce_functional import fuse_functional_bce, fuse_imported_functional_bce
 from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid, fuse_imported_sigmoid_model
 from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_fills
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
@@ -214,7 +214,8 @@ def converted_in_shape(
         elif context is not None and context.project is not None:
             # the model is a class of another module of the project (models.py): its sigmoid is
             # dropped there, in the same change set
-            imported = fuse_imported_sigmoid_model(module, imports, context.project, context.display)
+            imported = (fuse_imported_sigmoid_model(module, imports, context.project, context.display)
+                        or fuse_imported_functional_bce(module, imports, context.project, context.display))
             if isinstance(imported, str):
                 result.findings = _with_note_on_bce(result.findings, imported)
             elif imported is not None:
