@@ -91,6 +91,9 @@ EXPECTED_CALLS = {
     # 2 epochs x 3 training batches; the evaluation epochs pass a DummyOptimizer and a disabled
     # GradScaler, and run no backward
     "evaluation_with_dummy_optimizer": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
+    # 2 epochs x 3 batches: D and G steps; forward() rebinds its input name to the Sequential's
+    # output, `D = D.cuda()` under an `if`, the logged scores alias the outputs
+    "gan_forward_rebinds_input": {"step": 12, "update": 6, "scale": 12, "load_state_dict": 0},
     # 3 episodes of 5 actions: the forward passes run in select_action(), one step per episode
     "actor_critic_saved_actions": {"step": 3, "update": 3, "scale": 3, "load_state_dict": 0},
 }
@@ -245,7 +248,7 @@ def test_bce_after_sigmoid_fused_computes_the_same_fp32_losses_and_probabilities
 
 
 @pytest.mark.parametrize("name", ["acgan_two_heads", "gan_sequential_variable", "dragan_penalty_helper",
-                                  "siamese_sigmoid_attribute"])
+                                  "siamese_sigmoid_attribute", "gan_forward_rebinds_input"])
 def test_other_bce_forms_fused_compute_the_same_fp32_losses_and_probabilities(name, tmp_path):
     """A two-headed discriminator, a Sequential bound to a variable: fused, then run in fp32,
     the script computes the original's losses and probabilities to 1e-6."""

@@ -756,7 +756,14 @@ class _Fuser:
             _need(isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name))
             results.add(assign.targets[0].target.value)
         _need(bool(results) or bool(direct))
+        parameters = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params,
+                                               *forward.params.posonly_params)}
         for result in results:
+            if result in parameters:
+                # `def forward(self, x): x = self.dis(x); return x`: the input's name, rebound to the
+                # Sequential's output by the last statement before the one return
+                _need(self._returned_after_sequential(forward, result, attribute))
+                continue
             assignments = self._assignments(result, within=forward)
             if all(self._calls_sequential(a.value, attribute) for a in assignments):
                 continue
@@ -887,9 +894,9 @@ class _Fuser:
                     continue
                 while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda", "cpu"):
                     value = value.func.value
-                if klass_name is None:
-                    _need(isinstance(value, cst.Name) and value.value == instance)
-                    continue
+                if isinstance(value, cst.Name) and value.value == instance:
+                    continue  # `D = D.cuda()`: the same model, moved
+                _need(klass_name is not None)
                 _need(isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == klass_name)
             for name in self._references(instance):
                 holder = self.parent(name)
