@@ -280,3 +280,24 @@ def test_the_bce_warning_names_every_sigmoid_when_there_are_several():
     result = convert_source(source, Options(), filename="clustergan.py")
     [warning] = [f for f in result.findings if f.code == "AMP210"]
     assert "nn.Sigmoid at lines 4 and 7: drop the one that ends the model feeding this loss" in warning.message
+
+
+def test_optimizers_drawn_from_a_list_in_the_loop_are_refused_with_that_reason():
+    """MorvanZhou's optimizer comparison trains four nets, `for net, opt in zip(nets, optimizers)`:
+    the refusal says the optimizer is a loop variable over a collection (it used to say that the
+    optimizer is created inside the training loop, which it is not)."""
+    source = textwrap.dedent("""\
+        import torch
+        nets = [torch.nn.Linear(2, 1) for _ in range(2)]
+        optimizers = [torch.optim.SGD(nets[0].parameters(), lr=0.1), torch.optim.Adam(nets[1].parameters())]
+        for x, y in loader:
+            for net, opt in zip(nets, optimizers):
+                loss = torch.nn.functional.mse_loss(net(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        """)
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.UNCONVERTED and conversion.converted is None
+    (finding,) = [f for f in conversion.findings if f.code == "AMP215"]
+    assert "opt is a loop variable, drawn from a collection of optimizers in the loop" in finding.message

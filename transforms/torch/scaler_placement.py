@@ -217,8 +217,12 @@ class ScalerPlacement:
                 home_scope = bindings[0].scope
             elif bindings[0].scope is not home_scope:
                 raise Unconvertible("the optimizers are created in different functions", node)
-            if any(b.kind == "for" for b in bindings):
-                raise Unconvertible(f"{receiver} is a loop variable", node)
+            if any(b.kind == "for" or isinstance(b.statement, (cst.For, cst.CompFor)) for b in bindings):
+                # `for net, opt, l_his in zip(nets, optimizers, losses_his):` (MorvanZhou's optimizer
+                # comparison): which optimizers, and where each is built, is not followed
+                raise Unconvertible(
+                    f"{receiver} is a loop variable, drawn from a collection of optimizers in the loop; ampify does "
+                    "not follow the collection to where each optimizer is created", node)
             if home_scope is scope:
                 before = [b for b in bindings if s.line(b.statement) < use_line]
                 if not before:
