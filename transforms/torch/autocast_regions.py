@@ -333,7 +333,7 @@ class AutocastPlanner:
                 if crossed_barrier:
                     if before_barrier is None and self._calls_model(statement):
                         before_barrier = index
-                elif statements.has_forward_call(statement):
+                elif statements.has_forward_call(statement, self.imports):
                     start = index
         return start, before_barrier, needed
 

@@ -154,6 +154,9 @@ DATA_PREPARATION_CALLS = {
     "appendleft", "insert", "extend", "extendleft", "deque",
 }
 
+#: modules whose functions compute on host data, never a model's forward pass
+HOST_DATA_MODULES = ("numpy", "math", "random")
+
 #: methods that fetch a batch when called on a data source (`replay_buffer.sample(batch_size)`,
 #: `train_dataset.get_batch()`, `data_iter.next()`): data preparation, not a forward pass. Only
 #: with a receiver named like a data source (DATA_SOURCE_WORDS): `generator.sample(z)` runs a model

@@ -137,9 +137,13 @@ def assigned_names(statement: cst.CSTNode) -> Set[str]:
     return collector.assigned
 
 
-def has_forward_call(statement: cst.CSTNode) -> bool:
-    """Does the statement call something that is not mere data preparation (a model, a loss)?"""
+def has_forward_call(statement: cst.CSTNode, imports=None) -> bool:
+    """Does the statement call something that is not mere data preparation (a model, a loss)?
+    With `imports`, calls into numpy and the standard library's math and random count as data
+    preparation too (`x_np = np.sin(steps)`)."""
     for call in calls_within(statement):
+        if imports is not None and (imports.resolve(call.func) or "").split(".")[0] in names.HOST_DATA_MODULES:
+            continue
         if isinstance(call.func, cst.Attribute):
             called = call.func.attr.value
         elif isinstance(call.func, cst.Name):
