@@ -42,6 +42,9 @@ class CheckpointWriter:
         self.scaler_reference = scaler_reference
         self.info = info
         self.warn = warn
+        #: scaler reference -> the optimizer whose own checkpoint file its state is saved next to
+        #: (TD3 saves its critic's and its actor's optimizers to two files: one scaler, one file)
+        self._sibling_saves: dict = {}
 
     def write(self, converted: Set[str]) -> None:
         """Extend every save and load of a converted optimizer's state (`converted` names)."""
@@ -101,6 +104,10 @@ class CheckpointWriter:
                 and isinstance(statement.body[0], cst.Expr)
                 and statement.body[0].value is site.call
             )
+            first = self._sibling_saves.get(reference) if reference is not None else None
+            if first is not None and first != site.receiver and simple and self._is_sibling_file_load(argument):
+                self.info("AMP206", f"{reference} state is loaded once, with {first}'s (one scaler steps both)", site.call)
+                continue
             if reference is not None and simple and self._load_from_sibling_file(statement, argument, reference):
                 self.info("AMP206", f"{reference} state is loaded too when its file exists", site.call)
                 continue
@@ -137,9 +144,19 @@ class CheckpointWriter:
         new_path = statements.renamed_optimizer_path(path) if path is not None else None
         if new_path is None:
             return False
+        first = self._sibling_saves.setdefault(reference, site.receiver)
+        if first != site.receiver:
+            self.info("AMP206", f"{reference}.state_dict() is saved once, next to {first}'s file (one scaler steps both)",
+                      site.call)
+            return True
         self.edits.insert_after(statement, f"{self.torch}.save({reference}.state_dict(), {statements.code_of(new_path)})")
         self.info("AMP206", f"{reference}.state_dict() saved too, to {statements.code_of(new_path)}", site.call)
         return True
+
+    def _is_sibling_file_load(self, argument) -> bool:
+        """`torch.load(<a path named after an optimizer>)`."""
+        return (isinstance(argument, cst.Call) and self.imports.resolve(argument.func) == "torch.load"
+                and bool(argument.args) and statements.renamed_optimizer_path(argument.args[0].value) is not None)
 
     def _load_from_sibling_file(self, statement: cst.CSTNode, argument, reference: str) -> bool:
         """`optimizer.load_state_dict(torch.load(".../optimizer.pt"))`: load the scaler's file too,
