@@ -16,7 +16,7 @@ Whatever cannot be placed safely is left unconverted with a WARNING finding.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Sequence, Set
 
 import libcst as cst
 
@@ -524,12 +524,13 @@ class NativeConversion(TorchConversion):
                     first,
                 )
                 continue
-            self.info(
-                "AMP201",
-                f"forward pass and loss ({lines}) run under "
-                f"torch.autocast({device}, {self.options.dtype})",
-                first,
-            )
+            if self._holds_a_loss(unit, body[start:end + 1]):
+                self.info("AMP201", f"forward pass and loss ({lines}) run under "
+                                    f"torch.autocast({device}, {self.options.dtype})", first)
+            else:
+                # a block of its own before the one that computes the loss (a model call before an `if`)
+                self.info("AMP201", f"forward pass ({lines}) runs under torch.autocast({device}, "
+                                    f"{self.options.dtype}); the loss is computed from its outputs further on", first)
         if not self.scaling:
             return
         reference = plan.reference
@@ -630,6 +631,16 @@ class NativeConversion(TorchConversion):
                 f"({self.scaler_name}={self.scaler_name}); calls from other files must pass it too",
                 plan.threaded_function,
             )
+
+    @staticmethod
+    def _holds_a_loss(unit: TrainingUnit, region: Sequence[cst.CSTNode]) -> bool:
+        """Does one of the region's statements bind a name a backward() of the unit is called on?"""
+        loss_names: Set[str] = set()
+        for backward in unit.backwards:
+            real = backward.delegation.inner if backward.delegation is not None else backward
+            if real.loss is not None:
+                loss_names |= statements.used_names(real.loss) - {"self"}
+        return not loss_names or any(statements.assigned_names(statement) & loss_names for statement in region)
 
     def _warn_penalty_helpers(self, statement: cst.CSTNode) -> None:
         """A helper named like a gradient penalty (`compute_gradient_penalty(D, real, fake)`),
