@@ -301,3 +301,19 @@ def test_optimizers_drawn_from_a_list_in_the_loop_are_refused_with_that_reason()
     assert conversion.status is FileStatus.UNCONVERTED and conversion.converted is None
     (finding,) = [f for f in conversion.findings if f.code == "AMP215"]
     assert "opt is a loop variable, drawn from a collection of optimizers in the loop" in finding.message
+
+
+def test_gradients_reduced_across_ranks_by_hand_are_refused_with_that_reason_on_both_backends():
+    """cleanrl's multi-GPU PPO all-reduces `.grad` by hand: unscaling before it (where ampify puts
+    unscale_ for `.grad` reads) lets ranks disagree on skipped steps, so both backends refuse, and
+    say so (this used to be refused as a parameter update by hand, for `offset += param.numel()`)."""
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parent.parent / "fixtures" / "torch_native"
+              / "gradients_all_reduced_by_hand.in.py").read_text()
+    for backend, code in (("native", "AMP215"), ("apex", "AMP317")):
+        conversion = convert_source(source, Options(backend=backend))
+        assert conversion.status is FileStatus.UNCONVERTED and conversion.converted is None
+        (finding,) = [f for f in conversion.findings if f.code == code]
+        assert finding.message.startswith("the gradients are reduced across ranks by hand after this backward() "
+                                          "(torch.distributed.all_reduce, line 24)"), finding.message

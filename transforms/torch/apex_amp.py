@@ -30,7 +30,7 @@ from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConver
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
 from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_sites, sites_of_unit
 from ampify.transforms.torch.float32_losses import float32_only_loss_calls
-from ampify.transforms.torch.manual_updates import manual_update_beside_steps
+from ampify.transforms.torch.manual_updates import gradients_reduced_by_hand, manual_update_beside_steps
 from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, distinct_losses, pair_helper_backwards
 from ampify.transforms.torch.normalize import converted_in_shape
 from ampify.transforms.torch.wrapper_steps import project_wrapper_steps
@@ -262,7 +262,7 @@ class ApexConversion(TorchConversion):
         if not unit.steps:
             refuse(unit.backwards[0].call, "no optimizer step found for this backward()")
         unfollowed = (call_of_unfollowed_backward(self.s, unit) or backward_for_its_hooks(self.s, unit)
-                      or self.loss_object_backward(unit))
+                      or self.loss_object_backward(unit) or gradients_reduced_by_hand(self.s, unit))
         if unfollowed is not None:
             refuse(unfollowed[1], unfollowed[0])
         by_hand = manual_update_beside_steps(self.s, unit)

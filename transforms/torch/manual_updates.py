@@ -14,6 +14,7 @@ import libcst as cst
 
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.torch.statements import calls_within
 from ampify.transforms.torch.training_loop import TrainingStructure, TrainingUnit, loop_body_owners
 
 def manual_update_units(s: TrainingStructure) -> Dict[int, TrainingUnit]:
@@ -63,20 +64,74 @@ def manual_update_beside_steps(s: TrainingStructure, unit: TrainingUnit) -> Opti
     return None
 
 
+#: collectives that exchange tensors across ranks (`dist.all_reduce(all_grads)`)
+_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "reduce", "broadcast", "all_reduce_coalesced")
+
+
+def gradients_reduced_by_hand(s: TrainingStructure, unit: TrainingUnit):
+    """(message, node) when the unit's iteration averages the gradients across ranks by hand
+    after backward() (cleanrl's multi-GPU PPO: `.grad` flattened, `dist.all_reduce(...)`, copied
+    back); None otherwise. GradScaler's inf check runs in unscale_: before such an all-reduce each
+    rank checks its own gradients, and a rank that saw none steps with the inf another rank's
+    gradients spread into its own. Only the iteration's source after the first backward is read."""
+    steps = [s.line(step.call) for step in unit.steps]
+    for backward in unit.backwards:
+        if backward.delegation is not None:
+            continue
+        owners = loop_body_owners(s, backward.call, backward.scope)
+        if not owners:
+            continue
+        after = s.line(backward.call)
+        for read in s.grad_reads:
+            if not s.contains(owners[0], read.node) or s.line(read.statement) <= after:
+                continue
+            if steps and s.line(read.statement) > max(steps):
+                continue
+            for statement in _statements_around(s, read.statement, owners[0]):
+                for call in calls_within(statement):
+                    called = s.imports.resolve(call.func) or dotted_name(call.func) or ""
+                    if called.rsplit(".", 1)[-1] in _COLLECTIVES and ("distributed" in called or called.startswith("dist.")):
+                        return (
+                            f"the gradients are reduced across ranks by hand after this backward() ({called}, line "
+                            f"{s.line(call)}): the loss scaler's inf check (GradScaler.unscale_, the exit of apex's "
+                            "scale_loss) must see the reduced gradients, or a rank that found no inf steps with the inf "
+                            "another rank's gradients spread into its own; unscale after the reduction by hand, or use "
+                            "DistributedDataParallel",
+                            backward.call,
+                        )
+    return None
+
+
+def _statements_around(s: TrainingStructure, statement: cst.CSTNode, owner: cst.CSTNode):
+    """The statement holding a `.grad` read and the compound statements around it, up to the
+    iteration's body (the all-reduce sits beside the loops that read the gradients)."""
+    found = [statement]
+    for ancestor in s.ancestors(statement):
+        if ancestor is owner:
+            break
+        if isinstance(ancestor, cst.BaseCompoundStatement):
+            found.append(ancestor)
+    return found
+
+
 def _updates_a_parameter(statement: cst.CSTNode) -> bool:
-    """Does this statement (holding a `.grad` read) write a tensor other than a gradient?"""
+    """Does this statement (holding a `.grad` read) write a tensor other than a gradient from a
+    gradient (`p -= lr * p.grad`, `p.data.add_(p.grad, alpha=-lr)`)? A counter bumped beside a
+    gradient edit (`offset += param.numel()` after `param.grad.data.copy_(...)`, cleanrl's
+    all-reduce by hand) updates no parameter."""
     found = False
 
     class _Writes(cst.CSTVisitor):
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
             nonlocal found
             target = dotted_name(node.target) or ""
-            if not target.endswith(".grad") and isinstance(node.operator, (cst.SubtractAssign, cst.AddAssign)):
+            if (not target.endswith(".grad") and isinstance(node.operator, (cst.SubtractAssign, cst.AddAssign))
+                    and _reads_a_gradient(node.value)):
                 found = True
 
         def visit_Assign(self, node: cst.Assign) -> None:
             nonlocal found
-            if any((dotted_name(t.target) or "").endswith(".data") for t in node.targets):
+            if any((dotted_name(t.target) or "").endswith(".data") for t in node.targets) and _reads_a_gradient(node.value):
                 found = True
 
         def visit_Call(self, node: cst.Call) -> None:
@@ -84,10 +139,31 @@ def _updates_a_parameter(statement: cst.CSTNode) -> bool:
             func = node.func
             if isinstance(func, cst.Attribute) and func.attr.value in ("add_", "sub_", "copy_", "addcmul_", "addcdiv_"):
                 receiver = dotted_name(func.value) or ""
-                if not receiver.endswith(".grad") and not receiver.endswith(".grad.data"):
+                if (not receiver.endswith(".grad") and not receiver.endswith(".grad.data")
+                        and any(_reads_a_gradient(arg.value) for arg in node.args)):
                     found = True
 
     walk(statement, _Writes())
+    return found
+
+
+def _reads_a_gradient(node: cst.CSTNode) -> bool:
+    """Does the expression read some `<tensor>.grad` (directly, or through a name that may hold
+    one: `d_p = p.grad; p.data.add_(d_p, alpha=-lr)` is followed by the grad read's own check)?"""
+    found = False
+
+    class _Reads(cst.CSTVisitor):
+        def visit_Attribute(self, attribute: cst.Attribute) -> None:
+            nonlocal found
+            if attribute.attr.value == "grad":
+                found = True
+
+        def visit_Name(self, name: cst.Name) -> None:
+            nonlocal found
+            if "grad" in name.value.lower():
+                found = True
+
+    walk(node, _Reads())
     return found
 
 

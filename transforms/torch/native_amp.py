@@ -41,7 +41,9 @@ from ampify.transforms.torch.framework_switches import (
 from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_sites, sites_of_unit, write_penalty
 from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, pair_helper_backwards
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
-from ampify.transforms.torch.manual_updates import backwards_of, manual_update_beside_steps, manual_update_units
+from ampify.transforms.torch.manual_updates import (
+    backwards_of, gradients_reduced_by_hand, manual_update_beside_steps, manual_update_units,
+)
 from ampify.transforms.torch.normalize import converted_in_shape
 from ampify.transforms.torch.wrapper_steps import (
     WrapperEditRefused,
@@ -343,7 +345,7 @@ class NativeConversion(TorchConversion):
         if not unit.steps:
             raise Unconvertible("no optimizer step in this training step")
         unfollowed = (call_of_unfollowed_backward(self.structure, unit) or backward_for_its_hooks(self.structure, unit)
-                      or self.loss_object_backward(unit))
+                      or self.loss_object_backward(unit) or gradients_reduced_by_hand(self.structure, unit))
         if unfollowed is not None:
             raise Unconvertible(*unfollowed)
         for step in unit.steps:
