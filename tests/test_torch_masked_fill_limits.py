@@ -44,6 +44,11 @@ REWRITTEN = {
             scores.masked_fill_(mask, -1e9)
             return nn.Softmax(dim=-1)(scores)
         """,
+    "divided by the square root of a dimension in the softmax": """
+        def f(energy, mask, embed_size):
+            energy = energy.masked_fill(mask == 0, float("-1e20"))
+            return torch.softmax(energy / (embed_size ** (1 / 2)), dim=3)
+        """,
     "a loop that binds the scores afresh": """
         for q, mask in batches:
             scores = q @ q.transpose(1, 2)
@@ -57,6 +62,11 @@ LEFT = {
         def f(scores, mask):
             scores = scores.masked_fill(mask, -1e9)
             return F.softmax(scores / 0.5, dim=-1)
+        """,
+    "divided by the square root of a temperature (may be below 1)": """
+        def f(scores, mask, temperature):
+            scores = scores.masked_fill(mask, -1e9)
+            return F.softmax(scores / temperature ** 0.5, dim=-1)
         """,
     "returned as well": """
         def f(scores, mask):
@@ -184,3 +194,29 @@ def test_the_rewrite_runs_under_autocast_where_the_original_raises_on_float16(dt
         result = rewritten(*_inputs())
     assert result.dtype == dtype
     assert torch.allclose(result.float(), expected, atol=3e-2, rtol=3e-2)
+
+
+SCALED_AFTER = HEADER + textwrap.dedent("""
+    def attention(query, key, value, mask):
+        energy = torch.matmul(query, key.transpose(-2, -1))
+        energy = energy.masked_fill(mask == 0, float("-1e20"))
+        return torch.matmul(torch.softmax(energy / (query.size(-1) ** (1 / 2)), dim=-1), value)
+    """)
+
+
+def test_a_fill_divided_by_the_square_root_of_the_dimension_gives_exactly_the_float32_results():
+    """Aladdin Persson's attention divides the filled energy by sqrt(embed_size) inside the softmax:
+    the rewritten fill, divided too, stays finite and gives the same probabilities (a row masked
+    everywhere stays uniform, not NaN)."""
+    module = cst.parse_module(SCALED_AFTER)
+    limited = float16_safe_fills(module, ImportMap.from_module(module))
+    assert limited is not None and "torch.finfo(energy.dtype).min" in limited.module.code
+    original, rewritten = {}, {}
+    exec(compile(SCALED_AFTER, "original", "exec"), original)
+    exec(compile(limited.module.code, "rewritten", "exec"), rewritten)
+    expected = original["attention"](*_inputs())
+    assert torch.equal(expected, rewritten["attention"](*_inputs()))
+    assert not torch.isnan(expected).any()
+    with torch.autocast("cpu", dtype=torch.float16):
+        result = rewritten["attention"](*_inputs())
+    assert not torch.isnan(result).any() and torch.allclose(result.float(), expected, atol=3e-2, rtol=3e-2)

@@ -27,6 +27,7 @@ overflow to -inf there).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -84,6 +85,25 @@ def float16_safe_fills(module: cst.Module, imports: ImportMap) -> Optional[FillL
         return None
     except (IndexError, AttributeError, KeyError, TypeError):
         return None  # a shape not foreseen: nothing rewritten, the warning stands
+
+
+#: the last part of a name that holds a dimension (at least 1): `d_k`, `self.head_dim`, `embed_size`
+_DIMENSION_NAME = re.compile(r"(^d$|^d_|dim|size|head|embed|hidden|channel|feature|width|^n_|units)", re.IGNORECASE)
+
+
+def _is_dimension(node: cst.BaseExpression) -> bool:
+    """A number >= 1, a name or attribute named like a dimension, `x.size(-1)`, `x.shape[-1]`."""
+    value = numeric_value(node)
+    if value is not None:
+        return value >= 1
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        last = node.value if isinstance(node, cst.Name) else node.attr.value
+        return bool(_DIMENSION_NAME.search(last))
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "size":
+        return len(node.args) == 1
+    if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape":
+        return True
+    return False
 
 
 def overflowing_fill_value(call: cst.Call, imports: ImportMap) -> Optional[cst.Arg]:
@@ -254,6 +274,11 @@ class _Rewriter:
         """Is `node` the input of a softmax: its first positional argument (or `input=` / `x=`),
         the receiver of `.softmax(...)`, or the argument of an nn.Softmax attribute of the class?"""
         parent = self.parent(node)
+        if (isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide) and parent.left is node
+                and self._positive_scale(parent.right)):
+            # `torch.softmax(energy / (self.embed_size ** (1 / 2)), dim=3)`: a division by a positive
+            # scale keeps the masked entries the row's smallest by far (and exactly 0 after the softmax)
+            return self._softmax_input(parent)
         functions, methods, modules = self._softmaxes()
         if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in methods:
             return isinstance(self.parent(parent), cst.Call) and self.parent(parent).func is parent
@@ -274,6 +299,29 @@ class _Rewriter:
         if isinstance(call.func, cst.Call):  # `nn.Softmax(dim=-1)(scores)`
             return self.imports.resolve(call.func.func) in modules
         return self._softmax_attribute(call.func, modules)
+
+    def _positive_scale(self, node: cst.BaseExpression) -> bool:
+        """A divisor of at least 1, so that the fill stays finite (dividing the float32 or float16
+        minimum by 0.5 would give -inf, and a row masked everywhere NaN): a number >= 1, the square
+        root of a dimension (`self.embed_size ** (1 / 2)`, `math.sqrt(d_k)`, `q.size(-1) ** 0.5`),
+        or a product of such."""
+        value = numeric_value(node)
+        if value is not None:
+            return value >= 1
+        if isinstance(node, cst.BinaryOperation):
+            if isinstance(node.operator, cst.Power):
+                exponent = numeric_value(node.right)
+                if exponent is None and isinstance(node.right, cst.BinaryOperation) and isinstance(node.right.operator, cst.Divide):
+                    top, bottom = numeric_value(node.right.left), numeric_value(node.right.right)
+                    exponent = top / bottom if top is not None and bottom else None
+                return exponent == 0.5 and _is_dimension(node.left)
+            if isinstance(node.operator, cst.Multiply):
+                return self._positive_scale(node.left) and self._positive_scale(node.right)
+            return False
+        if isinstance(node, cst.Call) and len(node.args) == 1 and node.args[0].keyword is None:
+            return (self.imports.resolve(node.func) in ("math.sqrt", "numpy.sqrt")
+                    and _is_dimension(node.args[0].value))
+        return False
 
     def _softmaxes(self) -> Tuple[Set[str], Set[str], Set[str]]:
         if self.log_softmax_allowed:
