@@ -317,3 +317,27 @@ def test_gradients_reduced_across_ranks_by_hand_are_refused_with_that_reason_on_
         (finding,) = [f for f in conversion.findings if f.code == code]
         assert finding.message.startswith("the gradients are reduced across ranks by hand after this backward() "
                                           "(torch.distributed.all_reduce, line 24)"), finding.message
+
+
+def test_a_hand_update_through_a_name_bound_to_the_gradient_is_still_caught():
+    """`d_p = p.grad.data; p.data.add_(d_p, alpha=-lr)` in the branch where the optimizer does not step:
+    loss scaling would hand it scaled gradients (a counter beside a gradient edit is not such an update)."""
+    source = textwrap.dedent("""\
+        import torch
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = (model(x) - y).pow(2).mean()
+            model.zero_grad()
+            loss.backward()
+            if use_optimizer:
+                optimizer.step()
+            else:
+                for p in model.parameters():
+                    if p.grad is not None:
+                        d_p = p.grad.data
+                        p.data.add_(d_p, alpha=-0.1)
+        """)
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.UNCONVERTED
+    assert [f.code for f in conversion.findings] == ["AMP226"]

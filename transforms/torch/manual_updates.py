@@ -120,18 +120,27 @@ def _updates_a_parameter(statement: cst.CSTNode) -> bool:
     gradient edit (`offset += param.numel()` after `param.grad.data.copy_(...)`, cleanrl's
     all-reduce by hand) updates no parameter."""
     found = False
+    held: set = set()  # names bound to a gradient in the statement (`d_p = p.grad.data`)
+
+    class _Holders(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            if _reads_a_gradient(node.value, held):
+                for target in node.targets:
+                    if isinstance(target.target, cst.Name):
+                        held.add(target.target.value)
 
     class _Writes(cst.CSTVisitor):
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
             nonlocal found
             target = dotted_name(node.target) or ""
             if (not target.endswith(".grad") and isinstance(node.operator, (cst.SubtractAssign, cst.AddAssign))
-                    and _reads_a_gradient(node.value)):
+                    and _reads_a_gradient(node.value, held)):
                 found = True
 
         def visit_Assign(self, node: cst.Assign) -> None:
             nonlocal found
-            if any((dotted_name(t.target) or "").endswith(".data") for t in node.targets) and _reads_a_gradient(node.value):
+            if (any((dotted_name(t.target) or "").endswith(".data") for t in node.targets)
+                    and _reads_a_gradient(node.value, held)):
                 found = True
 
         def visit_Call(self, node: cst.Call) -> None:
@@ -140,16 +149,17 @@ def _updates_a_parameter(statement: cst.CSTNode) -> bool:
             if isinstance(func, cst.Attribute) and func.attr.value in ("add_", "sub_", "copy_", "addcmul_", "addcdiv_"):
                 receiver = dotted_name(func.value) or ""
                 if (not receiver.endswith(".grad") and not receiver.endswith(".grad.data")
-                        and any(_reads_a_gradient(arg.value) for arg in node.args)):
+                        and any(_reads_a_gradient(arg.value, held) for arg in node.args)):
                     found = True
 
+    walk(statement, _Holders())
     walk(statement, _Writes())
     return found
 
 
-def _reads_a_gradient(node: cst.CSTNode) -> bool:
-    """Does the expression read some `<tensor>.grad` (directly, or through a name that may hold
-    one: `d_p = p.grad; p.data.add_(d_p, alpha=-lr)` is followed by the grad read's own check)?"""
+def _reads_a_gradient(node: cst.CSTNode, held=frozenset()) -> bool:
+    """Does the expression read some `<tensor>.grad`, directly or through a name the statement
+    bound to one (`held`), or a name that says it holds one (`grad_p`)?"""
     found = False
 
     class _Reads(cst.CSTVisitor):
@@ -160,7 +170,7 @@ def _reads_a_gradient(node: cst.CSTNode) -> bool:
 
         def visit_Name(self, name: cst.Name) -> None:
             nonlocal found
-            if "grad" in name.value.lower():
+            if name.value in held or "grad" in name.value.lower():
                 found = True
 
     walk(node, _Reads())
