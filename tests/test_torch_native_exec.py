@@ -61,6 +61,9 @@ EXPECTED_CALLS = {
     # steps) in the policy loop; one update after the critic step when the policy does not
     # update, one per policy-loop pass when it does
     "sac_autotune": {"step": 12, "update": 8, "scale": 12, "load_state_dict": 0},
+    # 2 rounds x 4 iterations: a D step each, a G step every other one, each with its update; the
+    # scaler saved once per round, loaded once (after both optimizers) in the second
+    "gan_step_functions": {"step": 12, "update": 12, "scale": 12, "load_state_dict": 1, "state_dict": 2},
     # 3 batches, two optimizers stepped after one backward, one update per batch
     "two_optimizers_clipped": {"step": 6, "update": 3, "scale": 3, "load_state_dict": 0},
     # 3 batches; decode()'s torch.sigmoid fused into the loss helper's BCE

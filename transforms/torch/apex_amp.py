@@ -595,10 +595,24 @@ class ApexConversion(TorchConversion):
             saves_done.add(id(dictionary))
             self.plan.add_dict_element(element, "amp", f"{self.amp}.state_dict()")
             self.info("AMP304", f"the checkpoint also saves {self.amp}.state_dict()", save.call)
+        last_of_checkpoint = {}
         for load in self.s.optimizer_state_loads:
             argument = load.call.args[0].value if load.call.args else None
             source = argument.value if isinstance(argument, cst.Subscript) else None
             source_name = dotted_name(source) if source is not None else None
+            if source_name is not None and _is_lone_expression(load.statement, load.call):
+                # `D_optimizer.load_state_dict(ckpt['D'])` then `G_optimizer.load_state_dict(ckpt['G'])`:
+                # amp's state is restored once, after the last of them
+                last_of_checkpoint[(source_name, id(self.s.block_of(load.statement)))] = load
+        for load in self.s.optimizer_state_loads:
+            argument = load.call.args[0].value if load.call.args else None
+            source = argument.value if isinstance(argument, cst.Subscript) else None
+            source_name = dotted_name(source) if source is not None else None
+            last = last_of_checkpoint.get((source_name, id(self.s.block_of(load.statement))))
+            if last is not None and last is not load:
+                self.info("AMP304", f"{self.amp}'s state is restored once from {source_name}, after "
+                                    f"{last.receiver}'s load", load.call)
+                continue
             if source_name is None or not _is_lone_expression(load.statement, load.call):
                 self.warn(
                     "AMP318", f"{load.receiver}.load_state_dict(...) does not read a checkpoint dict ampify can follow; "

@@ -50,6 +50,8 @@ class CheckpointWriter:
         """Extend every save and load of a converted optimizer's state (`converted` names)."""
         s = self.structure
         done_dicts: Set[int] = set()
+        #: (scaler reference, checkpoint expression, block) -> the optimizer whose save got the scaler's
+        saved_into: dict = {}
         for site in s.optimizer_state_saves:
             if site.receiver not in converted:
                 continue
@@ -80,6 +82,12 @@ class CheckpointWriter:
                 if key_node is not None and isinstance(statement, cst.SimpleStatementLine):
                     base = statements.code_of(target.value)
                     quote = key_node.quote
+                    group = (reference, base, id(s.block_of(statement)))
+                    if group in saved_into:
+                        self.info("AMP206", f"{reference}.state_dict() is saved once into {base}, with "
+                                            f"{saved_into[group]}'s (one scaler steps both)", site.call)
+                        continue
+                    saved_into[group] = site.receiver
                     self.edits.insert_after(statement, f"{base}[{quote}scaler{quote}] = {reference}.state_dict()")
                     self.info("AMP206", f"checkpoint also saves {reference}.state_dict() as 'scaler'", site.call)
                     continue
@@ -91,8 +99,13 @@ class CheckpointWriter:
                 "save scaler.state_dict() next to it by hand",
                 site.call,
             )
+        last_loads = self._last_load_per_checkpoint(converted)
         for site in s.optimizer_state_loads:
             if site.receiver not in converted:
+                continue
+            later = last_loads.get(id(site.call))
+            if later is not None:
+                self.info("AMP206", f"the scaler state is loaded once, after {later}'s (one scaler steps both)", site.call)
                 continue
             reference = self.scaler_reference(site.scope, s.line(site.call))
             statement = s.statement_of(site.call)
@@ -126,6 +139,29 @@ class CheckpointWriter:
                 f"if {quote}scaler{quote} in {base}:\n    {reference}.load_state_dict({base}[{quote}scaler{quote}])",
             )
             self.info("AMP206", f"{reference} state is loaded too when the checkpoint has it", site.call)
+
+    def _last_load_per_checkpoint(self, converted: Set[str]) -> dict:
+        """id(load call) -> the optimizer loaded later from the same checkpoint in the same block
+        (`D_optimizer.load_state_dict(ckpt['D_optimizer'])` then `G_optimizer.load_state_dict(
+        ckpt['G_optimizer'])`): the scaler's state is loaded once, after the last of them."""
+        s = self.structure
+        groups: dict = {}
+        for site in s.optimizer_state_loads:
+            if site.receiver not in converted:
+                continue
+            reference = self.scaler_reference(site.scope, s.line(site.call))
+            statement = s.statement_of(site.call)
+            argument = site.call.args[0].value if site.call.args else None
+            if reference is None or statement is None or statements.string_subscript(argument) is None:
+                continue
+            base = statements.code_of(argument.value)
+            groups.setdefault((reference, base, id(s.block_of(statement))), []).append(site)
+        earlier: dict = {}
+        for sites in groups.values():
+            sites.sort(key=lambda site: s.line(site.call))
+            for site in sites[:-1]:
+                earlier[id(site.call)] = sites[-1].receiver
+        return earlier
 
     def _save_to_sibling_file(self, site, parent: Optional[cst.CSTNode], reference: str) -> bool:
         """`torch.save(optimizer.state_dict(), ".../optimizer.pt")`: save the scaler next to it,

@@ -243,9 +243,9 @@ class ScalerPlacement:
             # runs, created in a block around it (an optimizer created later, under `if
             # args.autotune:` say, is stepped through the same scaler)
             if s.line(after) > existing.line and not (uses and self._runs_before(existing.after, uses[0])):
-                raise Unconvertible("two training loops in this function use optimizers created far apart", node)
+                raise Unconvertible(self._far_apart(existing, after), node)
             if uses and s.line(uses[0]) <= existing.line:
-                raise Unconvertible("two training loops in this function use optimizers created far apart", node)
+                raise Unconvertible(self._far_apart(existing, after), node)
             if s.line(after) > existing.line:
                 existing.created_later.extend(r for r in receivers if r not in existing.optimizers)
             existing.optimizers.extend(r for r in receivers if r not in existing.optimizers)
@@ -286,9 +286,44 @@ class ScalerPlacement:
 
     def _may_move_down(self, existing: ScalerHome, after: cst.CSTNode, uses: List[cst.CSTNode]) -> bool:
         s = self.structure
-        if s.line(after) <= existing.line or existing.first_use is None or s.block_of(after) is not s.block_of(existing.after):
+        if s.line(after) <= existing.line or s.block_of(after) is not s.block_of(existing.after):
+            return False
+        if existing.first_use is None and not uses:
+            # both steps are functions that read the optimizers as globals (`def train_G(): ...
+            # G_optimizer.step()`, `def train_D(x): ... D_optimizer.step()`): the scaler is read
+            # only when one of them runs, so it may go below the second optimizer if nothing in
+            # between can call a function of this module
+            return self._calls_nothing_of_this_module(existing.after, after)
+        if existing.first_use is None:
             return False
         return s.line(after) < existing.first_use and all(s.line(after) < s.line(use) for use in uses)
+
+    def _far_apart(self, existing: ScalerHome, after: cst.CSTNode) -> str:
+        s = self.structure
+        return (f"two training steps use optimizers created far apart ({', '.join(existing.optimizers)} at line "
+                f"{existing.line}, this one at line {s.line(after)}), with code in between that may already run a "
+                "step: one GradScaler cannot be created before both; create it by hand")
+
+    def _calls_nothing_of_this_module(self, first: cst.CSTNode, last: cst.CSTNode) -> bool:
+        """No statement of the block after `first` up to `last` (included) calls a function or
+        class defined in this module (which might run a step that reads the scaler)."""
+        s = self.structure
+        block = s.block_of(first)
+        body = list(block.body) if block is not None else []
+        defined = {
+            statement.name.value for statement in s.module.body if isinstance(statement, (cst.FunctionDef, cst.ClassDef))
+        }
+        try:
+            between = body[body.index(first) + 1: body.index(last) + 1]
+        except ValueError:
+            return False
+        for statement in between:
+            for call in statements.calls_within(statement):
+                if not isinstance(call.func, (cst.Name, cst.Attribute)):
+                    return False
+                if (dotted_name(call.func) or "").split(".")[0] in defined:
+                    return False
+        return True
 
     def _runs_before(self, statement: cst.CSTNode, use: cst.CSTNode) -> bool:
         """Does `statement` always run before `use`: above it, in a block that holds `use`?"""
