@@ -58,6 +58,10 @@ class FunctionOutline:
     calls_backward: bool = False
     #: a class with a training step, outlined as its constructor (`Trainer(model, data, optimizer)`)
     is_class: bool = False
+    #: line of a `torch.autograd.grad(..., create_graph=True)` in its body (a gradient penalty), 0 if none
+    grad_with_graph: int = 0
+    #: the plain names it calls (`_gradient_penalty(...)`), to follow into functions of its module
+    local_calls: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -331,6 +335,72 @@ class RepositoryIndex:
         if trainer_classes and function_name in outline.training_classes:
             return path, outline.training_classes[function_name]
         return None
+
+    def defining_function(self, importer: Path, dotted: str,
+                          imports: Dict[str, Tuple[str, Optional[str], int]]) -> Optional[Tuple[Path, FunctionOutline]]:
+        """As `function`, also through packages that re-export the function (`import torchprob as
+        gan; gan.gradient_penalty(...)`, torchprob/__init__.py: `from torchprob.gan import *`)."""
+        head, _, rest = dotted.partition(".")
+        if head not in imports:
+            return None
+        module, name, level = imports[head]
+        if name is None:  # `import pkg as gan`: gan.function
+            if not rest or "." in rest:
+                return None
+            path, function_name = self.resolve_module(importer, module, level), rest
+        elif not rest:  # `from pkg import function`
+            path, function_name = self.resolve_module(importer, module, level), name
+        elif "." not in rest:  # `from pkg import utils`; utils.function
+            path = self.resolve_module(importer, f"{module}.{name}" if module else name, level)
+            function_name = rest
+        else:
+            return None
+        return self._reexported_function(importer, path, function_name, set(), 0)
+
+    def _reexported_function(self, importer: Path, path: Optional[Path], name: str, seen: Set[Path],
+                             depth: int) -> Optional[Tuple[Path, FunctionOutline]]:
+        if path is None or path in seen or depth > MAX_STAR_DEPTH:
+            return None
+        seen.add(path)
+        outline = self.outline(path)
+        if outline is None:
+            return None
+        if name in outline.functions:
+            return path, outline.functions[name]
+
+        def resolve(module: str, level: int) -> Optional[Path]:
+            # an absolute import of the package resolves as the running script sees it (its
+            # folder is on sys.path), then from the package's own place
+            if level > 0:
+                return self.resolve_module(path, module, level)
+            return self.resolve_module(importer, module, 0) or self.resolve_module(path, module, 0)
+
+        if name in outline.imports:
+            module, imported, level = outline.imports[name]
+            if imported is None:
+                return None
+            return self._reexported_function(importer, resolve(module, level), imported, seen, depth + 1)
+        for module, level in outline.star_imports:
+            found = self._reexported_function(importer, resolve(module, level), name, seen, depth + 1)
+            if found is not None:
+                return found
+        return None
+
+    def gradient_penalty_line(self, path: Path, function: FunctionOutline) -> int:
+        """The line of `torch.autograd.grad(..., create_graph=True)` that `function` of module `path`
+        runs, itself or through the functions of its module it calls by name; 0 if none."""
+        outline = self.outline(path)
+        pending, seen = [function], set()
+        while pending:
+            current = pending.pop()
+            if current.name in seen:
+                continue
+            seen.add(current.name)
+            if current.grad_with_graph:
+                return current.grad_with_graph
+            if outline is not None:
+                pending.extend(outline.functions[name] for name in current.local_calls if name in outline.functions)
+        return 0
 
     def project_class(self, importer: Path, local: str,
                       imports: Dict[str, Tuple[str, Optional[str], int]]) -> Optional[Tuple[Path, str, int]]:
@@ -656,9 +726,16 @@ def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
     moved = set()
     returns = []
     builds_optimizer = calls_backward = False
+    grad_with_graph = 0
+    local_calls = set()
     for node in ast.walk(function):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
             calls_backward = True
+        if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Name):
+                local_calls.add(node.func.id)
+            if not grad_with_graph and _is_grad_with_graph(node):
+                grad_with_graph = node.lineno
         if tensorflow and isinstance(node, ast.Call):
             called = _dotted(node.func) or ""
             builds_optimizer = builds_optimizer or called.rsplit(".", 1)[-1].endswith("Optimizer")
@@ -671,7 +748,18 @@ def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
         elif isinstance(node, ast.Return) and node.value is not None:
             returns.append(node.value)
     returns_moved = any(_is_device_move(value) or (isinstance(value, ast.Name) and value.id in moved) for value in returns)
-    return FunctionOutline(function.name, function.lineno, params, returns_moved, builds_optimizer, calls_backward)
+    return FunctionOutline(function.name, function.lineno, params, returns_moved, builds_optimizer, calls_backward,
+                           grad_with_graph=grad_with_graph, local_calls=tuple(sorted(local_calls)))
+
+
+def _is_grad_with_graph(call: ast.Call) -> bool:
+    """`torch.autograd.grad(..., create_graph=True)` (`autograd.grad`, `grad` imported from
+    torch.autograd): create_graph given and not the constant False."""
+    called = _dotted(call.func) or ""
+    if not (called == "grad" or called.endswith("autograd.grad")):
+        return False
+    return any(
+        k.arg == "create_graph" and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in call.keywords)
 
 
 def _optimizer_methods(path: Path, method: str, outline: Optional[ModuleOutline]) -> List[Tuple[str, int, bool]]:
@@ -823,6 +911,16 @@ class ProjectView:
             resolved = self.index.function(self.path, dotted, outline.imports, trainer_classes=True)
             if resolved is not None and resolved[0] != self.path:
                 yield resolved[0], resolved[1], dotted
+
+    def gradient_penalty_called(self, dotted: str) -> Optional[str]:
+        outline = self._own_outline()
+        if outline is None:
+            return None
+        found = self.index.defining_function(self.path, dotted, outline.imports)
+        if found is None:
+            return None
+        line = self.index.gradient_penalty_line(*found)
+        return self.where(found[0], line) if line else None
 
     def float16_overflows_imported(self) -> List[str]:
         """"transformer/Modules.py:25 masked_fill(..., -1e9)" for model code of the project

@@ -494,3 +494,22 @@ def test_a_vae_of_another_module_fused_computes_the_same_fp32_losses_then_trains
     mixed = _run_losses(converted)
     assert "torch.float16" in mixed["dtypes"], mixed["dtypes"]
     assert len(mixed["losses"]) == 6 and all(math.isfinite(loss) for loss in mixed["losses"]), mixed["losses"]
+
+
+@pytest.mark.parametrize("backend, dtype, status", [("native", "float16", "1 would be changed (1 incomplete)"),
+                                                    ("apex", "float16", "1 not converted"),
+                                                    ("native", "bfloat16", "1 would be changed, 0")])
+def test_a_gradient_penalty_of_another_module_is_found_through_re_exports_and_named(backend, dtype, status, tmp_path):
+    """`gan.gradient_penalty(D, real, fake)`, re-exported by two star imports, runs
+    torch.autograd.grad(create_graph=True) in a helper of its module: the step that adds it is
+    refused with float16 (it would be differentiated unscaled), naming the file and line."""
+    tree = tmp_path / "repo"
+    shutil.copytree(ROOT / "fixtures" / "repositories" / "gradient_penalty_in_package" / "input", tree)
+    completed = subprocess.run([sys.executable, "-m", "ampify", "--check", "--backend", backend, "--dtype", dtype,
+                                str(tree)], capture_output=True, text=True, cwd=tmp_path)
+    assert status in completed.stdout.splitlines()[-1], completed.stdout
+    named = "gan.gradient_penalty() runs torch.autograd.grad(..., create_graph=True) (torchprob/gan/gradient_penalty.py:11)"
+    if dtype == "float16":
+        assert named in completed.stdout, completed.stdout
+    else:
+        assert "gradient_penalty" not in completed.stdout.replace(str(tree), ""), completed.stdout

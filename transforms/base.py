@@ -48,6 +48,11 @@ class ProjectFacts(Protocol):
         """"utils.py:12 get_network()" when the project function `dotted` (as this module calls
         it) returns a model moved to a device; else None."""
 
+    def gradient_penalty_called(self, dotted: str) -> Optional[str]:
+        """"torchprob/gan/gradient_penalty.py:69" (the autograd.grad call) when the project function
+        `dotted` (as this module calls it, also through re-exporting packages) runs
+        torch.autograd.grad(..., create_graph=True), itself or through functions of its module."""
+
     def float16_overflows_imported(self) -> Sequence[str]:
         """"transformer/Modules.py:25 masked_fill(..., -1e9)" for model code of the project modules
         this module imports (directly or through each other) that raises on float16 tensors."""

@@ -28,7 +28,7 @@ from ampify.transforms.torch.apex_setup import ApexSetup, ApexSetupFinder, index
 from ampify.transforms.torch.apex_wrap_hoist import plan_hoist
 from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConversion, short_text
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
-from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_sites, sites_of_unit
+from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_of_another_module, penalty_sites, sites_of_unit
 from ampify.transforms.torch.float32_losses import float32_only_loss_calls
 from ampify.transforms.torch.manual_updates import gradients_reduced_by_hand, manual_update_beside_steps
 from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, distinct_losses, pair_helper_backwards
@@ -265,6 +265,13 @@ class ApexConversion(TorchConversion):
                       or self.loss_object_backward(unit) or gradients_reduced_by_hand(self.s, unit))
         if unfollowed is not None:
             refuse(unfollowed[1], unfollowed[0])
+        elsewhere = penalty_of_another_module(self.project, [unit.body])
+        if elsewhere is not None:
+            call, called, where = elsewhere
+            refuse(call, f"{called}() runs torch.autograd.grad(..., create_graph=True) ({where}), a gradient penalty, "
+                         "on outputs that apex O1 computes in float16: its gradients need the loss scale, which ampify "
+                         "writes only for penalties of the file it converts; scale it there by hand, or use --backend "
+                         "native --dtype bfloat16")
         by_hand = manual_update_beside_steps(self.s, unit)
         if by_hand is not None:
             refuse(unit.backwards[0].call,

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 
 import libcst as cst
 
+from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.training_loop import HazardKind, TrainingStructure, TrainingUnit, method_calls
 
@@ -129,3 +130,23 @@ def write_penalty(edits, site: PenaltySite, unit: TrainingUnit, s: TrainingStruc
                 edits.add_keyword(call, scaler_name, reference)
     arguments = [a.with_changes(value=scaled) if a is site.outputs else a for a in site.call.args]
     edits.replace_call(site.call, site.call.with_changes(args=arguments))
+
+
+def penalty_of_another_module(project, nodes) -> Optional[tuple]:
+    """(call, "gan.gradient_penalty", "torchprob/gan/gradient_penalty.py:69")
+    for the first call within `nodes` of a function of another project module that runs
+    torch.autograd.grad(..., create_graph=True) (LynnHo's `gan.gradient_penalty(D, x_real,
+    x_fake, ...)`): its gradients would be taken of unscaled float16 outputs, and ampify scales
+    only the penalties of the module it converts. None when there is none (or no project)."""
+    ask = getattr(project, "gradient_penalty_called", None)
+    if ask is None:
+        return None
+    for node in nodes:
+        for call in statements.calls_within(node):
+            called = dotted_name(call.func)
+            if not called:
+                continue
+            where = ask(called)
+            if where is not None:
+                return call, called, where
+    return None

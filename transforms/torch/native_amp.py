@@ -38,7 +38,13 @@ from ampify.transforms.torch.framework_switches import (
     may_use_a_framework_switch,
     switch_keyword,
 )
-from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_sites, sites_of_unit, write_penalty
+from ampify.transforms.torch.gradient_penalty import (
+    PenaltySite,
+    penalty_of_another_module,
+    penalty_sites,
+    sites_of_unit,
+    write_penalty,
+)
 from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, pair_helper_backwards
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.manual_updates import (
@@ -366,6 +372,17 @@ class NativeConversion(TorchConversion):
         plan = UnitPlan(unit, self.scaler_name, regions)
         if not self.scaling:
             return plan
+        elsewhere = penalty_of_another_module(
+            self.project, [statement for block, start, end in regions for statement in list(block.body)[start:end + 1]])
+        if elsewhere is not None:
+            call, called, where = elsewhere
+            raise Unconvertible(
+                f"{called}() runs torch.autograd.grad(..., create_graph=True) ({where}), a gradient penalty, on "
+                "outputs computed under autocast: with float16 its gradients need the loss scale (autograd.grad of "
+                "scaler.scale(outputs), divided by scaler.get_scale()), which ampify writes only for penalties of "
+                "the file it converts; use --dtype bfloat16, or scale it there by hand",
+                call, code="AMP212",
+            )
         plan.update_after = self.scaler_calls.update_anchor(unit)
         plan.early_exit_updates = list(self.scaler_calls.early_exit_updates.get(id(unit), []))
         plan.unscale_before = self.scaler_calls.unscale_points(unit)
