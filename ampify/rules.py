@@ -358,6 +358,11 @@ RULES: List[Rule] = [
          "amp.initialize goes after the optimizer in the driver and amp.scale_loss around the backward in the engine: one "
          "change set for both files, so both must be in the run.",
          "train_one_epoch(model, criterion, loader, optimizer, device)  # engine.py not named", MANUAL, incomplete=True),
+    Rule("AMP329", "warning", "apex: a training step of this file stays unconverted, so no step of it is converted; file not converted",
+         "amp.initialize (O1) patches torch's functions for the whole process: a step left out would run in float16 "
+         "without loss scaling, worse than float32. The warnings name the step and why it was left out.",
+         "G step converted, D step refused (gradient penalty of another module)  # D would train unscaled", MANUAL,
+         incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

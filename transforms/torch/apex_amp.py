@@ -240,6 +240,19 @@ class ApexConversion(TorchConversion):
             }
         return set(self.penalties)
 
+    def partial_conversion_refused(self, left_out: List[cst.CSTNode]) -> Optional[Tuple[str, str, cst.CSTNode]]:
+        """amp.initialize (O1) patches torch's functions for the whole process: a training step of
+        this file left unconverted would run its forward pass in float16 and its backward without
+        loss scaling, no longer in float32. So no step of the file is converted."""
+        lines = ", ".join(str(self.s.line(node)) for node in left_out[:3])
+        return ("AMP329",
+                f"the training step{'s' if len(left_out) > 1 else ''} at line{'s' if len(left_out) > 1 else ''} {lines} "
+                f"stay{'' if len(left_out) > 1 else 's'} unconverted (see {'their' if len(left_out) > 1 else 'its'} "
+                f"warning), and {self.amp}.initialize (O1) casts the forward passes of the whole process: "
+                f"{'they' if len(left_out) > 1 else 'it'} would run in float16 without loss scaling; no step of this file "
+                "is converted: convert it by hand, or use --backend native",
+                left_out[0])
+
     def plan_unit(self, unit: TrainingUnit) -> TrainingUnit:
         for step in unit.steps:
             if step.wrapper is not None:

@@ -222,9 +222,11 @@ class TorchConversion(abc.ABC):
         self.prepare()
         plans, claimed = self.plan_manual_updates()
         code, message = self.rules.unpaired_backward
+        left_out: List[cst.CSTNode] = []
         for backward in s.unpaired_backwards:
             if id(backward.call) not in claimed:
                 self.warn(code, message.format(followed=helper_refusal_note(s, backward)), backward.call)
+                left_out.append(backward.call)
         code, message = self.rules.unit_refused
         refusals: List[Tuple[Unconvertible, cst.CSTNode]] = []
         for unit in s.units:
@@ -244,7 +246,19 @@ class TorchConversion(abc.ABC):
             self.warn(problem.code or code, message.format(problem=problem), node)
         if not plans:
             return self.result(Verdict.UNCONVERTED, "training code found, but no training step could be converted safely")
+        left_out += [node for _, node in refusals]
+        partial = self.partial_conversion_refused(left_out) if left_out else None
+        if partial is not None:
+            self.findings[:] = [f for f in self.findings if f.severity is not Severity.INFO]
+            self.warn(partial[0], partial[1], partial[2])
+            return self.result(Verdict.UNCONVERTED, partial[1])
         return self.result(Verdict.CONVERTED, module=self.write(plans))
+
+    def partial_conversion_refused(self, left_out: List[cst.CSTNode]) -> Optional[Tuple[str, str, cst.CSTNode]]:
+        """(code, reason, node) when converting some training steps of this file while `left_out`
+        (backward calls or refused steps) stay unconverted would make those wrong rather than
+        float32; None (the default) keeps the partial conversion, reported as incomplete."""
+        return None
 
     def loss_object_backward(self, unit: TrainingUnit) -> Optional[Tuple[str, cst.Call]]:
         """A `loss.backward()` of the unit whose `loss` looks like an instance of a loss class of
