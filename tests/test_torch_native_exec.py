@@ -64,6 +64,9 @@ EXPECTED_CALLS = {
     # 2 rounds x 4 iterations: a D step each, a G step every other one, each with its update; the
     # scaler saved once per round, loaded once (after both optimizers) in the second
     "gan_step_functions": {"step": 12, "update": 12, "scale": 12, "load_state_dict": 1, "state_dict": 2},
+    # 2 agents x 3 batches: the shared one steps under a lock after clipping; the other steps the
+    # actor at two batches and the critic at every batch; one update per batch after the branches
+    "rl_agent_branches": {"step": 8, "update": 6, "scale": 8, "load_state_dict": 0},
     # 3 batches, two optimizers stepped after one backward, one update per batch
     "two_optimizers_clipped": {"step": 6, "update": 3, "scale": 3, "load_state_dict": 0},
     # 3 batches; decode()'s torch.sigmoid fused into the loss helper's BCE

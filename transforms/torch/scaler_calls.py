@@ -42,7 +42,9 @@ class ScalerCallPlanner:
         common_block = paths[0][common_depth - 1][0]
         anchors = [p[common_depth - 1][1] for p in paths]
         body = list(common_block.body)
-        if not any(len(p) == common_depth and isinstance(p[-1][1], cst.SimpleStatementLine) for p in paths):
+        if not any(len(p) == common_depth and isinstance(p[-1][1], cst.SimpleStatementLine) for p in paths) and not (
+            self._steps_in_every_branch(anchors, steps, unit)
+        ):
             raise Unconvertible(
                 "every optimizer step is conditional, in different branches: place scaler.update() by hand "
                 "so that it runs exactly once after the steps",
@@ -71,6 +73,44 @@ class ScalerCallPlanner:
                 )
             self.early_exit_updates[id(unit)].append(exit_anchor)
         return body[last]
+
+    def _steps_in_every_branch(self, anchors: Sequence[cst.CSTNode], steps: Sequence[StepCall], unit: TrainingUnit) -> bool:
+        """Every step sits in one `if/elif/else` (an `else` included) each branch of which runs a
+        step unconditionally after a backward of its own, with no loop or jump in it (DeepRL's
+        PPO: `if shared: opt.step()`
+        / `else: [if kl_ok: actor_opt.step()]; critic_opt.step()`): every pass through the `if`
+        steps, so `scaler.update()` goes right after it, once."""
+        s = self.structure
+        statement = anchors[0]
+        if not isinstance(statement, cst.If) or any(anchor is not statement for anchor in anchors):
+            return False
+        if statements.find_jump(statement) is not None:
+            return False
+        branches = []
+        current: Optional[cst.CSTNode] = statement
+        while isinstance(current, cst.If):
+            branches.append(current.body)
+            current = current.orelse
+        if not isinstance(current, cst.Else):
+            return False
+        branches.append(current.body)
+        for step in steps:
+            if any(isinstance(holder, (cst.For, cst.While)) for _, holder in s.block_path(step.call, stop=None)
+                   if s.contains(statement, holder) and holder is not statement):
+                return False
+        for branch in branches:
+            # each branch computes the gradients it steps (`zero_grad(); loss.backward(); step()`):
+            # gradients of a backward before the `if` would wait, scaled, for a later step of
+            # the other branch, under a scale that update() may have changed meanwhile
+            if not any(s.contains(branch, backward.call) for backward in unit.backwards):
+                return False
+            if not any(
+                isinstance(s.statement_of(step.call), cst.SimpleStatementLine)
+                and any(block is branch for block in self._blocks_running_with(step, unit))
+                for step in steps
+            ):
+                return False
+        return True
 
     def _early_exit_anchor(
         self, statement: cst.CSTNode, unit: TrainingUnit, earlier: Sequence[cst.CSTNode], anchors: Sequence[cst.CSTNode]
@@ -143,7 +183,8 @@ class ScalerCallPlanner:
                 statement = s.statement_of(node)
                 if not isinstance(statement, cst.SimpleStatementLine):
                     raise Unconvertible("gradient clipping inside a one-line compound statement", node)
-                if not any(block is step_block for block, _ in s.block_path(node, stop=unit.body)) and not (
+                clip_blocks = [block for block, _ in s.block_path(node, stop=unit.body)]
+                if not any(any(block is c for c in clip_blocks) for block in self._blocks_running_with(step, unit)) and not (
                     self._clip_implies_step(unit, node, step)
                 ):
                     raise Unconvertible(
@@ -165,6 +206,18 @@ class ScalerCallPlanner:
             unscaled[step.receiver] = statement
             planned.append((statement, step.receiver))
         return planned
+
+    def _blocks_running_with(self, step: StepCall, unit: TrainingUnit) -> List[cst.CSTNode]:
+        """The step's block, and the blocks around it whose every pass runs it exactly once: a
+        `with` body always runs (`with config.lock: self.optimizer.step()`, ShangtongZhang's
+        DeepRL), so the block holding the `with` counts as the step's too."""
+        s = self.structure
+        blocks = []
+        for block, _ in s.block_path(step.call, stop=unit.body):
+            blocks.append(block)
+            if not isinstance(s.parent(block), cst.With):
+                break
+        return blocks
 
     def _clip_implies_step(self, unit: TrainingUnit, node: cst.CSTNode, step: StepCall) -> bool:
         """The clip and the step sit under `if` tests of their own, and every test guarding the

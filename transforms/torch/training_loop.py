@@ -753,7 +753,10 @@ class _Collector(cst.CSTVisitor):
                     call for call in calls_within(item)
                     if _method_name(call) == "step" and (_call_receiver(call) or "").startswith("self.")
                 ]
-                if inner_steps:
+                backwards = [call for call in calls_within(item) if _method_name(call) == "backward"]
+                if inner_steps and not backwards:
+                    # a step() that runs backward() itself is a training step (an RL agent's
+                    # `step()`: act, learn, `self.optimizer.step()`), converted where it is
                     self.wrapper_classes[node.name.value] = node
                     self.structure.hazards.append(Hazard(HazardKind.WRAPPER_CLASS, node, node.name.value))
                 return
