@@ -329,6 +329,7 @@ class ApexConversion(TorchConversion):
         by_module = {}
         for site in sites:
             by_module.setdefault(site.key, []).append(site)
+        already: List[str] = []
         for key, module_sites in by_module.items():
             where = f"{module_sites[0].display}:{module_sites[0].line}"
             if key in self.companion_keys:
@@ -348,15 +349,21 @@ class ApexConversion(TorchConversion):
             except Unconvertible as problem:
                 # the same kind of refusal (MixedPrecisionElsewhere stays one), now naming the caller
                 raise type(problem)(f"{function.name.value}() is called from {where}: {problem}", node) from None
+            if isinstance(change, int):
+                already.append(f"{where.rsplit(':', 1)[0]}:{change}")
+                continue
             self.planned_companions.append(change)
             self.companion_keys.add(key)
         self.plan_backwards(unit)
         self._plan_index_assignment_casts(unit)
         self._plan_clipping(unit)
+        written = sorted({s.display for s in sites} - {place.rsplit(":", 1)[0] for place in already})
         self.info(
             "AMP307", f"{function.name.value}() is trained under apex amp set up in "
-            f"{', '.join(sorted({s.display for s in sites}))} (amp.initialize there; written together with this file, "
-            "as one change set)",
+            + "; ".join(([f"{', '.join(written)} (amp.initialize there; written together with this file, as one change "
+                          "set)"] if written else [])
+                        + ([f"{', '.join(already)} (its amp.initialize already covers the optimizer passed)"]
+                           if already else [])),
             function,
         )
 
@@ -424,6 +431,12 @@ class ApexConversion(TorchConversion):
 
     def plan_initialize(self, losses: int, setup: ApexSetup, anchor: cst.CSTNode, why: str = "",
                         before: bool = False) -> None:
+        loop = self._loop_around(anchor)
+        if loop is not None:
+            raise Unconvertible(
+                f"the optimizer is created anew in the loop at line {self.s.line(loop)}, so {self.amp}.initialize after it "
+                "would run once per pass: apex allows one amp.initialize per process ('should only be called once', "
+                "apex/amp/frontend.py); use --backend native", anchor)
         models = setup.models
         optimizers = setup.optimizers
         model_text = models[0] if len(models) == 1 else "[" + ", ".join(models) + "]"
@@ -441,6 +454,15 @@ class ApexConversion(TorchConversion):
             f"after the optimizer is created{why}",
             anchor,
         )
+
+    def _loop_around(self, statement: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The innermost `for`/`while` of the same function around `statement`, if any."""
+        for ancestor in self.s.ancestors(statement):
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return None
+            if isinstance(ancestor, (cst.For, cst.While)):
+                return ancestor
+        return None
 
     def plan_parallel_wraps(self, setup: ApexSetup, anchor: cst.CSTNode) -> None:
         """DataParallel/DDP must wrap the model after amp.initialize: move a wrap that comes

@@ -10,13 +10,13 @@ Unconvertible with the reason, and neither module changes.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Union
 
 import libcst as cst
 
 from ampify.options import Options
 from ampify.transforms.base import CallSite, CompanionChange, ProjectFacts
-from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.caller_threading import call_and_passed_optimizers, check_caller_setup
 from ampify.transforms.torch.edits import apply_edits
@@ -40,6 +40,51 @@ def foreign_call_sites(
     return sites or None
 
 
+def _existing_initialize(s: TrainingStructure, sites: Sequence[CallSite], function: cst.FunctionDef,
+                         receivers: Sequence[str], losses: int) -> Optional[int]:
+    """The line of the calling module's one `model, optimizer = amp.initialize(model, optimizer,
+    ...)` when it already initializes every optimizer the calls at `sites` pass, with enough
+    losses, and runs before each of them (same scope, above, in a block that holds the call):
+    amp.initialize set up for another step function of the repository (an earlier change set
+    of this run, or the user). The step then only needs amp.scale_loss; the caller stays as it is.
+    None for any other shape (check_caller_setup decides)."""
+    initializes = [use for use in s.mixed_precision_uses if isinstance(use, cst.Call)
+                   and (s.imports.resolve(use.func) or "").endswith("amp.initialize")]
+    if len(initializes) != 1:
+        return None
+    initialize = initializes[0]
+    statement = s.statement_of(initialize)
+    if not isinstance(statement, cst.SimpleStatementLine) or any(
+            use is not initialize and not s.contains(statement, use) for use in s.mixed_precision_uses):
+        return None
+    arguments = [arg for arg in initialize.args if arg.keyword is None]
+    if len(arguments) < 2:
+        return None
+    optimizer_argument = arguments[1].value
+    elements = ([e.value for e in optimizer_argument.elements]
+                if isinstance(optimizer_argument, (cst.List, cst.Tuple)) else [optimizer_argument])
+    initialized = {dotted_name(e) for e in elements}
+    declared = next((arg.value for arg in initialize.args if arg.keyword is not None and arg.keyword.value == "num_losses"), None)
+    if declared is None:
+        num_losses = 1
+    elif isinstance(declared, cst.Integer):
+        num_losses = int(declared.value)
+    else:
+        return None
+    if losses > num_losses:
+        return None
+    positions = statements.parameter_positions(function)
+    for site in sites:
+        call, passed = call_and_passed_optimizers(s, site, function.name.value, positions, receivers)
+        if not set(passed) <= initialized:
+            return None
+        if s.scope_of(call) is not s.scope_of(statement) or s.line(call) <= s.line(statement):
+            return None
+        if not any(block is s.block_of(statement) for block, _ in s.block_path(call)):
+            return None
+    return s.line(statement)
+
+
 def plan_caller(
     make_conversion: Callable[[TrainingStructure, Options], object],
     options: Options,
@@ -49,8 +94,9 @@ def plan_caller(
     receivers: Sequence[str],
     losses: int,
     step_display: str,
-) -> CompanionChange:
-    """The calling module's edit: amp.initialize for the optimizers it passes at `sites`."""
+) -> Union[CompanionChange, int]:
+    """The calling module's edit: amp.initialize for the optimizers it passes at `sites`; or the
+    line of the amp.initialize it already has for them (see `_existing_initialize`)."""
     display = sites[0].display
     try:
         module = cst.parse_module(source)
@@ -62,6 +108,9 @@ def plan_caller(
             f"{display} trains too (backward() at {display}:{s.line(s.backwards[0].call)}); ampify places "
             "amp.initialize in a module that only sets the training up"
         )
+    existing = _existing_initialize(s, sites, function, receivers, losses)
+    if existing is not None:
+        return existing
     check_caller_setup(s, display, "apex")
     conversion = make_conversion(s, options)
     positions = statements.parameter_positions(function)
