@@ -28,7 +28,8 @@ from ampify.registry import declared_options, options_from
 from ampify.change_set import recover_change_sets
 from ampify.output_formats import FORMATS, render_github, render_json, render_markdown, render_sarif, write_json_report
 from ampify.report import (
-    apply_selection, diffs_to_print, exit_code, in_conditional, merge_change_sets, render_file, render_summary, summarize,
+    apply_selection, diffs_to_print, exit_code, in_conditional, keep_latest_diffs, merge_change_sets, render_file,
+    render_summary, summarize,
 )
 from ampify.rules import Selection, UnknownRule, render_list, render_rule, rule
 from ampify.runner import DEFAULT_FILE_TIMEOUT, Interrupted, default_jobs, run_tasks
@@ -197,6 +198,7 @@ def rewrite(
         _run_with_progress(tasks, workers, results, time_limit or None)
     except Interrupted as stop:
         stopped_by = stop
+    keep_latest_diffs(results)
     results = merge_change_sets(results)
     results.sort(key=lambda r: r.path)
     interrupted = stopped_by is not None

@@ -22,7 +22,7 @@ from ampify.notebooks import cell_diff, convert_notebook, is_notebook
 from ampify.findings import FileResult, FileStatus, Finding, Severity
 from ampify.options import Options
 from ampify.repository import project_view
-from ampify.source_io import FileTooLarge, SourceIOError, read_source, replace_atomically
+from ampify.source_io import FileTooLarge, SourceIOError, plan_content, read_source, replace_atomically
 from ampify.transforms.base import UnitContext
 
 
@@ -48,6 +48,10 @@ class FileTask:
     write_through_hardlinks: bool = False
     #: the paths the user named: another file of a change set is written only when inside them
     named: Tuple[Path, ...] = ()
+    #: a change set spanning several files is not written (nor shown) but handed back
+    #: (`run_again_alone`): two workers writing change sets that share a file (one driver, two
+    #: engine modules) would each plan against a version the other replaces
+    hold_change_sets: bool = False
 
 
 def process_file(task: FileTask, before_write: Optional[Callable[[], None]] = None) -> FileResult:
@@ -85,10 +89,14 @@ def process_file(task: FileTask, before_write: Optional[Callable[[], None]] = No
     if conversion.converted is None:
         return result
     if conversion.companions:
+        if task.hold_change_sets:
+            held = FileResult(display, FileStatus.FAILED, "held back: its change set spans several files")
+            held.run_again_alone = True
+            return held
         return _process_change_set(task, source, conversion, result, before_write)
     new_data = conversion.converted
     if task.mode is Mode.DIFF:
-        result.diff = cell_diff(display, cells) if cells is not None else unified_diff(display, source.data, new_data)
+        result.diff = cell_diff(display, cells) if cells is not None else unified_diff(display, _on_disk(source), new_data)
     elif task.mode is Mode.WRITE:
         if before_write is not None:
             before_write()
@@ -117,15 +125,21 @@ def _process_change_set(task: FileTask, source, conversion, result: FileResult, 
             return _change_set_failed(result, f"{shown} ({error})")
         if other.data != companion.old and other.data != companion.new:
             # (holding the new version already: another change set of this run wrote the same edit)
-            return _change_set_failed(result, f"{shown} changed during the run")
+            return _change_set_failed(result, f"{shown} changed during the run", run_again_alone=True)
         others.append((shown, other, companion))
     result.companions = [
         FileResult(shown, FileStatus.CHANGED, companion.reason, list(companion.findings)) for shown, _, companion in others
     ]
+    if task.mode is not Mode.WRITE:
+        # shown, not written: the files of the run that come later see these versions (as a
+        # write run finds them on disk), and each diff starts from what is on disk
+        plan_content(source.path, conversion.converted)
+        for _, other, companion in others:
+            plan_content(other.path, companion.new)
     if task.mode is Mode.DIFF:
-        result.diff = unified_diff(result.path, source.data, conversion.converted)
+        result.diff = unified_diff(result.path, _on_disk(source), conversion.converted)
         for companion_result, (shown, other, companion) in zip(result.companions, others):
-            companion_result.diff = unified_diff(shown, other.data, companion.new)
+            companion_result.diff = unified_diff(shown, _on_disk(other), companion.new)
     elif task.mode is Mode.WRITE:
         if before_write is not None:
             before_write()
@@ -142,6 +156,10 @@ def _process_change_set(task: FileTask, source, conversion, result: FileResult, 
     return result
 
 
+def _on_disk(source) -> bytes:
+    return source.on_disk if source.on_disk is not None else source.data
+
+
 def _written_meanwhile(result: FileResult) -> FileResult:
     """The file changed during the run and now holds exactly the version this run would write:
     another run, or another change set of this run, wrote it. Not reported as this run's change."""
@@ -151,8 +169,9 @@ def _written_meanwhile(result: FileResult) -> FileResult:
     return result
 
 
-def _change_set_failed(result: FileResult, why: str) -> FileResult:
+def _change_set_failed(result: FileResult, why: str, run_again_alone: bool = False) -> FileResult:
     result.status = FileStatus.FAILED
+    result.run_again_alone = run_again_alone
     result.reason = f"not written: the change set with {why}; no file of it was written"
     result.findings.append(Finding("AMP001", result.reason, 0, 0, Severity.ERROR))
     result.companions = []

@@ -95,6 +95,10 @@ class FileResult:
     diff: str = ""
     #: other files changed together with this one (one change set), with their own results
     companions: List["FileResult"] = field(default_factory=list)
+    #: not written yet: its change set spans several files (held back while other workers
+    #: write), or another file of it changed during the run (another change set of this run
+    #: sharing it); the runner converts it again, alone, after the others
+    run_again_alone: bool = False
 
     @property
     def warnings(self) -> List[Finding]:

@@ -94,8 +94,11 @@ def merge_change_sets(results: List[FileResult]) -> List[FileResult]:
     "not applicable" its own conversion found."""
     companions = {}
     for companion in (c for result in results for c in result.companions):
-        if companion.path not in companions or companion.written:
-            companions[companion.path] = companion  # the set that wrote it, when two hold the same edit
+        earlier = companions.get(companion.path)
+        if earlier is None or companion.written or not earlier.written:
+            # the latest set that wrote it (or, in --diff, planned it: it holds the earlier sets'
+            # edits, and its findings' lines are those of the version shown)
+            companions[companion.path] = companion
     if not companions:
         return results
     merged = []
@@ -110,6 +113,22 @@ def merge_change_sets(results: List[FileResult]) -> List[FileResult]:
     # changed, though not themselves in the run's file list (their diff is printed with the set)
     merged.extend(FileResult(c.path, c.status, c.reason, c.findings, c.written) for c in companions.values())
     return merged
+
+
+def keep_latest_diffs(results: List[FileResult]) -> None:
+    """`results` in the order the run made them: where several change sets show one file (main.py
+    gets the GradScaler for engine_a.py, then passes it to engine_b.py too), each diff starts from
+    the file on disk and holds the earlier changes (engine.py plans them), so only the latest is
+    kept: the one a write run's result matches."""
+    latest = {}
+    for result in results:
+        for holder in [result] + list(result.companions):
+            if holder.diff:
+                latest[holder.path] = holder
+    for result in results:
+        for holder in [result] + list(result.companions):
+            if holder.diff and latest[holder.path] is not holder:
+                holder.diff = ""
 
 
 def diffs_to_print(results: Iterable[FileResult]) -> Iterator[str]:

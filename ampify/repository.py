@@ -22,6 +22,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from ampify.dependency_pins import dependency_pins
 from ampify.optimizer_wrappers import WrapperStep, wrapper_steps
+from ampify.source_io import current_bytes, planned_content
 from ampify.transforms.base import CallSite
 
 #: files that mark the root of a project
@@ -139,7 +140,7 @@ class RepositoryIndex:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         #: path -> ((mtime_ns, size) when read, its outline)
-        self._outlines: Dict[Path, Tuple[Optional[Tuple[int, int]], Optional[ModuleOutline]]] = {}
+        self._outlines: Dict[Path, Tuple[Optional[tuple], Optional[ModuleOutline]]] = {}
         self._optimizer_methods: Dict[Tuple[Path, str], List[Tuple[str, int, bool]]] = {}
         self._closures: Dict[Path, List[Path]] = {}
         self._all_modules: Optional[List[Path]] = None
@@ -202,7 +203,8 @@ class RepositoryIndex:
         path = path.resolve()
         try:
             stamp = path.stat()
-            version = (stamp.st_mtime_ns, stamp.st_size)
+            planned = planned_content(path)
+            version = (stamp.st_mtime_ns, stamp.st_size, hash(planned) if planned is not None else None)
         except OSError:
             version = None
         cached = self._outlines.get(path)
@@ -254,7 +256,7 @@ class RepositoryIndex:
             found: List[WrapperStep] = []
             for path in self.modules():
                 try:
-                    data = path.read_bytes() if path.stat().st_size <= MAX_OUTLINE_BYTES else b""
+                    data = current_bytes(path) if path.stat().st_size <= MAX_OUTLINE_BYTES else b""
                 except OSError:
                     continue
                 found += wrapper_steps(path, data)
@@ -268,7 +270,7 @@ class RepositoryIndex:
             count = 0
             for path in self.modules():
                 try:
-                    count += path.read_bytes().count(marker)
+                    count += current_bytes(path).count(marker)
                 except OSError:
                     continue
             self._definitions[name] = count
@@ -447,7 +449,7 @@ class RepositoryIndex:
             if not any(self._names_reaching(path, outline, module, exposed) for module, exposed in exposures):
                 continue
             try:
-                spelled = name.encode() in path.read_bytes()
+                spelled = name.encode() in current_bytes(path)
             except OSError:
                 spelled = True
             if spelled:
@@ -538,7 +540,7 @@ def _only_reexports(path: Path, names: Sequence[str]) -> bool:
     """Does the module spell `names` only in its imports (`from .dcgan import Discriminator` in a
     package's `__init__.py`) and in `__all__`, never using them?"""
     try:
-        tree = ast.parse(path.read_bytes())
+        tree = ast.parse(current_bytes(path))
     except (OSError, SyntaxError, ValueError, RecursionError):
         return False
     wanted = set(names)
@@ -554,7 +556,7 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
     try:
         if path.stat().st_size > MAX_OUTLINE_BYTES:
             return None
-        data = path.read_bytes()
+        data = current_bytes(path)
         tree = ast.parse(data, filename=str(path))
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
@@ -766,7 +768,7 @@ def _optimizer_methods(path: Path, method: str, outline: Optional[ModuleOutline]
     if outline is None:
         return []
     try:
-        data = path.read_bytes()
+        data = current_bytes(path)
         if f"def {method}(".encode() not in data:
             return []
         tree = ast.parse(data, filename=str(path))
@@ -957,7 +959,7 @@ class ProjectView:
     def wrapper_steps_here(self) -> List[WrapperStep]:
         """The stepping methods of the wrapper classes of this module (read from this module only)."""
         try:
-            data = self.path.read_bytes()
+            data = current_bytes(self.path)
         except OSError:
             return []
         return wrapper_steps(self.path, data)
@@ -1016,7 +1018,7 @@ class ProjectView:
         if not self.index._inside(path):
             return None
         try:
-            return path.read_bytes()
+            return current_bytes(path)
         except OSError:
             return None
 
@@ -1055,7 +1057,7 @@ class ProjectView:
             return False
         path, function = found
         try:
-            tree = ast.parse(path.read_bytes())
+            tree = ast.parse(current_bytes(path))
         except (OSError, SyntaxError, ValueError):
             return False
         definition = next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function.name), None)
@@ -1087,7 +1089,7 @@ class ProjectView:
         pattern = re.compile(rb"\." + re.escape(attribute.encode()) + rb"\b")
         for path in self.index.users_of(self.path, class_name, []):
             try:
-                data = path.read_bytes()
+                data = current_bytes(path)
             except OSError:
                 return self.where(path, 0).rsplit(":", 1)[0]
             if pattern.search(data):

@@ -19,6 +19,7 @@ file a worker holds:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import contextlib
 import faulthandler
 import gc
@@ -333,8 +334,15 @@ def run_tasks(
     jobs: int,
     on_result: Optional[Callable[[FileResult], None]] = None,
     file_timeout: Optional[float] = DEFAULT_FILE_TIMEOUT,
+    retry_conflicts: bool = True,
 ) -> Iterator[FileResult]:
     """Yield one FileResult per task, in completion order.
+
+    With several workers, a file whose change set spans several files is held back, and so is
+    one whose change set found another of its files changed meanwhile (two change sets of this
+    run editing one driver: `engine_a.py` and `engine_b.py` both pass the GradScaler `main.py`
+    creates): they are converted again after all the others, one at a time, against what is on
+    disk then; so several workers write what one would.
 
     After SIGINT, SIGTERM or SIGHUP the workers finish the file in hand and the rest are
     skipped; `Interrupted` (a KeyboardInterrupt) is raised once they stopped, after every result
@@ -342,6 +350,11 @@ def run_tasks(
     """
     if not tasks:
         return
+    if retry_conflicts and jobs > 1:
+        tasks = [dataclasses.replace(task, hold_change_sets=True) for task in tasks]
+    # held-back files run again in the order one worker takes them (largest first, see
+    # _batches): the same files, in the same order, give the same result whatever -j says
+    one_worker_order = {task.candidate.display: (-_file_size(task), index) for index, task in enumerate(tasks)}
     pool = _Pool(tasks, jobs, file_timeout)
     stop_signal: List[int] = []
 
@@ -354,6 +367,7 @@ def run_tasks(
 
     previous_handlers = _install_stop_handlers(stop_cleanly)
     finished = False
+    held_back: List[FileResult] = []
     try:
         pool.hand_out(stopping=False)
         while any(worker.busy for worker in pool.workers):
@@ -371,6 +385,9 @@ def run_tasks(
             # Read the pipes first: a worker that finished a file and then died reported the file.
             for worker in busy:
                 for result in pool.receive(worker):
+                    if retry_conflicts and result.run_again_alone:
+                        held_back.append(result)
+                        continue
                     yield _delivered(result, on_result)
             for worker in dead:
                 worker.process.join(timeout=5)  # sets exitcode
@@ -392,8 +409,20 @@ def run_tasks(
             pool.stop_event.set()  # the consumer went away (or raised while it handled a result)
         pool.shut_down()
         _restore_handlers(previous_handlers)
-    if stop_signal:
-        raise Interrupted(stop_signal[0])
+    by_display = {task.candidate.display: task for task in tasks}
+    again = [dataclasses.replace(by_display[result.path], hold_change_sets=False)
+             for result in sorted(held_back, key=lambda result: one_worker_order.get(result.path, (0, 0)))
+             if result.path in by_display]
+    if stop_signal or not finished:
+        for result in held_back:
+            if result.reason.startswith("held back"):
+                result.status, result.reason = FileStatus.SKIPPED, "not converted: the run was stopped"
+            yield _delivered(result, on_result)
+        if stop_signal:
+            raise Interrupted(stop_signal[0])
+        return
+    if again:
+        yield from run_tasks(again, 1, on_result, file_timeout, retry_conflicts=False)
 
 
 def _delivered(result: FileResult, on_result) -> FileResult:

@@ -14,7 +14,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Dict, Iterator, Optional
 
 try:
     import fcntl
@@ -66,6 +66,30 @@ class SourceFile:
     path: Path
     data: bytes
     snapshot: Snapshot
+    #: what the file holds on disk when `data` is a version planned by this run (see
+    #: `plan_content`), else None
+    on_disk: Optional[bytes] = None
+
+
+#: The versions an earlier change set of this --diff / --check run planned for files it did not
+#: write (resolved path -> bytes). Later files of the run read them as a write run would find
+#: them on disk, so a second engine module sees the GradScaler the first one's change set puts
+#: in main.py, and the shown diffs add up to what a write run writes.
+_PLANNED: Dict[Path, bytes] = {}
+
+
+def plan_content(path: Path, data: bytes) -> None:
+    _PLANNED[Path(path).resolve()] = data
+
+
+def planned_content(path: Path) -> Optional[bytes]:
+    return _PLANNED.get(Path(path).resolve()) if _PLANNED else None
+
+
+def current_bytes(path: Path) -> bytes:
+    """The file's bytes as this run sees them: planned by an earlier change set, else on disk."""
+    planned = planned_content(path)
+    return planned if planned is not None else Path(path).read_bytes()
 
 
 def _snapshot(st: os.stat_result) -> Snapshot:
@@ -102,6 +126,9 @@ def read_source(path: Path, max_bytes: Optional[int] = None) -> SourceFile:
         raise SourceIOError("is a directory") from None
     except OSError as error:
         raise SourceIOError(f"cannot read the file: {error.strerror or error}") from None
+    planned = planned_content(path)
+    if planned is not None:
+        return SourceFile(path, planned, _snapshot(st), on_disk=data)
     return SourceFile(path, data, _snapshot(st))
 
 

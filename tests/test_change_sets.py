@@ -273,3 +273,79 @@ def test_a_change_set_skips_a_file_that_already_holds_its_new_version(tmp_path):
     with pytest.raises(SourceIOError):
         write_change_set([Change(read_source(second), b"b = 3\n"), Change(old_first, b"a = 2\n")])
     assert first.read_bytes() == b"a = 3\n" and second.read_bytes() == b"b = 2\n"
+
+
+TWO_ENGINES = ROOT / "fixtures" / "repositories" / "two_engines_one_driver"
+
+
+@pytest.mark.parametrize("case", ["two_engines_one_driver", "apex_two_engines_one_driver"])
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_two_engine_modules_called_from_one_driver_share_its_setup_whatever_the_workers(tmp_path, workers, case):
+    """engine_plain.py and engine_distill.py each need train.py to create a GradScaler and pass it
+    (apex: to call amp.initialize): the change set written second finds what the first created and
+    uses it (no second scaler for the same optimizer, no second amp.initialize, no "already mixed
+    precision" for a file still in float32). With two workers, change sets spanning files are
+    held back and written one at a time after the others, so the tree is the one a single worker
+    writes, every time."""
+    folder = ROOT / "fixtures" / "repositories" / case
+    options = ["--backend", "apex"] if case.startswith("apex") else []
+    for attempt in range(3 if workers == "2" else 1):
+        tree = tmp_path / f"repo{attempt}"
+        shutil.copytree(folder / "input", tree)
+        (tree / ".git").mkdir()
+        completed = _ampify(tree, "-j", workers, *options, cwd=tmp_path)
+        assert completed.returncode == 0, completed.stdout + completed.stderr
+        summary = completed.stdout.split("ampify: scanned")[-1]
+        assert "3 changed, 0 already mixed precision" in summary and " 0 failed" in summary, completed.stdout
+        assert _tree(tree) == _tree(folder / "expected")
+        setups = (tree / "train.py").read_text().count("GradScaler(") + (tree / "train.py").read_text().count(
+            "amp.initialize(")
+        assert setups == (1 if options else 2)  # one per optimizer, not one per engine module
+
+
+def test_two_engine_modules_sharing_one_scaler_train_on_cpu(tmp_path):
+    """The converted project runs: 3 + 3 + 1 stage steps and 1 fine-tuning step, all finite, with
+    the forward passes in float16 under CPU autocast; the original runs in float32."""
+    probe = (
+        "import json, runpy, sys, torch\n"
+        "dtypes = set()\n"
+        "linear = torch.nn.functional.linear\n"
+        "def recording(*a, **k):\n"
+        "    out = linear(*a, **k); dtypes.add(str(out.dtype)); return out\n"
+        "torch.nn.functional.linear = recording\n"
+        "sys.path.insert(0, '.')\n"
+        "found = runpy.run_path('train.py', run_name='__main__')\n"
+        "print(json.dumps({'losses': found['LOSSES'], 'dtypes': sorted(dtypes)}))\n"
+    )
+    import json
+    import math
+
+    for folder, dtype in (("input", "torch.float32"), ("expected", "torch.float16")):
+        tree = tmp_path / folder
+        shutil.copytree(TWO_ENGINES / folder, tree)
+        completed = subprocess.run([sys.executable, "-c", probe], cwd=tree, capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr
+        found = json.loads(completed.stdout.strip().splitlines()[-1])
+        assert dtype in found["dtypes"], found["dtypes"]
+        assert len(found["losses"]) == 8 and all(math.isfinite(loss) for loss in found["losses"]), found["losses"]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_diff_of_two_change_sets_sharing_a_driver_shows_what_a_write_run_writes(tmp_path, workers):
+    """--diff plans the change sets in the order a write run writes them: the second engine's
+    set sees the scaler the first one's set planned for train.py, and train.py's diff is shown
+    once, whole. Applied with `git apply`, the diff gives exactly the tree a write run writes."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    tree = tmp_path / "repo"
+    shutil.copytree(TWO_ENGINES / "input", tree)
+    (tree / ".git").mkdir()
+    completed = _ampify(".", "--diff", "-j", workers, cwd=tree)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.count("+++ b/train.py") == 1
+    assert _tree(tree) == _tree(TWO_ENGINES / "input")  # nothing written
+    patch = tmp_path / "change.diff"
+    patch.write_text(completed.stdout)
+    applied = subprocess.run(["git", "apply", str(patch)], cwd=tree, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stderr
+    assert _tree(tree) == _tree(TWO_ENGINES / "expected")

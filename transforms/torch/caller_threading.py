@@ -22,7 +22,7 @@ from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.checkpoints import CheckpointWriter
 from ampify.transforms.torch.device_choice import DeviceChoice
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
-from ampify.transforms.torch.scaler_placement import ScalerHome, ScalerPlacement, no_op_optimizer_class
+from ampify.transforms.torch.scaler_placement import FarApart, ScalerHome, ScalerPlacement, no_op_optimizer_class
 from ampify.transforms.torch.torch_import import add_import_torch, last_leading_import, module_level_aliases
 from ampify.transforms.torch.training_loop import (
     HazardKind,
@@ -90,17 +90,20 @@ def thread_scaler_into_caller(
             f"{display} trains too (backward() at {display}:{s.line(s.backwards[0].call)}); ampify threads a scaler "
             "into a module that only sets the training up"
         )
-    check_caller_setup(s, display, "native", creates_sharded_scaler=True)
+    existing = _existing_scalers(s)
+    check_caller_setup(s, display, "native", creates_sharded_scaler=True,
+                       own_scalers=[statement for _, statement in existing])
     report = _Findings(s)
     local = sorted(module_level_aliases(module, "torch"))
     torch_import_needed = not local
     torch = "torch" if "torch" in local or not local else local[0]
-    scaler_name = s.fresh_name("scaler", "grad_scaler", "amp_scaler")
-    placement = ScalerPlacement(s, scaler_name)
+    scaler_name = _numbered_name(s, "scaler", ())
+    placements = [ScalerPlacement(s, scaler_name)]
     edits = StatementEdits()
     homes: List[ScalerHome] = []
     calls = []
     idle_calls: List[Tuple[cst.Call, str]] = []
+    found_existing: Optional[str] = None
     for site in sites:
         idle = _idle_optimizer_call(s, site, function_name, positions, receivers)
         if idle is not None:
@@ -116,7 +119,15 @@ def thread_scaler_into_caller(
                 )
         if any(arg.keyword is not None and arg.keyword.value == keyword for arg in call.args):
             raise Unconvertible(f"the call at {display}:{site.line} already passes {keyword}=")
-        homes.append(placement._variable_home(passed, scope, s.statement_of(call), call))
+        covering = [scaler for scaler in existing if _scaler_covers(s, scaler, call)]
+        if covering:
+            name, statement = max(covering, key=lambda scaler: s.line(scaler[1]))  # the nearest above
+            edits.add_keyword(call, keyword, name)
+            report.info("AMP204", f"{function_name}(...) now passes {keyword}={name}, the GradScaler created at line "
+                                  f"{s.line(statement)} (one scaler per optimizer)", call)
+            found_existing = found_existing or _scaler_device(statement)
+            continue
+        homes.append(_home_for(s, placements, passed, scope, call))
         calls.append(call)
     devices = DeviceChoice(s, torch, report)
     scaler_class = f"{torch}.amp.GradScaler"
@@ -139,7 +150,7 @@ def thread_scaler_into_caller(
             anchor if anchor is not None else module.body[0],
         )
     chosen: Dict[int, str] = {}
-    found_device = None
+    found_device = found_existing
     for home in homes:
         if id(home.after) in chosen:
             continue
@@ -196,16 +207,64 @@ def _idle_optimizer_call(
     return (call, idle[0]) if idle and all(idle) else None
 
 
-def check_caller_setup(s: TrainingStructure, display: str, backend: str, creates_sharded_scaler: bool = False) -> None:
+def _existing_scalers(s: TrainingStructure) -> List[Tuple[str, cst.CSTNode]]:
+    """(name, statement) of each `scaler = torch.amp.GradScaler(<device>)` of the calling module,
+    each name bound once: the GradScalers other step functions of the repository get already
+    (this run's edits for them, or the user's). Calls one covers pass it too (`_scaler_covers`):
+    a second scaler would step the same optimizer through two. None at all when any GradScaler
+    is made otherwise, or with options (`GradScaler(enabled=args.amp)` may be off while autocast
+    is on)."""
+    creations = []
+    for use in s.mixed_precision_uses:
+        if not isinstance(use, cst.Call):
+            continue
+        qualified = s.imports.resolve(use.func) or dotted_name(use.func) or ""
+        if qualified.rsplit(".", 1)[-1] not in ("GradScaler", "ShardedGradScaler"):
+            continue
+        statement = s.statement_of(use)
+        assignment = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        if not (isinstance(assignment, cst.Assign) and assignment.value is use and len(assignment.targets) == 1
+                and isinstance(assignment.targets[0].target, cst.Name)):
+            return []
+        if any(arg.keyword is not None for arg in use.args) or len(use.args) > 1:
+            return []
+        name = assignment.targets[0].target.value
+        if len(s.bindings_visible(name, s.scope_of(statement))) != 1:
+            return []
+        creations.append((name, statement))
+    return creations
+
+
+def _scaler_covers(s: TrainingStructure, existing: Tuple[str, cst.CSTNode], call: cst.Call) -> bool:
+    """The existing scaler always exists when `call` runs: same scope, above it, in a block that
+    holds it; and the call does not pass it already."""
+    name, statement = existing
+    if s.scope_of(call) is not s.scope_of(statement) or s.line(call) <= s.line(statement):
+        return False
+    if not any(block is s.block_of(statement) for block, _ in s.block_path(call)):
+        return False
+    return not any(isinstance(arg.value, cst.Name) and arg.value.value == name for arg in call.args)
+
+
+def _scaler_device(statement: cst.CSTNode) -> Optional[str]:
+    scaler_call = statement.body[0].value
+    return statements.code_of(scaler_call.args[0].value) if scaler_call.args else None
+
+
+def check_caller_setup(s: TrainingStructure, display: str, backend: str, creates_sharded_scaler: bool = False,
+                       own_scalers: Sequence[cst.CSTNode] = ()) -> None:
     """The module that creates the optimizer and calls the step also decides how the model
     trains: when it already sets mixed precision up (FSDP's policy, a GradScaler, amp), the step
     is in mixed precision already (MixedPrecisionElsewhere); when it wraps the model in a way
     loss scaling cannot follow (FullyShardedDataParallel under float16 where no ShardedGradScaler
     is created, Opacus, hand-made half precision), the step is refused with that reason.
     `creates_sharded_scaler`: the caller's GradScaler is created as a ShardedGradScaler for
-    FSDP1 (the native backend's caller edit does)."""
-    if s.mixed_precision_uses:
-        use = s.mixed_precision_uses[0]
+    FSDP1 (the native backend's caller edit does). `own_scalers`: statements creating plain
+    GradScalers that calls of the step may get passed (see `_existing_scalers`), not a setup of
+    their own."""
+    uses = [use for use in s.mixed_precision_uses if not any(s.contains(own, use) for own in own_scalers)]
+    if uses:
+        use = uses[0]
         raise MixedPrecisionElsewhere(
             f"{display}, which creates the optimizer, sets mixed precision up at line {s.line(use)} "
             f"({describe_mixed_precision_use(s, use)})", None,
@@ -264,8 +323,29 @@ def call_and_passed_optimizers(
     return call, passed
 
 
+def _home_for(s: TrainingStructure, placements: List[ScalerPlacement], passed: List[str], scope: Scope,
+              call: cst.Call) -> ScalerHome:
+    """The scaler home for one call: shared with the other calls of its scope when one scaler can
+    be created before all of them, else a scaler of its own after the optimizer it passes
+    (`tg_optimizer` at the top of a stage, `tg_ft_optimizer` for fine-tuning far below)."""
+    for placement in placements:
+        try:
+            return placement._variable_home(passed, scope, s.statement_of(call), call)
+        except FarApart:
+            continue
+    placements.append(ScalerPlacement(s, _numbered_name(s, "scaler", [p.scaler_name for p in placements])))
+    return placements[-1]._variable_home(passed, scope, s.statement_of(call), call)
+
+
+def _numbered_name(s: TrainingStructure, base: str, taken: Sequence[str]) -> str:
+    """`scaler`, else `scaler_2`, `scaler_3`, ...: the first the module does not use yet (the
+    GradScalers an earlier change set of the run created here included)."""
+    candidates = [base] + [f"{base}_{k}" for k in range(2, 1000)]
+    return next(n for n in candidates if n not in taken and n not in s.all_names)
+
+
 def _reference_in(s, homes: Sequence[ScalerHome], scope: Scope, line: int) -> Optional[str]:
-    for home in homes:
-        if scope is home.scope and line > home.line:
-            return home.reference
-    return None
+    """The scaler a checkpoint at `line` of `scope` saves; None when several scalers of the scope
+    precede it (which one goes with the optimizer saved is not followed: AMP224 says so)."""
+    found = {home.reference for home in homes if scope is home.scope and line > home.line}
+    return found.pop() if len(found) == 1 else None

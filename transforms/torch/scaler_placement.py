@@ -82,6 +82,11 @@ def _does_nothing(body: cst.BaseSuite) -> bool:
     return True
 
 
+class FarApart(Unconvertible):
+    """Two steps of one scope use optimizers created too far apart for one GradScaler created
+    after both (a calling module may create one after each instead)."""
+
+
 @dataclass
 class ScalerHome:
     """Where a scaler is created and how code refers to it."""
@@ -243,9 +248,9 @@ class ScalerPlacement:
             # runs, created in a block around it (an optimizer created later, under `if
             # args.autotune:` say, is stepped through the same scaler)
             if s.line(after) > existing.line and not (uses and self._runs_before(existing.after, uses[0])):
-                raise Unconvertible(self._far_apart(existing, after), node)
+                raise FarApart(self._far_apart(existing, after), node)
             if uses and s.line(uses[0]) <= existing.line:
-                raise Unconvertible(self._far_apart(existing, after), node)
+                raise FarApart(self._far_apart(existing, after), node)
             if s.line(after) > existing.line:
                 existing.created_later.extend(r for r in receivers if r not in existing.optimizers)
             existing.optimizers.extend(r for r in receivers if r not in existing.optimizers)
