@@ -67,6 +67,8 @@ EXPECTED_CALLS = {
     # 2 agents x 3 batches: the shared one steps under a lock after clipping; the other steps the
     # actor at two batches and the critic at every batch; one update per batch after the branches
     "rl_agent_branches": {"step": 8, "update": 6, "scale": 8, "load_state_dict": 0},
+    # 4 steps; the step's own sigmoids dropped, BCE computed from logits
+    "sigmoid_in_step": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
     # 3 batches, two optimizers stepped after one backward, one update per batch
     "two_optimizers_clipped": {"step": 6, "update": 3, "scale": 3, "load_state_dict": 0},
     # 3 batches; decode()'s torch.sigmoid fused into the loss helper's BCE
@@ -274,6 +276,47 @@ def test_other_bce_forms_fused_compute_the_same_fp32_losses_and_probabilities(na
     same = run_script(str(script)).script_globals
     assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
     assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
+
+
+def test_sigmoid_applied_in_the_step_fused_computes_the_same_fp32_losses(tmp_path):
+    """LeeJunHyun's segmentation solver: the step's `torch.sigmoid(SR)` (read once more, for its
+    shape only) and an inline `torch.sigmoid(edges + 0.1).flatten()` go, the losses take the
+    logits; run in fp32, the script computes the original's losses to 1e-6."""
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_in_step import fuse_sigmoid_in_step
+
+    module = cst.parse_module((SCRIPTS / "sigmoid_in_step.py").read_text())
+    fused, fusion = fuse_sigmoid_in_step(module, ImportMap.from_module(module))
+    assert "SR_probs = SR\n" in fused.code and "BCEWithLogitsLoss()" in fused.code
+    assert "F.binary_cross_entropy_with_logits((edges + 0.1).flatten(), GT.flatten())" in fused.code
+    assert fused.code.count("torch.sigmoid(SR).mean()") == 1  # the logged probability keeps its sigmoid
+    script = tmp_path / "fused.py"
+    script.write_text(fused.code)
+    original = run_script(str(SCRIPTS / "sigmoid_in_step.py")).script_globals
+    same = run_script(str(script)).script_globals
+    assert len(original["LOSSES"]) == 4
+    assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
+    assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
+
+
+@pytest.mark.parametrize("step", [
+    "probs = torch.sigmoid(out)\n    loss = criterion(probs, y)\n    hits = (probs > 0.5).sum()",  # read elsewhere
+    "probs = torch.sigmoid(out)\n    probs = probs * mask\n    loss = criterion(probs, y)",  # bound again
+    "probs = torch.sigmoid(out)\n    loss = criterion(probs.clamp(1e-6, 1), y)",  # not a shape operation
+    "loss = criterion(out, y)",  # no sigmoid: a model ending in one, elsewhere
+])
+def test_a_sigmoid_in_the_step_is_not_fused_when_its_probability_is_used_otherwise(step):
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_in_step import fuse_sigmoid_in_step
+
+    code = ("import torch\nimport torch.nn as nn\ncriterion = nn.BCELoss()\n\n\n"
+            f"def train_step(out, y, mask):\n    {step}\n    loss.backward()\n")
+    module = cst.parse_module(code)
+    assert fuse_sigmoid_in_step(module, ImportMap.from_module(module)) is None
 
 
 def test_two_headed_discriminator_fused_computes_the_same_fp32_losses_and_probabilities(tmp_path):

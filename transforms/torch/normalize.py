@@ -24,6 +24,7 @@ import libcst as cst
 from ampify.findings import Finding, Severity
 from ampify.transforms.base import TransformResult, Verdict
 from ampify.transforms.torch.bce_functional import fuse_functional_bce, fuse_imported_functional_bce
+from ampify.transforms.torch.bce_in_step import fuse_sigmoid_in_step
 from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid, fuse_imported_sigmoid_model
 from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_fills
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
@@ -206,7 +207,8 @@ def converted_in_shape(
     if imports is not None and any(f.code in _BCE_REFUSALS for f in result.findings):
         # only files the BCE hazard stopped pay for the attempt
         project = context.project if context is not None else None
-        fused = fuse_bce_after_sigmoid(module, imports, project) or fuse_functional_bce(module, imports)
+        fused = (fuse_bce_after_sigmoid(module, imports, project) or fuse_functional_bce(module, imports)
+                 or fuse_sigmoid_in_step(module, imports))
         if fused is not None:
             fused_result = _converted_in_shape(fused[0], convert)
             if fused_result.verdict is Verdict.CONVERTED:
