@@ -314,21 +314,10 @@ class RepositoryIndex:
         """The project function a dotted call name reaches from `importer`, given its imports:
         `get_network` (from utils import get_network) or `utils.get_network` (import utils).
         `trainer_classes`: a class with a training step counts too (outlined as its constructor)."""
-        head, _, rest = dotted.partition(".")
-        if head not in imports:
+        target = self._module_and_name(importer, dotted, imports)
+        if target is None:
             return None
-        module, name, level = imports[head]
-        if name is None:  # `import utils` (or `import pkg.utils as utils`): rest is the function
-            if not rest or "." in rest:
-                return None
-            path, function_name = self.resolve_module(importer, module, level), rest
-        elif not rest:  # `from utils import get_network`
-            path, function_name = self.resolve_module(importer, module, level), name
-        elif "." not in rest:  # `from pkg import utils`; utils.get_network
-            path = self.resolve_module(importer, f"{module}.{name}" if module else name, level)
-            function_name = rest
-        else:
-            return None
+        path, function_name = target
         outline = self.outline(path) if path is not None else None
         if outline is None:
             return None
@@ -342,22 +331,27 @@ class RepositoryIndex:
                           imports: Dict[str, Tuple[str, Optional[str], int]]) -> Optional[Tuple[Path, FunctionOutline]]:
         """As `function`, also through packages that re-export the function (`import torchprob as
         gan; gan.gradient_penalty(...)`, torchprob/__init__.py: `from torchprob.gan import *`)."""
+        target = self._module_and_name(importer, dotted, imports)
+        if target is None:
+            return None
+        return self._reexported_function(importer, target[0], target[1], set(), 0)
+
+    def _module_and_name(self, importer: Path, dotted: str, imports: Dict[str, Tuple[str, Optional[str], int]]
+                         ) -> Optional[Tuple[Optional[Path], str]]:
+        """(module path or None, name in it) that a dotted call name of `importer` reaches."""
         head, _, rest = dotted.partition(".")
         if head not in imports:
             return None
         module, name, level = imports[head]
-        if name is None:  # `import pkg as gan`: gan.function
+        if name is None:  # `import utils` (or `import pkg.utils as utils`): rest is the function
             if not rest or "." in rest:
                 return None
-            path, function_name = self.resolve_module(importer, module, level), rest
-        elif not rest:  # `from pkg import function`
-            path, function_name = self.resolve_module(importer, module, level), name
-        elif "." not in rest:  # `from pkg import utils`; utils.function
-            path = self.resolve_module(importer, f"{module}.{name}" if module else name, level)
-            function_name = rest
-        else:
-            return None
-        return self._reexported_function(importer, path, function_name, set(), 0)
+            return self.resolve_module(importer, module, level), rest
+        if not rest:  # `from utils import get_network`
+            return self.resolve_module(importer, module, level), name
+        if "." not in rest:  # `from pkg import utils`; utils.get_network
+            return self.resolve_module(importer, f"{module}.{name}" if module else name, level), rest
+        return None
 
     def _reexported_function(self, importer: Path, path: Optional[Path], name: str, seen: Set[Path],
                              depth: int) -> Optional[Tuple[Path, FunctionOutline]]:
