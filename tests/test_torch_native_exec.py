@@ -69,6 +69,8 @@ EXPECTED_CALLS = {
     "rl_agent_branches": {"step": 8, "update": 6, "scale": 8, "load_state_dict": 0},
     # 4 steps; the step's own sigmoids dropped, BCE computed from logits
     "sigmoid_in_step": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
+    # 3 epochs x 2 steps; a scaler after each construction (SGD under an `if`, then ASGD)
+    "optimizer_switch": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
     # 3 batches, two optimizers stepped after one backward, one update per batch
     "two_optimizers_clipped": {"step": 6, "update": 3, "scale": 3, "load_state_dict": 0},
     # 3 batches; decode()'s torch.sigmoid fused into the loss helper's BCE

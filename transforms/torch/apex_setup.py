@@ -107,6 +107,17 @@ class ApexSetupFinder:
         model, then builds and trains an Atari one): each pair would need its own amp.initialize,
         and apex allows one per process. A later statement that wraps the optimizer it reads
         (`optimizer = Lookahead(optimizer)`) builds no new one."""
+        if len(constructions) > 1:
+            for construction in constructions:
+                loop = self._loop_around(construction)
+                if loop is not None:
+                    refuse(
+                        construction,
+                        f"{name} is created again inside the loop at line {self.s.line(loop)} (line "
+                        f"{self.s.line(construction)}): each new optimizer needs "
+                        f"{self.amp}.initialize, and apex allows one call per process; use --backend native (a "
+                        "GradScaler after each construction), or convert by hand",
+                    )
         for first, later in zip(constructions, constructions[1:]):
             small = later.body[0] if isinstance(later, cst.SimpleStatementLine) and later.body else None
             value = small.value if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is not None else later
@@ -117,6 +128,15 @@ class ApexSetupFinder:
                     f"are trained, each needs its own {self.amp}.initialize, and apex allows one call per "
                     "process; use --backend native (a GradScaler after each), or convert by hand",
                 )
+
+    def _loop_around(self, statement: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The innermost `for`/`while` of the same function around `statement`, if any."""
+        for ancestor in self.s.ancestors(statement):
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return None
+            if isinstance(ancestor, (cst.For, cst.While)):
+                return ancestor
+        return None
 
     def check_models_reach_the_gpu(self, setup: ApexSetup) -> None:
         """amp.initialize raises on models whose parameters are not on a CUDA device. Refuse when

@@ -270,17 +270,19 @@ class ScalerPlacement:
 
     def _earlier_constructions(self, receivers: List[str], scope: Scope, home_scope: Scope,
                                after: cst.CSTNode) -> List[cst.CSTNode]:
-        """Statements of `home_scope` above `after` that construct one of the optimizers again
-        (`optimizer = optim.Adam(...)` in a notebook's CartPole cell, again in its Atari cell):
-        the step function, reading the global, may run after any of them."""
+        """Statements of `home_scope` above `after` that construct one of the optimizers too
+        (`optimizer = optim.Adam(...)` in a notebook's CartPole cell, again in its Atari cell; in
+        any block: awd-lstm-lm builds SGD or Adam under `if args.optimizer == ...`, then switches
+        to ASGD inside the epoch loop): the step function, reading the global, may run after any
+        of them, so the scaler must exist from the first."""
         s = self.structure
-        block = s.block_of(after)
         found: List[cst.CSTNode] = []
         for receiver in receivers:
             constructions = sorted(
                 (b for b in s.bindings_visible(receiver, scope)
                  if b.scope is home_scope and b.statement is not None and b.kind == "assign"
-                 and isinstance(b.value, cst.Call) and s.block_of(b.statement) is block),
+                 and isinstance(b.value, cst.Call) and s.scope_of(b.statement) is home_scope
+                 and isinstance(s.statement_of(b.statement) or b.statement, cst.SimpleStatementLine)),
                 key=lambda b: s.line(b.statement))
             for binding, following in zip(constructions, constructions[1:]):
                 if receiver in statements.used_names(following.value):
