@@ -238,6 +238,10 @@ RULES: List[Rule] = [
          "created in the driver and passed to the step in the engine, one change set for both files. Named alone, the "
          "driver was reported as having no training code while it trains in float32.",
          "train_one_epoch(model, criterion, loader, optimizer, device)  # engine.py not named", MANUAL, incomplete=True),
+    Rule("AMP238", "warning", "a Gram matrix (`torch.mm(f, f.t())`) overflows float16 under autocast; file not converted",
+         "Style transfer's Gram matrices sum h*w products of feature maps: beyond 65504 the loss is inf and GradScaler "
+         "skips every step, silently. bfloat16 has the range: --dtype bfloat16 converts.",
+         "G = torch.mm(f, f.t())", MANUAL, incomplete=True),
     Rule("AMP236", "info", "ShardedGradScaler for a FullyShardedDataParallel model",
          "A file that wraps its model in FullyShardedDataParallel (FSDP1) gets "
          "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler, imported, in place of torch.amp.GradScaler: "
@@ -363,6 +367,9 @@ RULES: List[Rule] = [
          "without loss scaling, worse than float32. The warnings name the step and why it was left out.",
          "G step converted, D step refused (gradient penalty of another module)  # D would train unscaled", MANUAL,
          incomplete=True),
+    Rule("AMP330", "warning", "apex: a Gram matrix (`torch.mm(f, f.t())`) overflows float16 under O1; file not converted",
+         "Style transfer's Gram matrices sum h*w products of feature maps: beyond 65504 the loss is inf and every "
+         "step is skipped.", "G = torch.mm(f, f.t())", MANUAL, incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

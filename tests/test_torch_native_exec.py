@@ -523,3 +523,38 @@ def test_warpctc_loss_gets_float32_activations_under_autocast(flags, tmp_path):
         assert failed.returncode != 0 and "warp-ctc takes float32 only" in failed.stderr
     else:
         assert failed.returncode == 0, failed.stderr[-2000:]  # torch's CTCLoss runs in float32 under autocast
+
+
+def test_a_gram_matrix_overflows_float16_under_autocast_and_fits_bfloat16():
+    """The premise of AMP238: a style-transfer Gram matrix of a 128x128 feature map sums 16384
+    products; under float16 autocast it is inf (the loss too: every step would be skipped), under
+    bfloat16 autocast and in float32 it is finite."""
+    torch.manual_seed(0)
+    features = torch.rand(8, 128 * 128) * 6  # ReLU activations of a few units
+    with torch.autocast(device_type="cpu", dtype=torch.float16):
+        half = torch.mm(features, features.t())
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        wide = torch.mm(features, features.t())
+    assert half.dtype == torch.float16 and torch.isinf(half).all()
+    assert wide.dtype == torch.bfloat16 and torch.isfinite(wide).all()
+    assert torch.isfinite(torch.mm(features, features.t())).all()
+
+
+@pytest.mark.parametrize("code, flagged", [
+    ("f = x.view(c, h * w)\n    g = torch.mm(f, f.t())", True),
+    ("features = x.view(a * b, c * d)\n    g = features.mm(features.t())", True),
+    ("f = x.view(b, c, h * w)\n    g = f.bmm(f.transpose(1, 2))", True),
+    # EBGAN's pull-away term: cosine similarities of normalized embeddings, within [-1, 1]
+    ("e = x.view(x.size(0), -1)\n    n = e / e.norm(dim=1, keepdim=True)\n    g = torch.matmul(n, n.transpose(1, 0))", False),
+    # attention: two different operands
+    ("q = x.view(c, h * w)\n    g = torch.bmm(q, k.transpose(1, 2))", False),
+])
+def test_a_gram_matrix_is_told_from_other_self_products(code, flagged):
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.training_loop import HazardKind, analyze_training
+
+    module = cst.parse_module(f"import torch\n\n\ndef style_loss(x, k, a, b, c, d, h, w):\n    {code}\n    return g\n")
+    structure = analyze_training(module, ImportMap.from_module(module))
+    assert any(h.kind is HazardKind.GRAM_MATRIX for h in structure.hazards) is flagged

@@ -129,6 +129,13 @@ APEX_RULES = BackendRules(
             "(e.g. -1e4) or torch.finfo(scores.dtype).min{left_unconverted}",
             blocks_file=True,
         ),
+        HazardKind.GRAM_MATRIX: HazardRule(
+            "AMP330",
+            "{detail}: a Gram matrix (features times their own transpose) sums h*w products, beyond float16's 65504 "
+            "under apex O1: the loss is inf and every step is skipped; compute it in float32 by hand (O1 casts "
+            "torch.mm to float16){left_unconverted}",
+            blocks_file=True, in_training_only=True,
+        ),
         HazardKind.WRAPPER_CLASS: HazardRule(
             "AMP314",
             "class {detail} steps an optimizer inside its own step(); ampify cannot follow it: call "

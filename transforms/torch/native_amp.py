@@ -133,6 +133,13 @@ NATIVE_RULES = BackendRules(
             "instead{left_unconverted}",
             blocks_file=True, float16_only=True,
         ),
+        HazardKind.GRAM_MATRIX: HazardRule(
+            "AMP238",
+            "{detail}: a Gram matrix (features times their own transpose) sums h*w products, beyond float16's 65504 "
+            "under autocast: the loss is inf and GradScaler skips every step; compute it in float32 (under "
+            "`torch.autocast(..., enabled=False)`, on `.float()` features){left_unconverted} (or use --dtype bfloat16)",
+            blocks_file=True, float16_only=True, in_training_only=True,
+        ),
         HazardKind.WRAPPER_CLASS: HazardRule(
             "AMP214",
             "class {detail} wraps an optimizer in its own step(): ampify does not convert steps through it; "

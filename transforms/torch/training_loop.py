@@ -226,6 +226,9 @@ class HazardKind(str, enum.Enum):
     CLOSURE = "closure"  # optimizer.step(closure), which GradScaler does not support
     CREATE_GRAPH = "create_graph"  # torch.autograd.grad(..., create_graph=True): manual loss scaling
     MASKED_FILL = "masked_fill"  # masked_fill with a constant beyond the float16 range
+    #: torch.mm(f, f.t()): a Gram matrix of feature maps (style transfer) sums h*w products, which
+    #: overflow float16 under autocast: the loss is inf and every step is skipped
+    GRAM_MATRIX = "gram_matrix"
     WRAPPER_CLASS = "wrapper_class"  # a class with its own step() that steps an inner optimizer
     AUTOGRAD_BACKWARD = "autograd_backward"  # torch.autograd.backward(...), not followed
     #: torch.distributed.autograd.backward(context_id, [loss]): RPC training, gradients held in a
@@ -843,6 +846,10 @@ class _Collector(cst.CSTVisitor):
             if any(a.keyword is not None and a.keyword.value == "create_graph" and _is_true(a.value) for a in node.args):
                 structure.hazards.append(Hazard(HazardKind.CREATE_GRAPH, node))
             return
+        gram = _gram_matrix_operand(node, qualified, method)
+        if gram is not None and self._flattened_feature_map(gram, statement):
+            structure.hazards.append(Hazard(HazardKind.GRAM_MATRIX, node, code_of(node)))
+            return
         if method in ("masked_fill", "masked_fill_"):
             value_arg = None
             for index, arg in enumerate(node.args):
@@ -855,6 +862,23 @@ class _Collector(cst.CSTVisitor):
                 structure.hazards.append(Hazard(HazardKind.MASKED_FILL, node, str(number)))
             elif value_arg is not None and self._is_wide_finfo_limit(value_arg):
                 structure.hazards.append(Hazard(HazardKind.MASKED_FILL, node, code_of(value_arg)))
+
+    def _flattened_feature_map(self, name: str, statement: Optional[cst.CSTNode]) -> bool:
+        """Was `name` last bound (above `statement`, in this scope) to a feature map flattened by a
+        product of its sizes, `f.view(c, h * w)` / `input.view(a * b, c * d)`: style transfer's
+        Gram matrices, whose sums grow with h*w. Normalized embeddings (EBGAN's pull-away term,
+        cosine similarities within [-1, 1]) are bound otherwise and are not flagged."""
+        scope = self.scopes[-1]
+        earlier = [b for b in self.structure.bindings
+                   if b.name == name and b.scope is scope and b.statement is not statement and b.kind == "assign"]
+        if not earlier:
+            return False
+        value = earlier[-1].value
+        if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+                and value.func.attr.value in ("view", "reshape")):
+            return False
+        return any(isinstance(arg.value, cst.BinaryOperation) and isinstance(arg.value.operator, cst.Multiply)
+                   for arg in value.args)
 
     def _is_wide_finfo_limit(self, node: cst.BaseExpression) -> bool:
         """`torch.finfo(torch.float32).min` (or of float64, or numpy's): finite, beyond float16."""
@@ -1167,6 +1191,31 @@ def fsdp_precision_policy(call: cst.Call) -> Optional[cst.Arg]:
                 and not (isinstance(arg.value, cst.Name) and arg.value.value == "None")):
             return arg
     return None
+
+
+_PRODUCTS = ("torch.mm", "torch.bmm", "torch.matmul")
+_TRANSPOSES = {"t", "transpose", "permute"}
+
+
+def _gram_matrix_operand(node: cst.Call, qualified: Optional[str], method: Optional[str]) -> Optional[str]:
+    """The features `f` of `torch.mm(f, f.t())`, `f.bmm(f.transpose(1, 2))`, `torch.matmul(G, G.T)`:
+    a matrix times its own transpose; None for any other product (attention's `q @ k.transpose`)."""
+    arguments = [a.value for a in node.args if a.keyword is None and not a.star]
+    if qualified in _PRODUCTS and len(arguments) == 2:
+        left, right = arguments
+    elif qualified is None and method in ("mm", "bmm", "matmul") and isinstance(node.func, cst.Attribute) \
+            and len(arguments) == 1:
+        left, right = node.func.value, arguments[0]
+    else:
+        return None
+    if isinstance(right, cst.Call) and isinstance(right.func, cst.Attribute) and right.func.attr.value in _TRANSPOSES:
+        transposed = right.func.value
+    elif isinstance(right, cst.Attribute) and right.attr.value in ("T", "mT"):
+        transposed = right.value
+    else:
+        return None
+    name = dotted_name(left)
+    return name if name is not None and name == dotted_name(transposed) else None
 
 
 def describe_mixed_precision_use(structure: TrainingStructure, use: cst.CSTNode) -> str:
