@@ -908,6 +908,17 @@ class ProjectView:
             if resolved is not None and resolved[0] != self.path:
                 yield resolved[0], resolved[1], dotted
 
+    def gradient_penalty_function(self, dotted: str) -> Optional[Tuple[str, str, str]]:
+        """(key, display, function name) of the project function `dotted` (as this module calls
+        it, also through re-exporting packages) when it runs a gradient penalty; else None."""
+        outline = self._own_outline()
+        if outline is None:
+            return None
+        found = self.index.defining_function(self.path, dotted, outline.imports)
+        if found is None or not self.index.gradient_penalty_line(*found):
+            return None
+        return str(found[0]), self.where(found[0], 0).rsplit(":", 1)[0], found[1].name
+
     def gradient_penalty_called(self, dotted: str) -> Optional[str]:
         outline = self._own_outline()
         if outline is None:

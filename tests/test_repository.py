@@ -513,3 +513,41 @@ def test_a_gradient_penalty_of_another_module_is_found_through_re_exports_and_na
         assert named in completed.stdout, completed.stdout
     else:
         assert "gradient_penalty" not in completed.stdout.replace(str(tree), ""), completed.stdout
+
+
+def test_a_gradient_penalty_of_another_module_scaled_there_equals_the_fp32_penalty(tmp_path):
+    """gradient_penalty_in_package_scaled: torchprob's gradient_penalty() got `scaler=None` and scales
+    the outputs it differentiates when given one. Called with a GradScaler under CPU float16
+    autocast it computes the fp32 penalty (the scale divided out); without one it is unchanged; and
+    the converted project trains (12 critic steps, the later ones finite)."""
+    torch = pytest.importorskip("torch")
+    import importlib
+    import math
+
+    case = ROOT / "fixtures" / "repositories" / "gradient_penalty_in_package_scaled"
+    tree = tmp_path / "converted"
+    shutil.copytree(case / "expected", tree)
+    sys.path.insert(0, str(tree))
+    try:
+        for name in [m for m in sys.modules if m == "torchprob" or m.startswith("torchprob.")]:
+            del sys.modules[name]
+        penalty = importlib.import_module("torchprob.gan.gradient_penalty").gradient_penalty
+    finally:
+        sys.path.remove(str(tree))
+    torch.manual_seed(0)
+    D = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.LeakyReLU(0.2), torch.nn.Linear(32, 1))
+    real, fake = torch.randn(16, 8), torch.randn(16, 8)
+    torch.manual_seed(1)
+    fp32 = penalty(D, real, fake).item()
+    torch.manual_seed(1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    with torch.autocast(device_type="cpu", dtype=torch.float16):
+        scaled = penalty(D, real, fake, scaler=scaler).item()
+    assert scaled == pytest.approx(fp32, rel=5e-2, abs=1e-3)
+    completed = subprocess.run(
+        [sys.executable, "-c", "import runpy, json, sys; sys.path.insert(0, '.'); "
+                               "print(json.dumps(runpy.run_path('train.py')['LOSSES']))"],
+        cwd=tree, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    losses = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert len(losses) == 12 and all(math.isfinite(d) and math.isfinite(gp) for d, gp in losses[4:]), losses

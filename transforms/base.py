@@ -48,6 +48,10 @@ class ProjectFacts(Protocol):
         """"utils.py:12 get_network()" when the project function `dotted` (as this module calls
         it) returns a model moved to a device; else None."""
 
+    def gradient_penalty_function(self, dotted: str) -> Optional[Tuple[str, str, str]]:
+        """(key, display, function name) of the project function `dotted` when it runs a gradient
+        penalty (see gradient_penalty_called)."""
+
     def gradient_penalty_called(self, dotted: str) -> Optional[str]:
         """"torchprob/gan/gradient_penalty.py:69" (the autograd.grad call) when the project function
         `dotted` (as this module calls it, also through re-exporting packages) runs

@@ -16,7 +16,7 @@ any caller that does not pass one) and the step passes its scaler. Anything else
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple, Union
 
 import libcst as cst
 
@@ -53,6 +53,30 @@ def penalty_sites(s: TrainingStructure, scaler_name: str) -> Dict[int, PenaltySi
 
 
 def _site(s: TrainingStructure, call: cst.Call, scaler_name: str) -> Optional[PenaltySite]:
+    site = _assigned_site(s, call)
+    if site is None:
+        return None
+    statement = site.statement
+    scope = s.scope_of(statement)
+    if isinstance(scope, cst.FunctionDef) and not _is_a_unit_scope(s, scope):
+        # a helper: a module-level function, or a method called as self.<name>(...) in its own class
+        # (StarGAN's Solver.gradient_penalty(y, x)); every use must be a direct call, and the
+        # parameter name free
+        from ampify.transforms.torch.scaler_placement import _calls_of_function
+
+        klass = s.class_of(scope)
+        if klass is not None and (_decorated(scope) or len(s.enclosing_scopes(scope)) != 2):
+            return None  # a static/class method, or a function nested in a method
+        calls, other_uses = method_calls(s, scope, klass) if klass is not None else _calls_of_function(s, scope)
+        parameters = {p.name.value for p in statements.all_params(scope)}
+        if other_uses or not calls or scaler_name in parameters or scope.params.star_kwarg is not None:
+            return None
+        site.helper, site.helper_calls = scope, calls
+    return site
+
+
+def _assigned_site(s: TrainingStructure, call: cst.Call) -> Optional[PenaltySite]:
+    """`g = autograd.grad(outputs, ...)[0]` or `grads = autograd.grad(...)`: the site, helper unset."""
     statement = s.statement_of(call)
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return None
@@ -72,23 +96,7 @@ def _site(s: TrainingStructure, call: cst.Call, scaler_name: str) -> Optional[Pe
         outputs = call.args[0]
     if outputs is None:
         return None
-    site = PenaltySite(call, statement, assign.targets[0].target.value, indexed, outputs)
-    scope = s.scope_of(statement)
-    if isinstance(scope, cst.FunctionDef) and not _is_a_unit_scope(s, scope):
-        # a helper: a module-level function, or a method called as self.<name>(...) in its own class
-        # (StarGAN's Solver.gradient_penalty(y, x)); every use must be a direct call, and the
-        # parameter name free
-        from ampify.transforms.torch.scaler_placement import _calls_of_function
-
-        klass = s.class_of(scope)
-        if klass is not None and (_decorated(scope) or len(s.enclosing_scopes(scope)) != 2):
-            return None  # a static/class method, or a function nested in a method
-        calls, other_uses = method_calls(s, scope, klass) if klass is not None else _calls_of_function(s, scope)
-        parameters = {p.name.value for p in statements.all_params(scope)}
-        if other_uses or not calls or scaler_name in parameters or scope.params.star_kwarg is not None:
-            return None
-        site.helper, site.helper_calls = scope, calls
-    return site
+    return PenaltySite(call, statement, assign.targets[0].target.value, indexed, outputs)
 
 
 def _decorated(function: cst.FunctionDef) -> bool:
@@ -150,3 +158,38 @@ def penalty_of_another_module(project, nodes) -> Optional[tuple]:
             if where is not None:
                 return call, called, where
     return None
+
+
+def scale_penalty_of_module(source: bytes, function_name: str, scaler_name: str) -> Union[Tuple[bytes, int], str]:
+    """The other half of a penalty of another module (LynnHo's `torchprob/gan/gradient_penalty.py`,
+    called as `gan.gradient_penalty(D, x_real, x_fake, ...)` from the step): its module-level
+    function gets `scaler=None` and scales the outputs it differentiates when given one, as an
+    in-file helper does (None keeps its float32 behaviour for every other caller). Returns (new
+    source, line of the autograd.grad call), or the reason it cannot be done."""
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.edits import StatementEdits, apply_edits
+    from ampify.transforms.torch.training_loop import analyze_training
+
+    try:
+        module = cst.parse_module(source)
+    except Exception as error:  # the other module does not parse
+        return f"it does not parse ({type(error).__name__})"
+    s = analyze_training(module, ImportMap.from_module(module))
+    function = next((st for st in s.module.body if isinstance(st, cst.FunctionDef) and st.name.value == function_name),
+                    None)
+    if function is None:
+        return f"{function_name}() is not a module-level function there"
+    grads = [h.node for h in s.hazards if h.kind is HazardKind.CREATE_GRAPH and s.contains(function, h.node)]
+    if len(grads) != 1:
+        return (f"{function_name}() runs torch.autograd.grad(..., create_graph=True) through a helper of its module"
+                if not grads else f"{function_name}() runs torch.autograd.grad(..., create_graph=True) more than once")
+    site = _assigned_site(s, grads[0])
+    if site is None:
+        return "its torch.autograd.grad(...) is not assigned to a name (`g = torch.autograd.grad(...)[0]`)"
+    parameters = {p.name.value for p in statements.all_params(function)}
+    if scaler_name in parameters or function.params.star_kwarg is not None or _decorated(function):
+        return f"{function_name}() cannot take a `{scaler_name}` parameter (taken, **kwargs, or decorated)"
+    site.helper = function
+    edits = StatementEdits()
+    write_penalty(edits, site, None, s, scaler_name, scaler_name, s.module.config_for_parsing.default_indent)
+    return apply_edits(s.module, edits).bytes, s.line(site.call)

@@ -16,10 +16,11 @@ Whatever cannot be placed safely is left unconverted with a WARNING finding.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
+from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import CompanionChange, Transform, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import ImportMap, dotted_name
@@ -240,6 +241,8 @@ class NativeConversion(TorchConversion):
         self.scaler_devices: Dict[int, str] = {}
         #: gradient penalties that can be scaled, by id of their autograd.grad call (float16 only)
         self.penalties: Optional[Dict[int, PenaltySite]] = None
+        #: ids of calls of penalty functions of other modules that get the scaler
+        self.foreign_penalty_calls: Set[int] = set()
         #: modules of other files already edited for a unit of this module (one edit per module)
         self.companion_keys: Set[str] = set()
         #: the edit of each wrapper class module a step goes through, by module key
@@ -382,14 +385,7 @@ class NativeConversion(TorchConversion):
         elsewhere = penalty_of_another_module(
             self.project, [statement for block, start, end in regions for statement in list(block.body)[start:end + 1]])
         if elsewhere is not None:
-            call, called, where = elsewhere
-            raise Unconvertible(
-                f"{called}() runs torch.autograd.grad(..., create_graph=True) ({where}), a gradient penalty, on "
-                "outputs computed under autocast: with float16 its gradients need the loss scale (autograd.grad of "
-                "scaler.scale(outputs), divided by scaler.get_scale()), which ampify writes only for penalties of "
-                "the file it converts; use --dtype bfloat16, or scale it there by hand",
-                call, code="AMP212",
-            )
+            plan.foreign_penalties.append(self._scale_penalty_elsewhere(*elsewhere))
         plan.update_after = self.scaler_calls.update_anchor(unit)
         plan.early_exit_updates = list(self.scaler_calls.early_exit_updates.get(id(unit), []))
         plan.unscale_before = self.scaler_calls.unscale_points(unit)
@@ -560,6 +556,13 @@ class NativeConversion(TorchConversion):
         if not self.scaling:
             return
         reference = plan.reference
+        for call, change, line in plan.foreign_penalties:
+            self.edits.add_keyword(call, "scaler", reference)
+            if all(change.key != other.key for other in self.companions):
+                self.companions.append(change)
+            self.info("AMP230", f"gradient penalty {statements.code_of(call.func)}() of {change.display} (line {line}) "
+                                f"gets scaler={reference}: it scales the outputs it differentiates and unscales the "
+                                "gradients there (written together with this file, as one change set)", call)
         for site in sites_of_unit(s, unit, self.penalties or {}):
             write_penalty(self.edits, site, unit, s, reference, self.scaler_name, self.module.config_for_parsing.default_indent)
             where = f" in {site.helper.name.value}()" if site.helper is not None else ""
@@ -668,11 +671,55 @@ class NativeConversion(TorchConversion):
                 loss_names |= statements.used_names(real.loss) - {"self"}
         return not loss_names or any(statements.assigned_names(statement) & loss_names for statement in region)
 
+    def _scale_penalty_elsewhere(self, call: cst.Call, called: str, where: str) -> Tuple[cst.Call, CompanionChange, int]:
+        """The penalty function of another module the step calls (`gan.gradient_penalty(D, x_real,
+        x_fake)`) gets `scaler=None` there (gradient_penalty.scale_penalty_of_module), and the call
+        passes the scaler: one change set. Unconvertible (AMP212) with the reason otherwise."""
+        from ampify.transforms.torch.gradient_penalty import scale_penalty_of_module
+
+        def refuse(why: str):
+            raise Unconvertible(
+                f"{called}() runs torch.autograd.grad(..., create_graph=True) ({where}), a gradient penalty, on "
+                "outputs computed under autocast: with float16 its gradients need the loss scale (autograd.grad of "
+                f"scaler.scale(outputs), divided by scaler.get_scale()), and ampify did not write it there: {why}; "
+                "use --dtype bfloat16, or scale it there by hand",
+                call, code="AMP212",
+            )
+
+        found = self.project.gradient_penalty_function(called)
+        if found is None:
+            refuse("its function was not found again")
+        key, display, function_name = found
+        if not self.project.in_this_run(key):
+            refuse(f"{display} is not in this run: run ampify on both files or on the repository")
+        if any(arg.keyword is not None and arg.keyword.value == "scaler" for arg in call.args):
+            refuse("the call already passes scaler=")
+        source = self.project.source_of(key)
+        if source is None:
+            refuse(f"{display} cannot be read")
+        scaled = scale_penalty_of_module(source, function_name, "scaler")
+        if isinstance(scaled, str):
+            refuse(scaled)
+        new, line = scaled
+        self.foreign_penalty_calls.add(id(call))
+        finding = Finding(
+            "AMP230",
+            f"gradient penalty in {function_name}(): torch.autograd.grad now differentiates scaler.scale(...) when "
+            f"given a scaler (a new `scaler=None` parameter; float32 behaviour for callers that pass none), and the "
+            f"gradients are divided by scaler.get_scale(); {self.display} passes its scaler",
+            line, 0, Severity.INFO)
+        change = CompanionChange(
+            key=key, display=display, old=source, new=new, findings=[finding],
+            reason=f"changed with {self.display}: the gradient penalty {function_name}() scales with the GradScaler "
+                   "it is passed")
+        return call, change, line
+
     def _warn_penalty_helpers(self, statement: cst.CSTNode) -> None:
         """A helper named like a gradient penalty (`compute_gradient_penalty(D, real, fake)`),
         defined elsewhere: if it calls torch.autograd.grad(create_graph=True), float16 loss
         scaling needs it to scale its outputs by hand, which ampify cannot see from here."""
         converted_helpers = {id(c) for site in (self.penalties or {}).values() for c in site.helper_calls}
+        converted_helpers |= self.foreign_penalty_calls
         for call in statements.calls_within(statement):
             if id(call) in converted_helpers:
                 continue

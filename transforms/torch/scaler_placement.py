@@ -134,6 +134,9 @@ class UnitPlan:
     replan_companions: List = field(default_factory=list)
     #: the device expression autocast must use (set when the modules disagree)
     forced_device: Optional[str] = None
+    #: gradient penalties of other modules the step calls: (call, CompanionChange of the penalty's
+    #: module, its autograd.grad line), the call passing the scaler by keyword
+    foreign_penalties: List = field(default_factory=list)
 
 
 class ScalerPlacement:
