@@ -551,3 +551,24 @@ def test_a_gradient_penalty_of_another_module_scaled_there_equals_the_fp32_penal
     assert completed.returncode == 0, completed.stderr
     losses = json.loads(completed.stdout.strip().splitlines()[-1])
     assert len(losses) == 12 and all(math.isfinite(d) and math.isfinite(gp) for d, gp in losses[4:]), losses
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_two_trainers_sharing_a_penalty_module_both_pass_their_scaler(tmp_path, workers):
+    """train.py and train_dragan.py both call torchprob's gradient_penalty(): the change set written
+    first scales it there; the second finds it scaled (not a parameter clash) and only passes its
+    scaler. The penalty module is written once, as in the single-trainer golden."""
+    case = ROOT / "fixtures" / "repositories" / "gradient_penalty_in_package_scaled"
+    tree = tmp_path / "repo"
+    shutil.copytree(case / "input", tree)
+    (tree / "train_dragan.py").write_bytes((tree / "train.py").read_bytes())
+    (tree / ".git").mkdir()
+    completed = subprocess.run([sys.executable, "-m", "ampify", ".", "-j", workers], cwd=tree,
+                               capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "3 changed" in completed.stdout.split("ampify: scanned")[-1], completed.stdout
+    expected = case / "expected"
+    assert (tree / "train.py").read_bytes() == (expected / "train.py").read_bytes()
+    assert (tree / "train_dragan.py").read_bytes() == (expected / "train.py").read_bytes()
+    penalty = "torchprob/gan/gradient_penalty.py"
+    assert (tree / penalty).read_bytes() == (expected / penalty).read_bytes()

@@ -160,12 +160,22 @@ def penalty_of_another_module(project, nodes) -> Optional[tuple]:
     return None
 
 
-def scale_penalty_of_module(source: bytes, function_name: str, scaler_name: str) -> Union[Tuple[bytes, int], str]:
+def _scaled_already(site: PenaltySite, scaler_name: str) -> bool:
+    """The outputs read `scaler.scale(pred) if scaler is not None else pred` (written by ampify)."""
+    value = site.outputs.value
+    return (isinstance(value, cst.IfExp) and isinstance(value.body, cst.Call)
+            and dotted_name(value.body.func) == f"{scaler_name}.scale"
+            and statements.code_of(value.test) == f"{scaler_name} is not None")
+
+
+def scale_penalty_of_module(source: bytes, function_name: str, scaler_name: str
+                            ) -> Union[Tuple[Optional[bytes], int], str]:
     """The other half of a penalty of another module (LynnHo's `torchprob/gan/gradient_penalty.py`,
     called as `gan.gradient_penalty(D, x_real, x_fake, ...)` from the step): its module-level
     function gets `scaler=None` and scales the outputs it differentiates when given one, as an
     in-file helper does (None keeps its float32 behaviour for every other caller). Returns (new
-    source, line of the autograd.grad call), or the reason it cannot be done."""
+    source, line of the autograd.grad call), (None, line) when it takes and scales a scaler already
+    (another training file's change set of this run wrote it), or the reason it cannot be done."""
     from ampify.transforms.kit.imports import ImportMap
     from ampify.transforms.torch.edits import StatementEdits, apply_edits
     from ampify.transforms.torch.training_loop import analyze_training
@@ -187,6 +197,8 @@ def scale_penalty_of_module(source: bytes, function_name: str, scaler_name: str)
     if site is None:
         return "its torch.autograd.grad(...) is not assigned to a name (`g = torch.autograd.grad(...)[0]`)"
     parameters = {p.name.value for p in statements.all_params(function)}
+    if scaler_name in parameters and _scaled_already(site, scaler_name):
+        return None, s.line(site.call)  # another training file's change set of this run scaled it already
     if scaler_name in parameters or function.params.star_kwarg is not None or _decorated(function):
         return f"{function_name}() cannot take a `{scaler_name}` parameter (taken, **kwargs, or decorated)"
     site.helper = function

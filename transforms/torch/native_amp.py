@@ -558,6 +558,10 @@ class NativeConversion(TorchConversion):
         reference = plan.reference
         for call, change, line in plan.foreign_penalties:
             self.edits.add_keyword(call, "scaler", reference)
+            if change is None:
+                self.info("AMP230", f"gradient penalty {statements.code_of(call.func)}() (line {line} of its module) "
+                                    f"gets scaler={reference}: it scales the outputs it differentiates already", call)
+                continue
             if all(change.key != other.key for other in self.companions):
                 self.companions.append(change)
             self.info("AMP230", f"gradient penalty {statements.code_of(call.func)}() of {change.display} (line {line}) "
@@ -671,7 +675,8 @@ class NativeConversion(TorchConversion):
                 loss_names |= statements.used_names(real.loss) - {"self"}
         return not loss_names or any(statements.assigned_names(statement) & loss_names for statement in region)
 
-    def _scale_penalty_elsewhere(self, call: cst.Call, called: str, where: str) -> Tuple[cst.Call, CompanionChange, int]:
+    def _scale_penalty_elsewhere(self, call: cst.Call, called: str, where: str
+                                 ) -> Tuple[cst.Call, Optional[CompanionChange], int]:
         """The penalty function of another module the step calls (`gan.gradient_penalty(D, x_real,
         x_fake)`) gets `scaler=None` there (gradient_penalty.scale_penalty_of_module), and the call
         passes the scaler: one change set. Unconvertible (AMP212) with the reason otherwise."""
@@ -702,6 +707,8 @@ class NativeConversion(TorchConversion):
             refuse(scaled)
         new, line = scaled
         self.foreign_penalty_calls.add(id(call))
+        if new is None:
+            return call, None, line  # scaled already: the call only passes the scaler
         finding = Finding(
             "AMP230",
             f"gradient penalty in {function_name}(): torch.autograd.grad now differentiates scaler.scale(...) when "
