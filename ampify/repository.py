@@ -18,7 +18,7 @@ import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ampify.dependency_pins import dependency_pins
 from ampify.optimizer_wrappers import WrapperStep, wrapper_steps
@@ -110,6 +110,9 @@ class ModuleOutline:
     #: loss classes with a backward() of their own that runs `self.<attribute>.backward()`
     #: (pytorch-seq2seq's Loss): class -> (line of that method, "self.acc_loss")
     loss_backwards: Dict[str, Tuple[int, str]] = field(default_factory=dict)
+    #: every module-level class: name -> (its bases by their last name, its method names), to
+    #: follow a loss class's subclasses across the project
+    class_shapes: Dict[str, Tuple[Tuple[str, ...], FrozenSet[str]]] = field(default_factory=dict)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -568,6 +571,7 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
             own_backward = loss_class_backward(statement)
             if own_backward is not None:
                 outline.loss_backwards[statement.name] = own_backward
+            outline.class_shapes[statement.name] = _class_shape(statement)
         elif isinstance(statement, ast.Import):
             for alias in statement.names:
                 if alias.asname:
@@ -703,6 +707,13 @@ def loss_class_backward(klass: ast.ClassDef) -> Optional[Tuple[int, str]]:
                     and node.func.value.value.id == "self"):
                 return method.lineno, f"self.{node.func.value.attr}"
     return None
+
+
+def _class_shape(klass: ast.ClassDef) -> Tuple[Tuple[str, ...], FrozenSet[str]]:
+    """(base names, method names) of a class: `class NLLLoss(loss.Loss)` -> (("Loss",), {...})."""
+    bases = tuple(filter(None, (_dotted(base).rsplit(".", 1)[-1] if _dotted(base) else None for base in klass.bases)))
+    methods = frozenset(node.name for node in klass.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return bases, methods
 
 
 def _training_class_outline(klass: ast.ClassDef) -> Optional[FunctionOutline]:
@@ -996,6 +1007,47 @@ class ProjectView:
             for name, (line, inner) in sorted(outline.loss_backwards.items()):
                 found.append((self.where(path, line), name, inner))
         return found
+
+    def loss_class_filled_by(self, method: str) -> Union[None, str, Tuple[str, str, str, str]]:
+        """The loss class with a backward() of its own whose instances `<loss>.<method>(...)` fills
+        (pytorch-seq2seq: `loss.eval_batch(outputs, target)` fills an instance of a subclass of
+        `Loss`, whose backward() runs `self.acc_loss.backward()`): (key of its module, "loss/loss.py:78",
+        class name, "self.acc_loss"). None when no such class (or subclass of one) defines `method`;
+        the reason when that cannot be told apart (several such classes define it) or a subclass
+        has a backward() of its own, which the edit of the class's backward() would not reach."""
+        shapes: List[Tuple[Path, str, Tuple[str, ...], FrozenSet[str]]] = []
+        owners: List[Tuple[Path, str, int, str]] = []
+        for path in self.index.modules():
+            outline = self.index.outline(path)
+            if outline is None:
+                continue
+            shapes.extend((path, name, bases, methods) for name, (bases, methods) in outline.class_shapes.items())
+            owners.extend((path, name, line, inner) for name, (line, inner) in outline.loss_backwards.items())
+        found = []
+        for path, name, line, inner in owners:
+            family, grown = {name}, True
+            while grown:
+                grown = False
+                for _path, other, bases, _methods in shapes:
+                    if other not in family and family & set(bases):
+                        family.add(other)
+                        grown = True
+            members = [(p, n, methods) for p, n, _bases, methods in shapes if n in family]
+            if not any(method in methods for _p, _n, methods in members):
+                continue
+            overriding = [(p, n) for p, n, methods in members if n != name and "backward" in methods]
+            found.append((path, name, line, inner, overriding))
+        if not found:
+            return None
+        if len(found) > 1:
+            listed = ", ".join(f"{name} ({self.where(path, line)})" for path, name, line, _inner, _o in found[:3])
+            return f"several loss classes with a backward() of their own define {method}(): {listed}"
+        path, name, line, inner, overriding = found[0]
+        if overriding:
+            other_path, other = overriding[0]
+            return (f"{other} ({self.where(other_path, 0).rsplit(':', 1)[0]}), a subclass of {name}, has a backward() "
+                    f"of its own, which would not take the GradScaler")
+        return str(path), self.where(path, line), name, inner
 
     def torch_module_imported(self) -> Optional[str]:
         """"models/pix2pix_model.py" when a project module this module imports directly imports

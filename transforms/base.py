@@ -81,6 +81,11 @@ class ProjectFacts(Protocol):
         """("loss/loss.py:78", class name, "self.acc_loss") for every project class with a
         backward() of its own that runs `self.<attribute>.backward()` (a loss object)."""
 
+    def loss_class_filled_by(self, method: str) -> Union[None, str, Tuple[str, str, str, str]]:
+        """(key, "loss/loss.py:78", class name, "self.acc_loss") of the one loss class with a
+        backward() of its own (or a subclass of it) that defines `method` (`eval_batch`); None when
+        there is none; the reason when several do, or a subclass has its own backward()."""
+
     def torch_module_imported(self) -> Optional[str]:
         """"models/pix2pix_model.py" when a project module this module imports imports torch."""
 

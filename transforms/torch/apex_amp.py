@@ -247,6 +247,10 @@ class ApexConversion(TorchConversion):
             }
         return set(self.penalties)
 
+    def loss_object_limit(self) -> str:
+        return ("the apex backend does not convert a loss class's backward() (amp.scale_loss needs the optimizer "
+                "there; the native backend converts it)")
+
     def partial_conversion_refused(self, left_out: List[cst.CSTNode]) -> Optional[Tuple[str, str, cst.CSTNode]]:
         """amp.initialize (O1) patches torch's functions for the whole process: a training step of
         this file left unconverted would run its forward pass in float16 and its backward without

@@ -8,7 +8,7 @@ Shared by the PyTorch backends; it plans, it never edits.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -34,6 +34,8 @@ class AutocastPlanner:
         self._models: Set[str] = set()
         #: id(block) -> the SavedForward planned in it (a region outside the unit's function)
         self.saved_forwards: Dict[int, SavedForward] = {}
+        #: id of a `loss.backward()` call -> the loss object it runs the backward() of (loss_objects.py)
+        self.loss_objects: Dict[int, Any] = {}
 
     def autocast_regions(self, unit: TrainingUnit) -> List[Tuple[Block, int, int]]:
         """(block, first index, last index) runs of statements to put under autocast: for every
@@ -77,12 +79,19 @@ class AutocastPlanner:
         """Plan the autocast region of one `<loss>.backward()`: from the forward pass to the
         statement computing the loss, searched in the blocks from the backward up to `stop`."""
         s = self.structure
-        loss_names = self._loss_names(backward)
-        if not loss_names:
-            raise Unconvertible("cannot tell which tensor backward() is called on", backward.call)
         found = None
         path = s.block_path(backward.call, stop=stop)
-        for level, (block, statement) in enumerate(path):
+        loss_object = self.loss_objects.get(id(backward.call))
+        if loss_object is not None:
+            # a loss object (loss_objects.py): the region ends at the last call that fills it
+            loss_names = {loss_object.receiver}
+            level = next(k for k, (block, _) in enumerate(path) if block is loss_object.block)
+            found = (loss_object.block, list(loss_object.block.body), loss_object.index)
+        else:
+            loss_names = self._loss_names(backward)
+            if not loss_names:
+                raise Unconvertible("cannot tell which tensor backward() is called on", backward.call)
+        for level, (block, statement) in enumerate(path if found is None else []):
             body = list(block.body)
             index = index_of(body, statement)
             for candidate in range(index - 1, -1, -1):

@@ -113,6 +113,8 @@ class TorchConversion(abc.ABC):
         self.blocked_reason = ""
         #: the project module that imports torch, when this file does not (see _torch_through_the_project)
         self.torch_evidence: Optional[str] = None
+        #: ids of `loss.backward()` calls on loss objects this backend converts (loss_objects.py)
+        self.converted_loss_objects: Set[int] = set()
 
     # ---- what a backend supplies ------------------------------------------------------------
 
@@ -223,7 +225,12 @@ class TorchConversion(abc.ABC):
         plans, claimed = self.plan_manual_updates()
         code, message = self.rules.unpaired_backward
         left_out: List[cst.CSTNode] = []
+        by_callers = self.loss_classes_converted_by_callers()
+        if by_callers and not s.units and not s.steps and len(by_callers) == len(s.unpaired_backwards):
+            return self.result(Verdict.NOTHING_TO_DO, self.loss_classes_reason(by_callers))
         for backward in s.unpaired_backwards:
+            if id(backward.call) in by_callers:
+                continue
             if id(backward.call) not in claimed:
                 self.warn(code, message.format(followed=helper_refusal_note(s, backward)), backward.call)
                 left_out.append(backward.call)
@@ -273,7 +280,7 @@ class TorchConversion(abc.ABC):
             if backward.delegation is not None:
                 continue
             receiver = receiver_of(backward)
-            if not receiver:
+            if not receiver or id(backward.call) in self.converted_loss_objects:
                 continue
             if classes is None:
                 classes = list(self.project.loss_classes_with_backward())
@@ -285,6 +292,20 @@ class TorchConversion(abc.ABC):
                 note = self._loss_object_note(LossNotFound("", backward.call, receiver))
                 return str(note).rsplit("; besides, ", 1)[0], backward.call
         return None
+
+    def loss_classes_converted_by_callers(self) -> Mapping[int, str]:
+        """id of the backward() in a loss class's own backward() method -> the class, for those
+        this backend converts from the training steps that call them (none by default)."""
+        return {}
+
+    def loss_classes_reason(self, classes: Mapping[int, str]) -> str:
+        names_ = ", ".join(sorted(set(classes.values())))
+        return (f"loss class {names_}: its backward() takes the GradScaler from the training files that call it "
+                "(converted with them, as one change set)")
+
+    def loss_object_limit(self) -> str:
+        """Why a possible loss object is refused, as this backend says it."""
+        return "ampify does not convert a loss class's backward() on this backend"
 
     def _loss_object_note(self, problem: "LossNotFound") -> Unconvertible:
         """The loss of `loss.backward()` was not found: when the project has a loss class with a
@@ -302,7 +323,7 @@ class TorchConversion(abc.ABC):
         more = f" (or another of the {len(chosen)} such classes)" if len(chosen) > 1 else ""
         return Unconvertible(
             f"{problem.receiver} may be an instance of {name} ({where}){more}, a loss class whose own backward() runs "
-            f"{inner}.backward(): ampify does not convert a loss class's backward() yet (by hand: scale {inner} there, "
+            f"{inner}.backward(): {self.loss_object_limit()} (by hand: scale {inner} there, "
             "with scaler.scale() or amp.scale_loss(), and for autocast put the forward pass and the calls that "
             f"accumulate the loss under it); besides, {problem}",
             problem.node, problem.code,

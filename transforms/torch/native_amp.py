@@ -48,6 +48,9 @@ from ampify.transforms.torch.gradient_penalty import (
 )
 from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, pair_helper_backwards
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
+from ampify.transforms.torch.loss_objects import (
+    LossObjectUse, find_loss_object, loss_class_of_backward, scale_loss_object_backward,
+)
 from ampify.transforms.torch.manual_updates import (
     backwards_of, gradients_reduced_by_hand, manual_update_beside_steps, manual_update_units,
 )
@@ -70,6 +73,7 @@ from ampify.transforms.torch.training_loop import (
     TrainingStructure,
     TrainingUnit,
     Unconvertible,
+    receiver_of,
     analyze_training,
     concerns_torch,
     may_concern_torch_training,
@@ -360,6 +364,7 @@ class NativeConversion(TorchConversion):
     def plan_unit(self, unit: TrainingUnit) -> UnitPlan:
         if not unit.steps:
             raise Unconvertible("no optimizer step in this training step")
+        loss_objects = self._loss_objects_of(unit)
         unfollowed = (call_of_unfollowed_backward(self.structure, unit) or backward_for_its_hooks(self.structure, unit)
                       or self.loss_object_backward(unit) or gradients_reduced_by_hand(self.structure, unit))
         if unfollowed is not None:
@@ -380,6 +385,7 @@ class NativeConversion(TorchConversion):
             )
         regions = self.regions.autocast_regions(unit)
         plan = UnitPlan(unit, self.scaler_name, regions)
+        plan.loss_objects = [(use, self._scale_loss_object_elsewhere(use)) for use in loss_objects]
         if not self.scaling:
             return plan
         elsewhere = penalty_of_another_module(
@@ -546,7 +552,8 @@ class NativeConversion(TorchConversion):
                     first,
                 )
                 continue
-            if self._holds_a_loss(unit, body[start:end + 1]):
+            fills = any(use.block is block and start <= use.index <= end for use, _ in plan.loss_objects)
+            if fills or self._holds_a_loss(unit, body[start:end + 1]):
                 self.info("AMP201", f"forward pass and loss ({lines}) run under "
                                     f"torch.autocast({device}, {self.options.dtype})", first)
             else:
@@ -576,12 +583,23 @@ class NativeConversion(TorchConversion):
                 f"{site.target} is divided by {reference}.get_scale() (the PyTorch AMP recipe)",
                 site.call,
             )
+        for use, change in plan.loss_objects:
+            self.scaled_backwards.add(id(use.backward.call))
+            self.edits.add_keyword(use.backward.call, "scaler", reference)
+            if change is not None and all(change.key != other.key for other in self.companions):
+                self.companions.append(change)
+            self.info("AMP202", f"{use.receiver}.backward(scaler={reference}): {use.class_name}.backward() "
+                                f"({use.where}) backpropagates scaler.scale({use.inner}) when given the scaler"
+                                + (" (written together with this file, as one change set)" if change is not None else ""),
+                      use.backward.call)
         for backward in unit.backwards:
             if backward.delegation is not None:
                 # the real backward() runs in a helper method, maybe reached by several calls
                 backward = backward.delegation.inner
                 if id(backward.call) in self.scaled_backwards:
                     continue
+            elif any(use.backward is backward for use, _ in plan.loss_objects):
+                continue
             self.scaled_backwards.add(id(backward.call))
             self.edits.replace_call(backward.call, _scaled_backward(backward.call, reference))
             self.info("AMP202", f"{reference}.scale({statements.code_of(backward.loss)}).backward(...)", backward.call)
@@ -720,6 +738,87 @@ class NativeConversion(TorchConversion):
             reason=f"changed with {self.display}: the gradient penalty {function_name}() scales with the GradScaler "
                    "it is passed")
         return call, change, line
+
+    def _loss_objects_of(self, unit: TrainingUnit) -> List[LossObjectUse]:
+        """The unit's `loss.backward()` calls on loss objects of the project (loss_objects.py):
+        their autocast region ends at the last call that fills the object. Unconvertible when the
+        step fills an object whose class cannot be told, or whose class is defined in this file."""
+        found: List[LossObjectUse] = []
+        for backward in unit.backwards:
+            if backward.delegation is not None:
+                continue
+            use = find_loss_object(self.structure, self.project, backward, unit.body)
+            if use is None:
+                continue
+            if isinstance(use, str):
+                raise Unconvertible(
+                    f"{receiver_of(backward)}.backward() runs the backward() of a loss class of the project, which "
+                    f"ampify cannot convert here: {use}; scale the tensor it backpropagates there by hand (scaler.scale())",
+                    backward.call, code="AMP215",
+                )
+            if self.project.is_this_module(use.key):
+                raise Unconvertible(
+                    f"{use.receiver}.backward() runs {use.class_name}.backward() of this file ({use.where}); ampify "
+                    "converts a loss class's backward() in a module of its own only: move the class, or scale "
+                    f"{use.inner} there by hand",
+                    backward.call, code="AMP215",
+                )
+            self.regions.loss_objects[id(backward.call)] = use
+            self.converted_loss_objects.add(id(backward.call))
+            found.append(use)
+        return found
+
+    def _scale_loss_object_elsewhere(self, use: LossObjectUse) -> Optional[CompanionChange]:
+        """float16: the loss class's backward() takes the scaler (loss_objects.py), in its own
+        module: one change set with this file. None when bfloat16 or when it takes one already."""
+        if not self.scaling:
+            return None
+
+        def refuse(why: str):
+            raise Unconvertible(
+                f"{use.receiver}.backward() runs {use.class_name}.backward() ({use.where}), which backpropagates "
+                f"{use.inner}: with float16 it must backpropagate scaler.scale({use.inner}), and ampify did not write "
+                f"it there: {why}; use --dtype bfloat16, or scale it there by hand",
+                use.backward.call, code="AMP215",
+            )
+
+        if not self.project.in_this_run(use.key):
+            refuse(f"{use.display} is not in this run: run ampify on both files or on the repository")
+        if any(arg.keyword is not None and arg.keyword.value == "scaler" for arg in use.backward.call.args):
+            refuse("the call already passes scaler=")
+        source = self.project.source_of(use.key)
+        if source is None:
+            refuse(f"{use.display} cannot be read")
+        scaled = scale_loss_object_backward(source, use.class_name, "scaler")
+        if isinstance(scaled, str):
+            refuse(scaled)
+        new, line = scaled
+        if new is None:
+            return None
+        inner = use.inner
+        finding = Finding(
+            "AMP202",
+            f"{use.class_name}.backward() now backpropagates scaler.scale({inner}) when given a scaler (a new "
+            f"`scaler=None` parameter; float32 behaviour for callers that pass none); {self.display} passes its scaler",
+            line, 0, Severity.INFO)
+        return CompanionChange(
+            key=use.key, display=use.display, old=source, new=new, findings=[finding],
+            reason=f"changed with {self.display}: the loss class {use.class_name} backpropagates {inner} through the "
+                   "GradScaler it is passed")
+
+    def loss_classes_converted_by_callers(self) -> Dict[int, str]:
+        if self.project is None:
+            return {}
+        found = {}
+        for backward in self.structure.unpaired_backwards:
+            klass = loss_class_of_backward(self.structure, backward)
+            if klass is not None:
+                found[id(backward.call)] = klass
+        return found
+
+    def loss_object_limit(self) -> str:
+        return ("ampify converts such a step only when it fills the object through a method of that class "
+                "(`loss.eval_batch(outputs, target)`), which was not seen here")
 
     def _warn_penalty_helpers(self, statement: cst.CSTNode) -> None:
         """A helper named like a gradient penalty (`compute_gradient_penalty(D, real, fake)`),

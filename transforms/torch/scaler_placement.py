@@ -137,6 +137,9 @@ class UnitPlan:
     #: gradient penalties of other modules the step calls: (call, CompanionChange of the penalty's
     #: module, its autograd.grad line), the call passing the scaler by keyword
     foreign_penalties: List = field(default_factory=list)
+    #: loss objects whose backward() the step calls: (LossObjectUse, CompanionChange of the loss
+    #: class's module or None), the call passing the scaler by keyword
+    loss_objects: List = field(default_factory=list)
 
 
 class ScalerPlacement:
