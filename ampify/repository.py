@@ -709,6 +709,51 @@ def loss_class_backward(klass: ast.ClassDef) -> Optional[Tuple[int, str]]:
     return None
 
 
+def loss_classes_defining(shapes, owners, method: str, where=lambda path, line: f"line {line}"):
+    """Of the loss classes with a backward() of their own (`owners`: (path, name, line, inner)),
+    the one whose family (it and its subclasses among `shapes`: (path, name, bases, methods))
+    defines `method`: (path, name, line, inner); None when none does; the reason when several do
+    or a subclass has a backward() of its own. `where(path, line)` names a place in messages."""
+    found = []
+    for path, name, line, inner in owners:
+        family, grown = {name}, True
+        while grown:
+            grown = False
+            for _path, other, bases, _methods in shapes:
+                if other not in family and family & set(bases):
+                    family.add(other)
+                    grown = True
+        members = [(p, n, methods) for p, n, _bases, methods in shapes if n in family]
+        if not any(method in methods for _p, _n, methods in members):
+            continue
+        overriding = [(p, n) for p, n, methods in members if n != name and "backward" in methods]
+        found.append((path, name, line, inner, overriding))
+    if not found:
+        return None
+    if len(found) > 1:
+        listed = ", ".join(f"{name} ({where(path, line)})" for path, name, line, _inner, _o in found[:3])
+        return f"several loss classes with a backward() of their own define {method}(): {listed}"
+    path, name, line, inner, overriding = found[0]
+    if overriding:
+        other_path, other = overriding[0]
+        return (f"{other} ({where(other_path, 0).rsplit(':', 1)[0]}), a subclass of {name}, has a backward() of "
+                "its own, which would not take the GradScaler")
+    return path, name, line, inner
+
+
+def module_loss_classes(tree: ast.Module, path=""):
+    """(shapes, owners) of one module's classes, for loss_classes_defining."""
+    shapes, owners = [], []
+    for statement in _module_level(tree.body):
+        if isinstance(statement, ast.ClassDef):
+            bases, methods = _class_shape(statement)
+            shapes.append((path, statement.name, bases, methods))
+            own = loss_class_backward(statement)
+            if own is not None:
+                owners.append((path, statement.name, own[0], own[1]))
+    return shapes, owners
+
+
 def _class_shape(klass: ast.ClassDef) -> Tuple[Tuple[str, ...], FrozenSet[str]]:
     """(base names, method names) of a class: `class NLLLoss(loss.Loss)` -> (("Loss",), {...})."""
     bases = tuple(filter(None, (_dotted(base).rsplit(".", 1)[-1] if _dotted(base) else None for base in klass.bases)))
@@ -1023,30 +1068,10 @@ class ProjectView:
                 continue
             shapes.extend((path, name, bases, methods) for name, (bases, methods) in outline.class_shapes.items())
             owners.extend((path, name, line, inner) for name, (line, inner) in outline.loss_backwards.items())
-        found = []
-        for path, name, line, inner in owners:
-            family, grown = {name}, True
-            while grown:
-                grown = False
-                for _path, other, bases, _methods in shapes:
-                    if other not in family and family & set(bases):
-                        family.add(other)
-                        grown = True
-            members = [(p, n, methods) for p, n, _bases, methods in shapes if n in family]
-            if not any(method in methods for _p, _n, methods in members):
-                continue
-            overriding = [(p, n) for p, n, methods in members if n != name and "backward" in methods]
-            found.append((path, name, line, inner, overriding))
-        if not found:
-            return None
-        if len(found) > 1:
-            listed = ", ".join(f"{name} ({self.where(path, line)})" for path, name, line, _inner, _o in found[:3])
-            return f"several loss classes with a backward() of their own define {method}(): {listed}"
-        path, name, line, inner, overriding = found[0]
-        if overriding:
-            other_path, other = overriding[0]
-            return (f"{other} ({self.where(other_path, 0).rsplit(':', 1)[0]}), a subclass of {name}, has a backward() "
-                    f"of its own, which would not take the GradScaler")
+        found = loss_classes_defining(shapes, owners, method, self.where)
+        if isinstance(found, str) or found is None:
+            return found
+        path, name, line, inner = found
         return str(path), self.where(path, line), name, inner
 
     def torch_module_imported(self) -> Optional[str]:

@@ -429,7 +429,7 @@ def test_a_loss_object_with_its_own_backward_is_refused_on_apex_with_that_reason
     assert _tree(tree) == _tree(folder / "input")
     messages = {Path(entry["path"]).name: [f["message"] for f in entry["findings"]]
                 for entry in json.loads((tmp_path / "report.json").read_text())["files"]}
-    assert any("loss may be an instance of Loss (loss.py:22), a loss class whose own backward() runs "
+    assert any("loss is an instance of Loss (loss.py:22), a loss class whose own backward() runs "
                "self.acc_loss.backward(): the apex backend does not convert" in m for m in messages["trainer.py"]), messages
     assert any("it is the backward() of Loss, a loss class" in m for m in messages["loss.py"]), messages
 

@@ -273,6 +273,18 @@ class TorchConversion(abc.ABC):
         bound here only as a parameter, an alias (`loss = self.loss`) or an instance of such a
         class. With the message; None otherwise. Scaling it (`amp.scale_loss(loss, ...)`,
         `scaler.scale(loss)`) would fail on the object."""
+        from ampify.transforms.torch.loss_objects import find_loss_object
+
+        for backward in unit.backwards:
+            receiver = receiver_of(backward)
+            if backward.delegation is not None or not receiver or id(backward.call) in self.converted_loss_objects:
+                continue
+            use = find_loss_object(self.structure, self.project, backward, unit.body)
+            if use is not None:
+                what = use if isinstance(use, str) else (
+                    f"{receiver} is an instance of {use.class_name} ({use.where}), a loss class whose own backward() "
+                    f"runs {use.inner}.backward(): {self.loss_object_limit()}")
+                return what, backward.call
         if self.project is None:
             return None
         classes = None

@@ -230,8 +230,8 @@ def _routes_to_iterations(
     if name == "backward" and not calls:
         raise _NoRoute(
             f"it is the backward() of {klass.name.value}, a loss class: training code calls it on its instances "
-            "(`loss.backward()`): the native backend converts it from the steps that fill and call such an object, "
-            "with the class in a module of its own; the apex backend does not"
+            "(`loss.backward()`): the native backend converts it from the steps that fill and call such an object; "
+            "the apex backend does not"
         )
     if other_uses:
         raise _NoRoute(f"{name} is used other than as self.{name}() ({_where(structure, other_uses[0])})")

@@ -26,6 +26,7 @@ method, and no subclass may override backward() (it would not take the scaler).
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from typing import List, Optional, Tuple, Union
 
@@ -111,8 +112,8 @@ def find_loss_object(structure: TrainingStructure, project, backward: BackwardCa
     class cannot be told (or a subclass overrides backward()); None when nothing says that the
     receiver is such an object."""
     receiver = receiver_of(backward)
-    ask = getattr(project, "loss_class_filled_by", None)
-    if not receiver or ask is None:
+    ask = getattr(project, "loss_class_filled_by", None) or (lambda method: _in_this_module(structure, method))
+    if not receiver:
         return None
     filled = filling_statement(structure, backward, receiver, stop)
     if filled is None:
@@ -146,6 +147,69 @@ def loss_class_of_backward(structure: TrainingStructure, backward: BackwardCall)
     return klass.name.value
 
 
+@dataclass
+class BackwardToScale:
+    """A loss class's backward() method and the backward() call in it; `done` when it takes and
+    uses a scaler already (written by an earlier change set of this run)."""
+
+    method: cst.FunctionDef
+    call: cst.Call
+    done: bool = False
+
+
+def backward_to_scale(module: cst.Module, class_name: str, scaler_name: str) -> Union[str, BackwardToScale]:
+    """The class's backward() to edit, or the reason it cannot be edited."""
+    klass = next((st for st in module.body if isinstance(st, cst.ClassDef) and st.name.value == class_name), None)
+    method = None
+    if klass is not None and isinstance(klass.body, cst.IndentedBlock):
+        method = next((st for st in klass.body.body if isinstance(st, cst.FunctionDef) and st.name.value == "backward"),
+                      None)
+    if method is None:
+        return f"{class_name}.backward() was not found again at module level"
+    inner_calls = _inner_backwards(method)
+    if len(inner_calls) != 1:
+        return f"{class_name}.backward() calls backward() {len(inner_calls)} times"
+    call = inner_calls[0]
+    parameters = {p.name.value for p in statements.all_params(method)}
+    if scaler_name in parameters:
+        if _scaled(call.func.value, scaler_name):  # type: ignore[union-attr]
+            return BackwardToScale(method, call, done=True)
+        return f"{class_name}.backward() has a parameter named `{scaler_name}` already"
+    if method.params.star_kwarg is not None or method.decorators:
+        return f"{class_name}.backward() cannot take a `{scaler_name}` parameter (**kwargs, or decorated)"
+    return BackwardToScale(method, call)
+
+
+def write_scaled_backward(edits, method: cst.FunctionDef, call: cst.Call, scaler_name: str) -> None:
+    """`def backward(self, scaler=None)` backpropagating `(scaler.scale(x) if scaler is not None else x)`."""
+    plain = statements.code_of(call.func.value)  # type: ignore[union-attr]
+    scaled = cst.parse_expression(f"({scaler_name}.scale({plain}) if {scaler_name} is not None else {plain})")
+    edits.add_parameter(method, scaler_name, default="None")
+    edits.replace_call(call, call.with_changes(func=call.func.with_changes(value=scaled)))  # type: ignore[union-attr]
+
+
+def _in_this_module(structure: TrainingStructure, method: str) -> Union[None, str, Tuple[str, str, str, str]]:
+    """loss_class_filled_by for a source with no project (a notebook, a string): its own classes,
+    key "" for this module."""
+    from ampify.repository import loss_classes_defining, module_loss_classes
+
+    try:
+        tree = ast.parse(structure.module.code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    shapes, owners = module_loss_classes(tree)
+    found = loss_classes_defining(shapes, owners, method, lambda _path, line: f"line {line}" if line else "this file")
+    if found is None or isinstance(found, str):
+        return found
+    _path, name, line, inner = found
+    return "", f"line {line}", name, inner
+
+
+def is_this_module(project, key: str) -> bool:
+    """Is the loss class's module (its key) the one being converted?"""
+    return key == "" or (project is not None and project.is_this_module(key))
+
+
 def scale_loss_object_backward(source: bytes, class_name: str, scaler_name: str
                                ) -> Union[Tuple[Optional[bytes], int], str]:
     """The class's backward() gets `scaler=None` and backpropagates `scaler.scale(<inner>)` when
@@ -158,31 +222,14 @@ def scale_loss_object_backward(source: bytes, class_name: str, scaler_name: str
         module = cst.parse_module(source)
     except Exception as error:  # the other module does not parse
         return f"it does not parse ({type(error).__name__})"
-    klass = next((st for st in module.body if isinstance(st, cst.ClassDef) and st.name.value == class_name), None)
-    method = None
-    if klass is not None and isinstance(klass.body, cst.IndentedBlock):
-        method = next((st for st in klass.body.body if isinstance(st, cst.FunctionDef) and st.name.value == "backward"),
-                      None)
-    if method is None:
-        return f"{class_name}.backward() was not found again at module level"
-    inner_calls = _inner_backwards(method)
-    if len(inner_calls) != 1:
-        return f"{class_name}.backward() calls backward() {len(inner_calls)} times"
-    call = inner_calls[0]
-    receiver = call.func.value  # type: ignore[union-attr]
-    line = _line_of(module, call)
-    parameters = {p.name.value for p in statements.all_params(method)}
-    if scaler_name in parameters:
-        if _scaled(receiver, scaler_name):
-            return None, line
-        return f"{class_name}.backward() has a parameter named `{scaler_name}` already"
-    if method.params.star_kwarg is not None or method.decorators:
-        return f"{class_name}.backward() cannot take a `{scaler_name}` parameter (**kwargs, or decorated)"
-    plain = statements.code_of(receiver)
-    scaled = cst.parse_expression(f"({scaler_name}.scale({plain}) if {scaler_name} is not None else {plain})")
+    found = backward_to_scale(module, class_name, scaler_name)
+    if isinstance(found, str):
+        return found
+    line = _line_of(module, found.call)
+    if found.done:
+        return None, line
     edits = StatementEdits()
-    edits.add_parameter(method, scaler_name, default="None")
-    edits.replace_call(call, call.with_changes(func=call.func.with_changes(value=scaled)))  # type: ignore[union-attr]
+    write_scaled_backward(edits, found.method, found.call, scaler_name)
     return apply_edits(module, edits).bytes, line
 
 

@@ -49,7 +49,8 @@ from ampify.transforms.torch.gradient_penalty import (
 from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, pair_helper_backwards
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.loss_objects import (
-    LossObjectUse, find_loss_object, loss_class_of_backward, scale_loss_object_backward,
+    BackwardToScale, LossObjectUse, backward_to_scale, find_loss_object, is_this_module, loss_class_of_backward,
+    scale_loss_object_backward, write_scaled_backward,
 )
 from ampify.transforms.torch.manual_updates import (
     backwards_of, gradients_reduced_by_hand, manual_update_beside_steps, manual_update_units,
@@ -253,6 +254,8 @@ class NativeConversion(TorchConversion):
         self.wrapper_edits: Dict[str, CompanionChange] = {}
         #: ids of backward() calls already rewritten (a helper's backward is reached from several units)
         self.scaled_backwards: Set[int] = set()
+        #: loss classes of this file whose backward() takes the scaler (loss_objects.py), by name
+        self.loss_backwards_here: Dict[str, BackwardToScale] = {}
         #: `from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler` planned
         self.sharded_import_added = False
 
@@ -586,6 +589,14 @@ class NativeConversion(TorchConversion):
         for use, change in plan.loss_objects:
             self.scaled_backwards.add(id(use.backward.call))
             self.edits.add_keyword(use.backward.call, "scaler", reference)
+            here = self.loss_backwards_here.get(use.class_name) if is_this_module(self.project, use.key) else None
+            if here is not None and not here.done and id(here.call) not in self.scaled_backwards:
+                self.scaled_backwards.add(id(here.call))
+                # the method's own parameter, named as the keyword the steps pass
+                write_scaled_backward(self.edits, here.method, here.call, "scaler")
+                self.info("AMP202", f"{use.class_name}.backward() now backpropagates scaler.scale({use.inner}) when "
+                                    "given a scaler (a new `scaler=None` parameter; float32 behaviour for callers that "
+                                    "pass none)", here.call)
             if change is not None and all(change.key != other.key for other in self.companions):
                 self.companions.append(change)
             self.info("AMP202", f"{use.receiver}.backward(scaler={reference}): {use.class_name}.backward() "
@@ -756,13 +767,6 @@ class NativeConversion(TorchConversion):
                     f"ampify cannot convert here: {use}; scale the tensor it backpropagates there by hand (scaler.scale())",
                     backward.call, code="AMP215",
                 )
-            if self.project.is_this_module(use.key):
-                raise Unconvertible(
-                    f"{use.receiver}.backward() runs {use.class_name}.backward() of this file ({use.where}); ampify "
-                    "converts a loss class's backward() in a module of its own only: move the class, or scale "
-                    f"{use.inner} there by hand",
-                    backward.call, code="AMP215",
-                )
             self.regions.loss_objects[id(backward.call)] = use
             self.converted_loss_objects.add(id(backward.call))
             found.append(use)
@@ -782,6 +786,12 @@ class NativeConversion(TorchConversion):
                 use.backward.call, code="AMP215",
             )
 
+        if is_this_module(self.project, use.key):
+            found = backward_to_scale(self.module, use.class_name, "scaler")
+            if isinstance(found, str):
+                refuse(found)
+            self.loss_backwards_here[use.class_name] = found
+            return None
         if not self.project.in_this_run(use.key):
             refuse(f"{use.display} is not in this run: run ampify on both files or on the repository")
         if any(arg.keyword is not None and arg.keyword.value == "scaler" for arg in use.backward.call.args):
@@ -807,8 +817,6 @@ class NativeConversion(TorchConversion):
                    "GradScaler it is passed")
 
     def loss_classes_converted_by_callers(self) -> Dict[int, str]:
-        if self.project is None:
-            return {}
         found = {}
         for backward in self.structure.unpaired_backwards:
             klass = loss_class_of_backward(self.structure, backward)
