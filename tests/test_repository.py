@@ -500,6 +500,33 @@ def test_a_loss_object_scaled_in_its_own_class_trains_as_the_fp32_project_does(t
     assert "self.scaler = torch.amp.GradScaler(self.device.type)" in (converted / "trainer.py").read_text()
 
 
+def test_a_loss_object_held_in_a_private_attribute_trains_converted_on_cpu(tmp_path):
+    """loss_object_on_self_attribute: the trainer fills `self.__loss` and calls its backward(); the
+    converted trainer (a GradScaler on the CPU, float16 autocast) trains, its first loss within 1e-2
+    of the fp32 trainer's and every loss finite."""
+    pytest.importorskip("torch")
+    case = ROOT / "fixtures" / "repositories" / "loss_object_on_self_attribute"
+    program = (
+        "import json, math, sys, torch; sys.path.insert(0, '.')\n"
+        "from losses import TokenNLL\nfrom trainer import Seq2SeqTrainer\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Sequential(torch.nn.Embedding(20, 16), torch.nn.Linear(16, 20), torch.nn.LogSoftmax(-1))\n"
+        "batches = [(torch.randint(1, 20, (4, 5)), torch.randint(1, 20, (4, 5))) for _ in range(3)]\n"
+        "print(json.dumps(Seq2SeqTrainer(TokenNLL(), 'cpu').train(model, batches, 2)))\n")
+    runs = []
+    for folder in ("input", "expected"):
+        tree = tmp_path / folder
+        shutil.copytree(case / folder, tree)
+        completed = subprocess.run([sys.executable, "-c", program], cwd=tree, capture_output=True, text=True,
+                                   timeout=300)
+        assert completed.returncode == 0, completed.stderr
+        runs.append(json.loads(completed.stdout.strip().splitlines()[-1]))
+    fp32, amp = runs
+    assert len(amp) == len(fp32) == 6
+    assert amp[0] == pytest.approx(fp32[0], rel=1e-2) and amp[0] != fp32[0]
+    assert all(math.isfinite(loss) for loss in amp)
+
+
 def test_a_loss_object_in_bfloat16_gets_autocast_only(tmp_path):
     """With --dtype bfloat16 there is no scaler: the step's forward pass and eval_batch() calls go
     under autocast, `loss.backward()` and losses.py stay as they are."""

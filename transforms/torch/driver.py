@@ -273,10 +273,10 @@ class TorchConversion(abc.ABC):
         bound here only as a parameter, an alias (`loss = self.loss`) or an instance of such a
         class. With the message; None otherwise. Scaling it (`amp.scale_loss(loss, ...)`,
         `scaler.scale(loss)`) would fail on the object."""
-        from ampify.transforms.torch.loss_objects import find_loss_object
+        from ampify.transforms.torch.loss_objects import find_loss_object, loss_receiver
 
         for backward in unit.backwards:
-            receiver = receiver_of(backward)
+            receiver = loss_receiver(backward)
             if backward.delegation is not None or not receiver or id(backward.call) in self.converted_loss_objects:
                 continue
             use = find_loss_object(self.structure, self.project, backward, unit.body)

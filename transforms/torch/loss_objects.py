@@ -34,7 +34,7 @@ import libcst as cst
 
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch import statements as statements
-from ampify.transforms.torch.training_loop import BackwardCall, Block, TrainingStructure, receiver_of
+from ampify.transforms.torch.training_loop import BackwardCall, Block, TrainingStructure
 
 #: methods of torch.Tensor a step may call on a loss tensor before backward(): a name filled
 #: through one of these may be a tensor, not a loss object
@@ -73,6 +73,20 @@ class LossObjectUse:
         return self.where.rsplit(":", 1)[0]
 
 
+def loss_receiver(backward: BackwardCall) -> str:
+    """`loss` of `loss.backward()`, `self.loss` of `self.loss.backward()` (no arguments); empty
+    for anything else."""
+    func = backward.call.func
+    if backward.call.args or not isinstance(func, cst.Attribute):
+        return ""
+    if isinstance(func.value, cst.Name):
+        return func.value.value
+    value = func.value
+    if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.value.value == "self":
+        return f"self.{value.attr.value}"
+    return ""
+
+
 def _filling_method(statement: cst.CSTNode, receiver: str) -> Optional[str]:
     """`eval_batch` when the statement calls `<receiver>.eval_batch(...)` (last one wins): a method
     that may compute what the object's backward() backpropagates (`model.forward()` of a model
@@ -80,7 +94,7 @@ def _filling_method(statement: cst.CSTNode, receiver: str) -> Optional[str]:
     found = None
     for call in statements.calls_within(statement):
         func = call.func
-        if (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == receiver
+        if (isinstance(func, cst.Attribute) and dotted_name(func.value) == receiver
                 and func.attr.value not in TENSOR_METHODS and func.attr.value not in _NOT_COMPUTING):
             found = func.attr.value
     return found
@@ -111,7 +125,7 @@ def find_loss_object(structure: TrainingStructure, project, backward: BackwardCa
     of a project loss class with its own backward(); the reason it cannot be converted when the
     class cannot be told (or a subclass overrides backward()); None when nothing says that the
     receiver is such an object."""
-    receiver = receiver_of(backward)
+    receiver = loss_receiver(backward)
     ask = getattr(project, "loss_class_filled_by", None) or (lambda method: _in_this_module(structure, method))
     if not receiver:
         return None

@@ -50,6 +50,7 @@ from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, cal
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.loss_objects import (
     BackwardToScale, LossObjectUse, backward_to_scale, find_loss_object, is_this_module, loss_class_of_backward,
+    loss_receiver,
     scale_loss_object_backward, write_scaled_backward,
 )
 from ampify.transforms.torch.manual_updates import (
@@ -74,7 +75,6 @@ from ampify.transforms.torch.training_loop import (
     TrainingStructure,
     TrainingUnit,
     Unconvertible,
-    receiver_of,
     analyze_training,
     concerns_torch,
     may_concern_torch_training,
@@ -763,7 +763,7 @@ class NativeConversion(TorchConversion):
                 continue
             if isinstance(use, str):
                 raise Unconvertible(
-                    f"{receiver_of(backward)}.backward() runs the backward() of a loss class of the project, which "
+                    f"{loss_receiver(backward)}.backward() runs the backward() of a loss class of the project, which "
                     f"ampify cannot convert here: {use}; scale the tensor it backpropagates there by hand (scaler.scale())",
                     backward.call, code="AMP215",
                 )
