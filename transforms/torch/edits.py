@@ -13,6 +13,8 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from ampify.transforms.kit.parameters import append_with_comma, separator_like, with_parameter
+
 
 @dataclass
 class StatementEdits:
@@ -194,7 +196,7 @@ class _EditApplier(cst.CSTTransformer):
                     keyword=cst.Name(keyword),
                     equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
                 )
-                args = _append_with_comma(args, new)
+                args = append_with_comma(args, new)
             return updated_node.with_changes(args=args)
         return updated_node
 
@@ -203,38 +205,7 @@ class _EditApplier(cst.CSTTransformer):
         if planned is None:
             return updated_node
         name, default = planned
-        params = updated_node.params
-        new = cst.Param(cst.Name(name))
-        if default is not None:
-            new = new.with_changes(
-                default=cst.parse_expression(default),
-                equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-            )
-        positional = list(params.posonly_params) + list(params.params)
-        needs_keyword_only = (
-            params.star_arg is not cst.MaybeSentinel.DEFAULT
-            or params.kwonly_params
-            or (default is None and any(p.default is not None for p in positional))
-        )
-        if needs_keyword_only:
-            star = params.star_arg
-            if star is cst.MaybeSentinel.DEFAULT:
-                star = cst.ParamStar()
-                listed = list(params.params)
-                if listed and not params.kwonly_params and params.star_kwarg is None and isinstance(listed[-1].comma, cst.Comma):
-                    # one parameter per line with a trailing comma: `*, scaler` goes on a line of
-                    # its own, and the new parameter takes the trailing comma over
-                    separator = _separator_like(listed, len(listed) - 1)
-                    new = new.with_changes(comma=listed[-1].comma)
-                    listed[-1] = listed[-1].with_changes(comma=separator)
-                    star = cst.ParamStar(comma=separator)
-                    params = params.with_changes(params=listed)
-            kwonly = _append_with_comma(list(params.kwonly_params), new)
-            if params.star_kwarg is not None and kwonly[-1].comma is cst.MaybeSentinel.DEFAULT:
-                kwonly[-1] = kwonly[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-            params = params.with_changes(star_arg=star, kwonly_params=kwonly)
-        else:
-            params = params.with_changes(params=_append_with_comma(list(params.params), new))
+        params = with_parameter(updated_node.params, name, default)
         return updated_node.with_changes(params=params)
 
     def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.Dict:
@@ -260,38 +231,9 @@ class _EditApplier(cst.CSTTransformer):
                     comma=current.comma,
                 )
                 if is_last:
-                    separator = _separator_like(elements, position)
+                    separator = separator_like(elements, position)
                     current = current.with_changes(comma=separator)
                 result.append(current)
                 current = new
             result.append(current)
         return updated_node.with_changes(elements=result)
-
-
-def _separator_like(elements, position):
-    """The comma used between earlier elements (to keep one-per-line layouts), else `, `."""
-    for element in elements[:position]:
-        if isinstance(element.comma, cst.Comma):
-            return element.comma
-    return cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-
-
-def _append_with_comma(items: list, new):
-    """Append `new` to a comma-separated list, keeping a trailing comma where there was one."""
-    if not items:
-        return [new]
-    last = items[-1]
-    if isinstance(last.comma, cst.Comma):
-        # a trailing comma: the new item takes it over (with any line break before the closing
-        # bracket), the old last item gets the separator the earlier items use
-        separator = _separator_like(items, len(items) - 1)
-        return items[:-1] + [last.with_changes(comma=separator), new.with_changes(comma=last.comma)]
-    after = getattr(last, "whitespace_after_param", None)
-    if isinstance(after, cst.ParenthesizedWhitespace):
-        # `device\n):` -> `device, scaler\n):`: the closing bracket keeps its own line
-        separator = _separator_like(items, len(items) - 1)
-        return items[:-1] + [
-            last.with_changes(comma=separator, whitespace_after_param=cst.SimpleWhitespace("")),
-            new.with_changes(whitespace_after_param=after),
-        ]
-    return items + [new]
