@@ -370,3 +370,23 @@ def _run_module(project: Path):
                             env=env, cwd=project, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+def test_tower_gradients_returned_by_a_helper_are_computed_by_the_wrapped_optimizer(tmp_path):
+    """tower_gradients() returns tf.gradients results, the caller averages and applies them: the
+    helper gets `optimizer=None` and uses optimizer.compute_gradients when given it, the call in the
+    tower loop passes the optimizer. Converted, the loss-scale optimizer's compute_gradients runs
+    (once per tower) and the graph trains in float16; the original calls it never."""
+    source, conversion = _convert("exec_tower_gradients_helper")
+    assert [f.code for f in conversion.findings if f.severity.value != "info"] == []
+    assert "def tower_gradients(features, returns, optimizer=None):" in conversion.converted
+    assert "tower_gradients(feature_parts[i], return_parts[i], optimizer=optimizer)" in conversion.converted
+
+    converted = _run(tmp_path, "converted.py", conversion.converted)
+    _assert_trains(_losses(converted.stdout))
+    assert converted.stderr.count("AMPIFY_RUNNER loss-scale compute_gradients") == 2
+    assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]
+    wrapped_only = conversion.converted.replace(", optimizer=optimizer)", ")")
+    by_hand = _run(tmp_path, "wrapped_only.py", wrapped_only)
+    _assert_trains(_losses(by_hand.stdout))
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" not in by_hand.stderr  # why the helper needs it

@@ -20,6 +20,7 @@ import libcst as cst
 
 from ampify.findings import Finding, Severity
 from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.arguments import with_keyword
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.tf1.names import (
@@ -47,6 +48,9 @@ class GradientsPlan:
     findings: List[Finding] = field(default_factory=list)
     #: optimizer constructions to move above their tf.gradients, keyed by id of the statement
     moves: Dict[int, StatementMove] = field(default_factory=dict)
+    #: helper functions that get the optimizer as a new `optimizer=None` parameter, by id of
+    #: their FunctionDef (see _plan_helper_gradients)
+    new_parameters: Dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,6 +91,10 @@ class _ScopeFlow:
     #: other calls, with the dotted names of their plain arguments: code that may apply
     #: gradients it is handed (`variable_mgr.append_apply_gradients_ops(state, opt, grads)`)
     handoffs: List[Tuple[cst.Call, List[Tuple[str, cst.BaseExpression]], int, int]] = field(default_factory=list)
+    #: the values the body returns
+    return_values: List[cst.BaseExpression] = field(default_factory=list)
+    #: the FunctionDef, when this body is a module-level function (a helper callers may reach)
+    helper: Optional[cst.FunctionDef] = None
 
 
 class _References(cst.CSTVisitor):
@@ -116,6 +124,10 @@ class _References(cst.CSTVisitor):
         elif _is_other_gradients(node.func):
             self.labels.add(_other_gradients(node))
         else:
+            if isinstance(node.func, cst.Name):
+                # `grads = tower_grads(images, labels)`: what a function of this file returns
+                # (see _plan_helper_gradients)
+                self.labels.add(_helper_call(node))
             # `model_deploy.optimize_clones(clones, optimizer)`: a helper handed the optimizer
             # computes the gradients with it (see _from_helper_given).
             for arg in node.args:
@@ -150,6 +162,11 @@ def _from_helper_given(optimizer_name: str) -> Tuple[str, str]:
     return ("helper given", optimizer_name)
 
 
+def _helper_call(call: cst.Call) -> Tuple[str, str, int]:
+    """Label of the value a call of a function by its plain name returns."""
+    return ("helper call", call.func.value, id(call))  # type: ignore[union-attr]
+
+
 def _target_names(target: cst.BaseExpression) -> Set[str]:
     if isinstance(target, (cst.Tuple, cst.List)):
         names: Set[str] = set()
@@ -181,6 +198,12 @@ class _FlowCollector(cst.CSTVisitor):
         self.blocks: Dict[int, Sequence[cst.CSTNode]] = {}
         #: id of a tf.gradients call -> the statements enclosing it, outermost first
         self.enclosing: Dict[int, Tuple[cst.CSTNode, ...]] = {}
+        #: id of a call of a function by its plain name -> (the call, its line)
+        self.helper_calls: Dict[int, Tuple[cst.Call, int]] = {}
+        #: ids of tf.gradients calls kept as the fallback of a rewritten helper
+        #: (`[...optimizer.compute_gradients(...)] if optimizer is not None else tf.gradients(...)`)
+        self.fallbacks: Set[int] = set()
+        self._class_depth = 0
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, (cst.Module, cst.IndentedBlock)):
@@ -219,8 +242,25 @@ class _FlowCollector(cst.CSTVisitor):
             self._flow.assignment_lines.setdefault(target, []).append(self._statement_lines[-1])
 
     # scopes
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._class_depth += 1
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._class_depth -= 1
+
+    def visit_Return(self, node: cst.Return) -> None:
+        if node.value is not None:
+            self._flow.return_values.append(node.value)
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        if _is_helper_fallback(node):
+            for call in _calls_in(node.orelse):
+                self.fallbacks.add(id(call))
+
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         flow = _ScopeFlow(function_name=node.name.value)
+        if len(self._stack) == 1 and not self._class_depth:
+            flow.helper = node
         params = node.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             flow.params.add(param.name.value)
@@ -280,7 +320,9 @@ class _FlowCollector(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if self.resolve_name(func) in TF_GRADIENTS:
+        if isinstance(func, cst.Name):
+            self.helper_calls[id(node)] = (node, self.positions[node].start.line)
+        if self.resolve_name(func) in TF_GRADIENTS and id(node) not in self.fallbacks:
             position = self.positions[node].start
             self._flow.gradients_calls.append(
                 _GradientsCall(node, self._statement_lines[-1], position.line, position.column)
@@ -463,9 +505,11 @@ def plan_gradients_rewrites(
     collector = _FlowCollector(positions, resolve)
     walk(module, collector)
     plan = GradientsPlan()
+    helpers = _helpers_returning_gradients(collector, resolve)
     for flow in collector.finished:
         hoister = _Hoister(collector, flow, plan, wrapped_calls, positions)
-        _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names, hoister)
+        helper_rewrite = _HelperRewrite(collector, helpers, plan, rewrite, why_not_rewritten)
+        _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names, hoister, helper_rewrite)
         _warn_other_gradients(flow, resolve, collector.other_gradients, plan, keras_optimizer_names)
         _warn_gradients_handed_on(flow, resolve, plan, optimizer_names)
     plan.findings.sort(key=lambda f: (f.line, f.column, f.code))
@@ -510,7 +554,7 @@ def _warn_gradients_handed_on(flow: _ScopeFlow, resolve: Resolver, plan: Gradien
 
 
 def _plan_scope(
-    flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names, hoister
+    flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names, hoister, helper_rewrite=None
 ) -> None:
     if not flow.apply_calls:
         return
@@ -542,6 +586,9 @@ def _plan_scope(
         }
         if _other_labels(labels) or not apply.has_args or _passes_through(flow, apply, resolve):
             continue  # reported by _warn_other_gradients / not an Optimizer's apply_gradients
+        if not traced and apply.receiver_name not in keras_optimizer_names and helper_rewrite is not None:
+            if helper_rewrite.plan_for(flow, apply, labels):
+                continue
         if not traced and apply.receiver_name not in keras_optimizer_names:
             plan.findings.append(
                 Finding(
@@ -642,6 +689,149 @@ def _warn_other_gradients(flow, resolve, other_gradients, plan, keras_optimizer_
                     Severity.WARNING,
                 )
             )
+
+
+@dataclass
+class _Helper:
+    """A module-level function of the file that returns tf.gradients results
+    (`def tower_grads(...): ...; grads = tf.gradients(loss, tvars); return grads, loss`)."""
+
+    flow: _ScopeFlow
+    gradients: List[_GradientsCall]
+    #: why it cannot be rewritten (empty when it can)
+    reason: str = ""
+
+
+#: the parameter a helper gets to compute its gradients with the caller's optimizer
+HELPER_OPTIMIZER = "optimizer"
+
+
+def _helpers_returning_gradients(collector: _FlowCollector, resolve: Resolver) -> Dict[str, _Helper]:
+    """Module-level functions whose returned values hold tf.gradients results they do not apply
+    themselves, by name (a name defined twice is left out: which one runs is not known)."""
+    found: Dict[str, _Helper] = {}
+    defined: Dict[str, int] = {}
+    for flow in collector.finished:
+        if flow.helper is not None:
+            defined[flow.function_name] = defined.get(flow.function_name, 0) + 1
+    for flow in collector.finished:
+        if flow.helper is None or not flow.gradients_calls or defined[flow.function_name] > 1:
+            continue
+        taint = _taint(flow)
+        returned: Set[object] = set()
+        for value in flow.return_values:
+            returned |= _labels_of(value, taint, resolve)
+        applied: Set[object] = set()
+        for apply in flow.apply_calls:
+            applied |= _labels_of(apply.grads, taint, resolve)
+        gradients = [g for g in flow.gradients_calls if id(g.call) in returned and id(g.call) not in applied]
+        if not gradients:
+            continue
+        reason = next((f"its tf.gradients (line {g.line}) cannot become compute_gradients: {form}"
+                       for g in gradients for form in [_unsupported_form(g.call)] if form), "")
+        if not reason and (HELPER_OPTIMIZER in flow.params or HELPER_OPTIMIZER in flow.assignment_lines):
+            reason = f"{flow.function_name}() has a parameter or variable named {HELPER_OPTIMIZER} already"
+        found[flow.function_name] = _Helper(flow, gradients, reason)
+    return found
+
+
+class _HelperRewrite:
+    """Gradients that a helper of this file returns (`tower_grads()`, called per GPU tower) and the
+    caller applies: the helper gets an `optimizer=None` parameter and computes them with
+    `optimizer.compute_gradients` when given one (tf.gradients otherwise, as before, for any other
+    caller); the caller passes the optimizer that applies them, so the wrapper scales the loss."""
+
+    def __init__(self, collector: _FlowCollector, helpers: Dict[str, _Helper], plan: GradientsPlan,
+                 rewrite: bool, why_not_rewritten: str) -> None:
+        self.collector = collector
+        self.helpers = helpers
+        self.plan = plan
+        self.rewrite = rewrite
+        self.why_not_rewritten = why_not_rewritten
+
+    def plan_for(self, flow: _ScopeFlow, apply: _ApplyCall, labels: Set[object]) -> bool:
+        """Plan the rewrite (or warn why not) when `apply` receives what helpers return; False
+        when it receives nothing from one."""
+        calls = sorted({label[2]: label[1] for label in labels if isinstance(label, tuple)
+                        and label[0] == "helper call" and label[1] in self.helpers}.items())
+        if not calls:
+            return False
+        receiver = apply.receiver_name
+        for call_id, name in calls:
+            call, line = self.collector.helper_calls[call_id]
+            helper = self.helpers[name]
+            reason = self._why_not(flow, helper, call, line, receiver)
+            if reason:
+                first = helper.gradients[0]
+                self.plan.findings.append(Finding(
+                    CODE_NOT_REWRITABLE,
+                    f"tf.gradients result returned by {name}() reaches {_shown(apply)}.apply_gradients (line "
+                    f"{apply.line}) through its call at line {line}, without loss scaling (float16 gradients can "
+                    f"underflow silently); not rewritten: {reason}. Compute them with {_shown(apply)}."
+                    "compute_gradients(loss, var_list=...) instead",
+                    first.line, first.column, Severity.WARNING))
+                continue
+            self._rewrite(helper, name, call, line, apply)
+        return True
+
+    def _why_not(self, flow: _ScopeFlow, helper: _Helper, call: cst.Call, line: int, receiver: Optional[str]) -> str:
+        if not self.rewrite:
+            return self.why_not_rewritten
+        if helper.reason:
+            return helper.reason
+        if receiver is None:
+            return "the optimizer that applies them is not a plain name"
+        if "." not in receiver and not _bound_before(flow, receiver, line):
+            return f"the optimizer {receiver} is created after the call of {helper.flow.function_name}() (line {line})"
+        if any(arg.keyword is not None and arg.keyword.value == HELPER_OPTIMIZER or arg.star for arg in call.args):
+            return f"its call at line {line} passes {HELPER_OPTIMIZER}= or **kwargs already"
+        return ""
+
+    def _rewrite(self, helper: _Helper, name: str, call: cst.Call, line: int, apply: _ApplyCall) -> None:
+        plan = self.plan
+        if id(helper.flow.helper) not in plan.new_parameters:
+            plan.new_parameters[id(helper.flow.helper)] = HELPER_OPTIMIZER
+            for gradients in helper.gradients:
+                computed = _compute_gradients_expression(gradients.call, cst.Name(HELPER_OPTIMIZER))
+                plan.replacements[id(gradients.call)] = cst.IfExp(
+                    test=cst.parse_expression(f"{HELPER_OPTIMIZER} is not None"), body=computed,
+                    orelse=gradients.call, lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                plan.findings.append(Finding(
+                    CODE_REWROTE,
+                    f"rewrote tf.gradients in {name}() to {HELPER_OPTIMIZER}.compute_gradients when it is given the "
+                    f"optimizer (a new `{HELPER_OPTIMIZER}=None` parameter; a caller passing none still gets "
+                    "tf.gradients), so the loss is scaled before its callers apply the gradients",
+                    gradients.line, gradients.column, Severity.INFO))
+        if id(call) in plan.replacements:
+            return
+        position = self.collector.positions[call].start
+        plan.replacements[id(call)] = with_keyword(call, HELPER_OPTIMIZER, apply.receiver.deep_clone())
+        plan.findings.append(Finding(
+            CODE_REWROTE,
+            f"{name}() is passed {HELPER_OPTIMIZER}={_shown(apply)}: the gradients it returns, applied by "
+            f"{_shown(apply)}.apply_gradients (line {apply.line}), come from {_shown(apply)}.compute_gradients",
+            line, position.column, Severity.INFO))
+
+
+def _is_helper_fallback(node: cst.IfExp) -> bool:
+    """`[...] if optimizer is not None else tf.gradients(...)`, as _HelperRewrite writes it."""
+    test = node.test
+    return (isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name)
+            and test.left.value == HELPER_OPTIMIZER and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.IsNot)
+            and isinstance(test.comparisons[0].comparator, cst.Name) and test.comparisons[0].comparator.value == "None"
+            and "compute_gradients" in cst.Module(body=[]).code_for_node(node.body))
+
+
+def _calls_in(node: cst.CSTNode) -> List[cst.Call]:
+    found: List[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(_Calls())
+    return found
 
 
 class _Hoister:

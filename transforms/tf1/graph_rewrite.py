@@ -25,6 +25,7 @@ from ampify.transforms.base import Transform, TransformResult, UnitContext, Verd
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
+from ampify.transforms.kit.parameters import with_parameter
 from ampify.transforms.tf1.gradients_rewrite import GradientsPlan, plan_gradients_rewrites
 from ampify.transforms.tf1.module_header import (
     add_header_statements,
@@ -124,12 +125,21 @@ class _WrapAndReplace(cst.CSTTransformer):
         callees: Dict[int, str],
         replacements: Dict[int, cst.BaseExpression],
         moves: Dict[int, StatementMove],
+        new_parameters: Optional[Dict[int, str]] = None,
     ):
         #: id of an optimizer construction -> the wrapper's spelling there
         self.callees = callees
         self.replacements = replacements
         #: optimizer constructions moved above their tf.gradients (see tf1/optimizer_hoist.py)
         self.moves = moves
+        #: helper functions that take the optimizer (`optimizer=None`), by id
+        self.new_parameters = new_parameters or {}
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        name = self.new_parameters.get(id(original_node))
+        if name is None:
+            return updated_node
+        return updated_node.with_changes(params=with_parameter(updated_node.params, name, "None"))
 
     def leave_IndentedBlock(
         self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
@@ -336,7 +346,7 @@ class _GraphRewrite:
             return self._unconverted()
 
         callees, added_import = self._wrapper_callees(to_wrap)
-        new_module = self.module.visit(_WrapAndReplace(callees, plan.replacements, plan.moves))
+        new_module = self.module.visit(_WrapAndReplace(callees, plan.replacements, plan.moves, plan.new_parameters))
         set_env = self.options.tf_ignore_performance and not self.survey.mentions_ignore_performance_env
         new_module, index = add_header_statements(
             new_module, set_env_var=set_env, added_import=added_import
