@@ -63,6 +63,9 @@ class FunctionOutline:
     grad_with_graph: int = 0
     #: the plain names it calls (`_gradient_penalty(...)`), to follow into functions of its module
     local_calls: Tuple[str, ...] = ()
+    #: in a module that imports tensorflow, the line of a `tf.gradients(...)` in its body (0 if none):
+    #: per-tower gradients a caller of another module may apply
+    tf_gradients: int = 0
 
 
 @dataclass(frozen=True)
@@ -778,7 +781,7 @@ def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
     moved = set()
     returns = []
     builds_optimizer = calls_backward = False
-    grad_with_graph = 0
+    grad_with_graph = tf_gradients = 0
     local_calls = set()
     for node in ast.walk(function):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
@@ -791,6 +794,8 @@ def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
         if tensorflow and isinstance(node, ast.Call):
             called = _dotted(node.func) or ""
             builds_optimizer = builds_optimizer or called.rsplit(".", 1)[-1].endswith("Optimizer")
+            if not tf_gradients and called.split(".")[0] in ("tf", "tensorflow") and called.endswith(".gradients"):
+                tf_gradients = node.lineno
         if isinstance(node, ast.Assign) and _is_device_move(node.value):
             moved |= {t.id for t in node.targets if isinstance(t, ast.Name)}
         elif isinstance(node, ast.Expr) and _is_device_move(node.value):
@@ -801,7 +806,8 @@ def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
             returns.append(node.value)
     returns_moved = any(_is_device_move(value) or (isinstance(value, ast.Name) and value.id in moved) for value in returns)
     return FunctionOutline(function.name, function.lineno, params, returns_moved, builds_optimizer, calls_backward,
-                           grad_with_graph=grad_with_graph, local_calls=tuple(sorted(local_calls)))
+                           grad_with_graph=grad_with_graph, local_calls=tuple(sorted(local_calls)),
+                           tf_gradients=tf_gradients)
 
 
 def _is_grad_with_graph(call: ast.Call) -> bool:
@@ -963,6 +969,17 @@ class ProjectView:
             resolved = self.index.function(self.path, dotted, outline.imports, trainer_classes=True)
             if resolved is not None and resolved[0] != self.path:
                 yield resolved[0], resolved[1], dotted
+
+    def tf_gradients_function(self, dotted: str) -> Optional[Tuple[str, str, str]]:
+        """(key, display, function name) of the project function `dotted` (as this module calls it,
+        also through re-exporting packages) of another module when it runs tf.gradients; else None."""
+        outline = self._own_outline()
+        if outline is None:
+            return None
+        found = self.index.defining_function(self.path, dotted, outline.imports)
+        if found is None or found[0] == self.path or not found[1].tf_gradients:
+            return None
+        return str(found[0]), self.where(found[0], 0).rsplit(":", 1)[0], found[1].name
 
     def gradient_penalty_function(self, dotted: str) -> Optional[Tuple[str, str, str]]:
         """(key, display, function name) of the project function `dotted` (as this module calls

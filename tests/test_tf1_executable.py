@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -390,3 +391,26 @@ def test_tower_gradients_returned_by_a_helper_are_computed_by_the_wrapped_optimi
     by_hand = _run(tmp_path, "wrapped_only.py", wrapped_only)
     _assert_trains(_losses(by_hand.stdout))
     assert "AMPIFY_RUNNER loss-scale compute_gradients" not in by_hand.stderr  # why the helper needs it
+
+
+def test_tower_gradients_of_a_helper_in_another_module_are_loss_scaled_in_one_change_set(tmp_path):
+    """main.py applies what model.tower_gradients() returns (tf.gradients there). Converted as a
+    repository, model.py's helper takes the optimizer and main.py passes it: the loss-scale
+    optimizer's compute_gradients runs once per tower and the graph runs in float16. main.py
+    converted alone keeps the gradients as they are and says which module to add."""
+    case = Path(__file__).resolve().parent.parent / "fixtures" / "repositories" / "tf1_tower_gradients_in_other_module"
+    project = tmp_path / "project"
+    shutil.copytree(case / "input", project)
+    (project / "pyproject.toml").write_text("[project]\nname = 'towers'\n")
+    alone = subprocess.run([sys.executable, "-m", "ampify", str(project / "main.py"), "--check"], capture_output=True,
+                           text=True, cwd=tmp_path, timeout=120)
+    assert "model.py is not in this run: run ampify on both files or on the repository" in alone.stdout, alone.stdout
+    converted = subprocess.run([sys.executable, "-m", "ampify", str(project)], capture_output=True, text=True,
+                               cwd=tmp_path, timeout=120)
+    assert converted.returncode == 0, converted.stdout + converted.stderr
+    for name in ("main.py", "model.py"):
+        assert (project / name).read_text() == (case / "expected" / name).read_text()
+    after = _run_module(project)
+    _assert_trains(_losses(after.stdout))
+    assert after.stderr.count("AMPIFY_RUNNER loss-scale compute_gradients") == 2
+    assert _converted_nodes(after.stderr) > 0, after.stderr[-4000:]

@@ -115,3 +115,11 @@ if hypothesmith is not None:
     @given(hypothesmith.from_grammar())
     def test_arbitrary_python_never_crashes(source):
         _check(TF1_PREFIX + source if not source.lstrip().startswith("from __future__") else source)
+
+
+def test_an_optimizer_declared_global_again_after_tf_gradients_is_not_used_before_it():
+    """Found by the property above: `global opt` repeated after tf.gradients; rewriting it to
+    opt.compute_gradients would use opt before its last declaration (the output did not compile)."""
+    _check("import tensorflow as tf\nsess = tf.Session()\nglobal opt\ngrads = tf.gradients(loss, tvars)\nglobal opt\n"
+           "train_op = opt.apply_gradients(zip(grads, tvars))\n"
+           "def f(loss, lr=tf.train.AdamOptimizer, *a, **k):\n    opt = tf.train.AdamOptimizer(lr)\n")

@@ -81,6 +81,10 @@ class ProjectFacts(Protocol):
         """("loss/loss.py:78", class name, "self.acc_loss") for every project class with a
         backward() of its own that runs `self.<attribute>.backward()` (a loss object)."""
 
+    def tf_gradients_function(self, dotted: str) -> Optional[Tuple[str, str, str]]:
+        """(key, display, function name) of the function of another project module that `dotted`
+        (as this module calls it) reaches, when it runs tf.gradients; None otherwise."""
+
     def loss_class_filled_by(self, method: str) -> Union[None, str, Tuple[str, str, str, str]]:
         """(key, "loss/loss.py:78", class name, "self.acc_loss") of the one loss class with a
         backward() of its own (or a subclass of it) that defines `method` (`eval_batch`); None when

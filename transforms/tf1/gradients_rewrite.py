@@ -14,14 +14,16 @@ to rewrite safely get a warning with the line instead.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 
 from ampify.findings import Finding, Severity
 from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.base import CompanionChange
 from ampify.transforms.kit.arguments import with_keyword
 from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.kit.parameters import with_parameter
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.tf1.names import (
     GRADIENTS_TO_COMPUTE_GRADIENTS_KWARGS,
@@ -51,6 +53,8 @@ class GradientsPlan:
     #: helper functions that get the optimizer as a new `optimizer=None` parameter, by id of
     #: their FunctionDef (see _plan_helper_gradients)
     new_parameters: Dict[int, str] = field(default_factory=dict)
+    #: edits of other project modules whose helpers take the optimizer (one change set)
+    companions: List[CompanionChange] = field(default_factory=list)
 
 
 @dataclass
@@ -84,7 +88,7 @@ class _ScopeFlow:
     assignment_lines: Dict[str, List[int]] = field(default_factory=dict)
     gradients_calls: List[_GradientsCall] = field(default_factory=list)
     apply_calls: List[_ApplyCall] = field(default_factory=list)
-    #: name -> line of its `global` / `nonlocal` declaration in this body
+    #: name -> line of its last `global` / `nonlocal` declaration in this body
     declared_lines: Dict[str, int] = field(default_factory=dict)
     #: name -> the statements that assign it with `=`
     assignment_statements: Dict[str, List[cst.CSTNode]] = field(default_factory=dict)
@@ -124,9 +128,9 @@ class _References(cst.CSTVisitor):
         elif _is_other_gradients(node.func):
             self.labels.add(_other_gradients(node))
         else:
-            if isinstance(node.func, cst.Name):
-                # `grads = tower_grads(images, labels)`: what a function of this file returns
-                # (see _plan_helper_gradients)
+            if _may_be_a_helper(node, self.resolve_name):
+                # `grads = tower_grads(images, labels)`: what a function of this file (or of
+                # another project module) returns (see _HelperRewrite)
                 self.labels.add(_helper_call(node))
             # `model_deploy.optimize_clones(clones, optimizer)`: a helper handed the optimizer
             # computes the gradients with it (see _from_helper_given).
@@ -163,8 +167,16 @@ def _from_helper_given(optimizer_name: str) -> Tuple[str, str]:
 
 
 def _helper_call(call: cst.Call) -> Tuple[str, str, int]:
-    """Label of the value a call of a function by its plain name returns."""
-    return ("helper call", call.func.value, id(call))  # type: ignore[union-attr]
+    """Label of the value a call of a function (by its dotted name) returns."""
+    return ("helper call", dotted_name(call.func) or "", id(call))
+
+
+def _may_be_a_helper(call: cst.Call, resolve: Resolver) -> bool:
+    """A call of a function by its (dotted) name that is not TensorFlow's or numpy's."""
+    if not dotted_name(call.func):
+        return False
+    qualified = resolve(call.func) or ""
+    return qualified.split(".")[0] not in ("tensorflow", "numpy", "tf", "np")
 
 
 def _target_names(target: cst.BaseExpression) -> Set[str]:
@@ -275,13 +287,17 @@ class _FlowCollector(cst.CSTVisitor):
     def leave_Module(self, original_node: cst.Module) -> None:
         self.finished.append(self._stack.pop())
 
+    def _declare(self, name: str, line: int) -> None:
+        # the last declaration counts: a name used before any of them does not compile
+        self._flow.declared_lines[name] = max(line, self._flow.declared_lines.get(name, 0))
+
     def visit_Global(self, node: cst.Global) -> None:
         for item in node.names:
-            self._flow.declared_lines.setdefault(item.name.value, self._line(node))
+            self._declare(item.name.value, self._line(node))
 
     def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
         for item in node.names:
-            self._flow.declared_lines.setdefault(item.name.value, self._line(node))
+            self._declare(item.name.value, self._line(node))
 
     # statement lines
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
@@ -320,7 +336,7 @@ class _FlowCollector(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Name):
+        if _may_be_a_helper(node, self.resolve_name):
             self.helper_calls[id(node)] = (node, self.positions[node].start.line)
         if self.resolve_name(func) in TF_GRADIENTS and id(node) not in self.fallbacks:
             position = self.positions[node].start
@@ -495,6 +511,8 @@ def plan_gradients_rewrites(
     keras_optimizer_names: frozenset = frozenset(),
     wrapped_calls: frozenset = frozenset(),
     optimizer_names: frozenset = frozenset(),
+    project=None,
+    display: str = "",
 ) -> GradientsPlan:
     """Find tf.gradients results that reach apply_gradients; plan rewrites or warnings.
 
@@ -506,12 +524,13 @@ def plan_gradients_rewrites(
     walk(module, collector)
     plan = GradientsPlan()
     helpers = _helpers_returning_gradients(collector, resolve)
+    helper_rewrite = _HelperRewrite(collector, helpers, plan, rewrite, why_not_rewritten, project, display)
     for flow in collector.finished:
         hoister = _Hoister(collector, flow, plan, wrapped_calls, positions)
-        helper_rewrite = _HelperRewrite(collector, helpers, plan, rewrite, why_not_rewritten)
         _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names, hoister, helper_rewrite)
         _warn_other_gradients(flow, resolve, collector.other_gradients, plan, keras_optimizer_names)
         _warn_gradients_handed_on(flow, resolve, plan, optimizer_names)
+    helper_rewrite.write_companions()
     plan.findings.sort(key=lambda f: (f.line, f.column, f.code))
     return plan
 
@@ -742,24 +761,39 @@ class _HelperRewrite:
     caller); the caller passes the optimizer that applies them, so the wrapper scales the loss."""
 
     def __init__(self, collector: _FlowCollector, helpers: Dict[str, _Helper], plan: GradientsPlan,
-                 rewrite: bool, why_not_rewritten: str) -> None:
+                 rewrite: bool, why_not_rewritten: str, project=None, display: str = "") -> None:
         self.collector = collector
         self.helpers = helpers
         self.plan = plan
         self.rewrite = rewrite
         self.why_not_rewritten = why_not_rewritten
+        self.project = project
+        self.display = display
+        #: dotted name -> (key, display, function name) of a helper of another module, or None
+        self._foreign: Dict[str, Optional[Tuple[str, str, str]]] = {}
+        #: key of another module -> (its display, its helpers to rewrite there)
+        self._foreign_edits: Dict[str, Tuple[str, Set[str]]] = {}
+
+    def foreign(self, dotted: str) -> Optional[Tuple[str, str, str]]:
+        if dotted not in self._foreign:
+            ask = getattr(self.project, "tf_gradients_function", None)
+            self._foreign[dotted] = ask(dotted) if ask is not None and dotted not in self.helpers else None
+        return self._foreign[dotted]
 
     def plan_for(self, flow: _ScopeFlow, apply: _ApplyCall, labels: Set[object]) -> bool:
         """Plan the rewrite (or warn why not) when `apply` receives what helpers return; False
         when it receives nothing from one."""
         calls = sorted({label[2]: label[1] for label in labels if isinstance(label, tuple)
-                        and label[0] == "helper call" and label[1] in self.helpers}.items())
+                        and label[0] == "helper call" and (label[1] in self.helpers or self.foreign(label[1]))}.items())
         if not calls:
             return False
         receiver = apply.receiver_name
         for call_id, name in calls:
             call, line = self.collector.helper_calls[call_id]
-            helper = self.helpers[name]
+            helper = self.helpers.get(name)
+            if helper is None:
+                self._plan_foreign(flow, apply, name, call, line)
+                continue
             reason = self._why_not(flow, helper, call, line, receiver)
             if reason:
                 first = helper.gradients[0]
@@ -774,15 +808,64 @@ class _HelperRewrite:
             self._rewrite(helper, name, call, line, apply)
         return True
 
-    def _why_not(self, flow: _ScopeFlow, helper: _Helper, call: cst.Call, line: int, receiver: Optional[str]) -> str:
+    def _plan_foreign(self, flow: _ScopeFlow, apply: _ApplyCall, dotted: str, call: cst.Call, line: int) -> None:
+        """The helper is a function of another project module (`model.tower_grads(...)`): it is
+        rewritten there, in the same change set, and this call passes the optimizer."""
+        key, display, function_name = self.foreign(dotted)  # type: ignore[misc]
+        reason = self._why_not(flow, None, call, line, apply.receiver_name, function_name)
+        if not reason and not self.project.in_this_run(key):
+            reason = f"{display} is not in this run: run ampify on both files or on the repository"
+        source = None if reason else self.project.source_of(key)
+        if not reason and source is None:
+            reason = f"{display} cannot be read"
+        if not reason:
+            checked = rewrite_helpers_of_module(source, [function_name])
+            reason = checked if isinstance(checked, str) else ""
+        position = self.collector.positions[call].start
+        if reason:
+            self.plan.findings.append(Finding(
+                CODE_NOT_REWRITABLE,
+                f"{dotted}() ({display}) returns tf.gradients results that reach {_shown(apply)}.apply_gradients "
+                f"(line {apply.line}) without loss scaling (float16 gradients can underflow silently); not rewritten: "
+                f"{reason}. Compute them there with {_shown(apply)}.compute_gradients(loss, var_list=...) instead",
+                line, position.column, Severity.WARNING))
+            return
+        self._foreign_edits.setdefault(key, (display, set()))[1].add(function_name)
+        if id(call) in self.plan.replacements:
+            return
+        self.plan.replacements[id(call)] = with_keyword(call, HELPER_OPTIMIZER, apply.receiver.deep_clone())
+        self.plan.findings.append(Finding(
+            CODE_REWROTE,
+            f"{dotted}() is passed {HELPER_OPTIMIZER}={_shown(apply)}: {function_name}() in {display} computes the "
+            f"gradients it returns with {HELPER_OPTIMIZER}.compute_gradients when given one (written together with "
+            f"this file, as one change set), so {_shown(apply)}.apply_gradients (line {apply.line}) gets loss-scaled "
+            "gradients",
+            line, position.column, Severity.INFO))
+
+    def write_companions(self) -> None:
+        """One edit per other module, holding every helper of it that the calls here reach."""
+        for key, (display, functions) in sorted(self._foreign_edits.items()):
+            source = self.project.source_of(key)
+            rewritten = rewrite_helpers_of_module(source, sorted(functions)) if source is not None else "unreadable"
+            if isinstance(rewritten, str) or rewritten[0] is None:
+                continue  # checked before: only "rewritten already" (another change set of this run) lands here
+            new, notes = rewritten
+            self.plan.companions.append(CompanionChange(
+                key=key, display=display, old=source, new=new,
+                findings=[Finding(CODE_REWROTE, message, line, column, Severity.INFO) for line, column, message in notes],
+                reason=f"changed with {self.display}: its gradients helpers compute with the optimizer they are passed"))
+
+    def _why_not(self, flow: _ScopeFlow, helper: Optional[_Helper], call: cst.Call, line: int,
+                 receiver: Optional[str], name: str = "") -> str:
         if not self.rewrite:
             return self.why_not_rewritten
-        if helper.reason:
+        if helper is not None and helper.reason:
             return helper.reason
+        name = name or (helper.flow.function_name if helper is not None else "")
         if receiver is None:
             return "the optimizer that applies them is not a plain name"
         if "." not in receiver and not _bound_before(flow, receiver, line):
-            return f"the optimizer {receiver} is created after the call of {helper.flow.function_name}() (line {line})"
+            return f"the optimizer {receiver} is created after the call of {name}() (line {line})"
         if any(arg.keyword is not None and arg.keyword.value == HELPER_OPTIMIZER or arg.star for arg in call.args):
             return f"its call at line {line} passes {HELPER_OPTIMIZER}= or **kwargs already"
         return ""
@@ -790,18 +873,9 @@ class _HelperRewrite:
     def _rewrite(self, helper: _Helper, name: str, call: cst.Call, line: int, apply: _ApplyCall) -> None:
         plan = self.plan
         if id(helper.flow.helper) not in plan.new_parameters:
-            plan.new_parameters[id(helper.flow.helper)] = HELPER_OPTIMIZER
-            for gradients in helper.gradients:
-                computed = _compute_gradients_expression(gradients.call, cst.Name(HELPER_OPTIMIZER))
-                plan.replacements[id(gradients.call)] = cst.IfExp(
-                    test=cst.parse_expression(f"{HELPER_OPTIMIZER} is not None"), body=computed,
-                    orelse=gradients.call, lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-                plan.findings.append(Finding(
-                    CODE_REWROTE,
-                    f"rewrote tf.gradients in {name}() to {HELPER_OPTIMIZER}.compute_gradients when it is given the "
-                    f"optimizer (a new `{HELPER_OPTIMIZER}=None` parameter; a caller passing none still gets "
-                    "tf.gradients), so the loss is scaled before its callers apply the gradients",
-                    gradients.line, gradients.column, Severity.INFO))
+            plan.findings.extend(
+                Finding(CODE_REWROTE, message, line_, column, Severity.INFO)
+                for line_, column, message in _rewrite_helper(plan, helper, name))
         if id(call) in plan.replacements:
             return
         position = self.collector.positions[call].start
@@ -811,6 +885,79 @@ class _HelperRewrite:
             f"{name}() is passed {HELPER_OPTIMIZER}={_shown(apply)}: the gradients it returns, applied by "
             f"{_shown(apply)}.apply_gradients (line {apply.line}), come from {_shown(apply)}.compute_gradients",
             line, position.column, Severity.INFO))
+
+
+def _rewrite_helper(plan: GradientsPlan, helper: _Helper, name: str) -> List[Tuple[int, int, str]]:
+    """Plan `optimizer=None` for the helper and `[... optimizer.compute_gradients(...)] if optimizer
+    is not None else tf.gradients(...)` for its gradients; (line, column, message) of each rewrite."""
+    plan.new_parameters[id(helper.flow.helper)] = HELPER_OPTIMIZER
+    notes = []
+    for gradients in helper.gradients:
+        computed = _compute_gradients_expression(gradients.call, cst.Name(HELPER_OPTIMIZER))
+        plan.replacements[id(gradients.call)] = cst.IfExp(
+            test=cst.parse_expression(f"{HELPER_OPTIMIZER} is not None"), body=computed,
+            orelse=gradients.call, lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        notes.append((gradients.line, gradients.column,
+                      f"rewrote tf.gradients in {name}() to {HELPER_OPTIMIZER}.compute_gradients when it is given the "
+                      f"optimizer (a new `{HELPER_OPTIMIZER}=None` parameter; a caller passing none still gets "
+                      "tf.gradients), so the loss is scaled before its callers apply the gradients"))
+    return notes
+
+
+def rewrite_helpers_of_module(source: bytes, names: Sequence[str]
+                              ) -> Union[str, Tuple[Optional[bytes], List[Tuple[int, int, str]]]]:
+    """The other half of a helper of another module (`model.tower_grads(...)` called by a TF1
+    training file): each named module-level function takes `optimizer=None` and computes the
+    gradients it returns with it when given one. (new source, notes), (None, []) when every one
+    takes it already (another change set of this run wrote it), or the reason it cannot be done."""
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.tf1.names import normalise_tf_name
+
+    try:
+        module = cst.parse_module(source)
+    except Exception as error:  # the other module does not parse
+        return f"it does not parse ({type(error).__name__})"
+    imports = ImportMap.from_module(module)
+
+    def resolve(node: cst.CSTNode) -> Optional[str]:
+        return normalise_tf_name(imports.resolve(node))
+
+    collector = _FlowCollector(Positions(module), resolve)
+    walk(module, collector)
+    helpers = _helpers_returning_gradients(collector, resolve)
+    plan = GradientsPlan()
+    notes: List[Tuple[int, int, str]] = []
+    for name in names:
+        helper = helpers.get(name)
+        if helper is None:
+            if any(flow.helper is not None and flow.function_name == name and HELPER_OPTIMIZER in flow.params
+                   and not flow.gradients_calls for flow in collector.finished):
+                continue  # rewritten already: its tf.gradients is the fallback of compute_gradients
+            return f"{name}() does not return the tf.gradients results it computes in a form ampify follows"
+        if helper.reason:
+            return helper.reason
+        notes += _rewrite_helper(plan, helper, name)
+    if not plan.new_parameters:
+        return None, []
+    new = module.visit(_HelperEdits(plan.replacements, plan.new_parameters))
+    return new.bytes, notes
+
+
+class _HelperEdits(cst.CSTTransformer):
+    """The planned helper rewrites of another module (no optimizer to wrap there)."""
+
+    def __init__(self, replacements: Dict[int, cst.BaseExpression], new_parameters: Dict[int, str]) -> None:
+        self.replacements = replacements
+        self.new_parameters = new_parameters
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return self.replacements.get(id(original_node), updated_node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        name = self.new_parameters.get(id(original_node))
+        if name is None:
+            return updated_node
+        return updated_node.with_changes(params=with_parameter(updated_node.params, name, "None"))
 
 
 def _is_helper_fallback(node: cst.IfExp) -> bool:

@@ -308,7 +308,8 @@ class _GraphRewrite:
             return GradientsPlan()  # nothing is applied or handed on, so nothing can bypass loss scaling
         optimizer_names = frozenset(name for site in self._tf1_sites() for name in site.assigned_to)
         return plan_gradients_rewrites(
-            self.module, self.positions, self.resolve, optimizer_names=optimizer_names, **kwargs
+            self.module, self.positions, self.resolve, optimizer_names=optimizer_names,
+            project=self.project, display=self.display, **kwargs
         )
 
     # -- TF1 graph code ------------------------------------------------------------------------
@@ -371,7 +372,7 @@ class _GraphRewrite:
             self.findings,
             f"wrapped {wrapped} optimizer{'s' if wrapped != 1 else ''} with the mixed precision "
             "graph rewrite",
-            companions=companions,
+            companions=companions + plan.companions,
         )
 
     def _sessions_here(self, sessions_here) -> Optional[TransformResult]:
