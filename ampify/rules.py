@@ -233,7 +233,7 @@ RULES: List[Rule] = [
          "The gradients live in a distributed autograd context that a DistributedOptimizer steps, with no local .grad to "
          "unscale; the forward pass runs partly on remote workers, where a local autocast does not apply.",
          _RPC_EXAMPLE, MANUAL, incomplete=True),
-    Rule("AMP237", "warning", "the optimizer built here is stepped by a training function of a module not in this run; not converted",
+    Rule("AMP237", "warning", "the training step this file runs (with its optimizer, or wholly) is in a module not in this run; not converted",
          "A driver (DETR's main.py) builds the optimizer and hands it to `engine.train_one_epoch(...)`: the GradScaler is "
          "created in the driver and passed to the step in the engine, one change set for both files. Named alone, the "
          "driver was reported as having no training code while it trains in float32.",
@@ -358,7 +358,7 @@ RULES: List[Rule] = [
          "g = autograd.grad(outputs=d_out, inputs=x, create_graph=True)[0]\n  -> penalty_scale = "
          "amp.state_dict()[\"loss_scaler0\"][\"loss_scale\"]\n     g = autograd.grad(outputs=d_out.float() * "
          "penalty_scale, inputs=x, create_graph=True)[0]\n     g = g / penalty_scale", REVIEW),
-    Rule("AMP327", "warning", "the optimizer built here is stepped by a training function of a module not in this run; not converted",
+    Rule("AMP327", "warning", "the training step this file runs (with its optimizer, or wholly) is in a module not in this run; not converted",
          "amp.initialize goes after the optimizer in the driver and amp.scale_loss around the backward in the engine: one "
          "change set for both files, so both must be in the run.",
          "train_one_epoch(model, criterion, loader, optimizer, device)  # engine.py not named", MANUAL, incomplete=True),

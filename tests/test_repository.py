@@ -728,3 +728,26 @@ def test_two_trainers_sharing_a_penalty_module_both_pass_their_scaler(tmp_path, 
     assert (tree / "train_dragan.py").read_bytes() == (expected / "train.py").read_bytes()
     penalty = "torchprob/gan/gradient_penalty.py"
     assert (tree / penalty).read_bytes() == (expected / penalty).read_bytes()
+
+
+def test_a_script_training_wholly_through_a_trainer_of_another_module_named_alone_is_not_converted(tmp_path):
+    """minGPT's chargpt.py: no optimizer and no backward() here, `Trainer(model).run()` of trainer.py
+    trains. Named alone it stays float32, so it is "not converted" with AMP237 naming trainer.py (it
+    said "no training code"); with the trainer in the run, trainer.py converts and run.py needs nothing."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "trainer.py").write_text(
+        "import torch\n\n\nclass Trainer:\n    def __init__(self, model):\n        self.model = model\n\n"
+        "    def run(self, batches):\n        optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)\n"
+        "        for x, y in batches:\n            loss = torch.nn.functional.mse_loss(self.model(x), y)\n"
+        "            optimizer.zero_grad()\n            loss.backward()\n            optimizer.step()\n")
+    (tmp_path / "run.py").write_text(
+        "import torch\n\nfrom trainer import Trainer\n\nmodel = torch.nn.Linear(4, 1)\n"
+        "Trainer(model).run([(torch.randn(2, 4), torch.randn(2, 1))])\n")
+    alone = subprocess.run([sys.executable, "-m", "ampify", "run.py", "--check"], cwd=tmp_path, capture_output=True,
+                           text=True)
+    assert alone.returncode == 1, alone.stdout + alone.stderr
+    assert "run.py: not converted: the training step is in trainer.py, not in this run" in alone.stdout
+    assert "AMP237 warning: Trainer() (trainer.py:4) runs this script's training step" in alone.stdout
+    both = subprocess.run([sys.executable, "-m", "ampify", ".", "--check", "-v"], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert "1 would be changed" in both.stdout and "AMP237" not in both.stdout, both.stdout

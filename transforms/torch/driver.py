@@ -352,7 +352,7 @@ class TorchConversion(abc.ABC):
         optimizers = {b.name: b for b in s.bindings
                       if b.qualified_call and names.is_optimizer_qualname(b.qualified_call) and b.kind == "assign"}
         if not optimizers:
-            return None
+            return self._trains_through_a_module_not_in_run()
         for key, where, dotted, is_class in self.project.training_functions_called():
             if self.project.in_this_run(key):
                 continue
@@ -370,6 +370,27 @@ class TorchConversion(abc.ABC):
                                                line=s.line(binding.statement) if binding.statement else s.line(call)),
                           call)
                 return self.result(Verdict.UNCONVERTED, f"the training step is in {module}, not in this run; see the warning")
+        return None
+
+    def _trains_through_a_module_not_in_run(self) -> Optional[TransformResult]:
+        """A script that builds no optimizer and trains through a training function or class of
+        another module (minGPT's chargpt.py: `Trainer(config.trainer, model, dataset).run()`), named
+        without that module: the step stays float32, so the file is not reported as having no
+        training code; the warning names the module to add. None when there is no such call."""
+        s = self.structure
+        for key, where, dotted, is_class in self.project.training_functions_called():
+            if self.project.in_this_run(key):
+                continue
+            call = next((c for c in statements.calls_within(s.module) if dotted_name(c.func) == dotted), None)
+            if call is None:
+                continue
+            code = self.rules.training_elsewhere[0]
+            module = where.rsplit(":", 1)[0]
+            what = "the class" if is_class else "the function"
+            self.warn(code, f"{dotted}() ({where}) runs this script's training step, and {module} is not in this run: "
+                            f"the conversion goes into {what} there (and into this file if the step needs something "
+                            f"from it); run ampify on {module} too, or on the repository", call)
+            return self.result(Verdict.UNCONVERTED, f"the training step is in {module}, not in this run; see the warning")
         return None
 
     def _torch_through_the_project(self) -> Optional[str]:
