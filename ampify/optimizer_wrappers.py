@@ -25,7 +25,7 @@ import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import FrozenSet, List, Optional
 
 #: a file can hold a wrapper only if it calls `self.<attribute>.step()`
 _MARKER = re.compile(rb"self\.\w+\.step\(\)")
@@ -48,6 +48,9 @@ class WrapperStep:
     obstacle: Optional[str] = None
     #: it takes `scaler=None` and steps through it already (ampify converted it before)
     takes_scaler: bool = False
+    #: the names an instance of the class answers to: its methods and the attributes it sets on
+    #: self (seq2seq's Optimizer: update, set_scheduler, optimizer, scheduler, max_grad_norm...)
+    members: FrozenSet[str] = frozenset()
 
 
 def wrapper_steps(path: Path, data: bytes) -> List[WrapperStep]:
@@ -67,6 +70,7 @@ def wrapper_steps(path: Path, data: bytes) -> List[WrapperStep]:
         if init is None:
             continue
         inner = _attributes_from_arguments(init)
+        members = _members(klass)
         for method in methods:
             if method.name.startswith("__") or _calls_backward(method):
                 continue
@@ -79,8 +83,25 @@ def wrapper_steps(path: Path, data: bytes) -> List[WrapperStep]:
             takes_scaler = _takes_scaler(method, attribute)
             found.append(WrapperStep(
                 path, klass.name, method.name, method.lineno, attribute, _reads_gradients(method),
-                None if takes_scaler else _obstacle(method, statement_of_its_own), takes_scaler))
+                None if takes_scaler else _obstacle(method, statement_of_its_own), takes_scaler, members))
     return found
+
+
+def _members(klass: ast.ClassDef) -> FrozenSet[str]:
+    """The class's methods, class attributes and the attributes its methods set on self."""
+    found = set()
+    for node in klass.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Assign):
+            found.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in ast.walk(klass):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                found.add(target.attr)
+    return frozenset(found)
 
 
 def _attributes_from_arguments(init: ast.FunctionDef) -> set:

@@ -149,7 +149,8 @@ print(json.dumps({{"losses": {module}.LOSSES, **calls}}))
 """
 
 
-@pytest.mark.parametrize("module, entry, steps, unscales", [("train", "main", 8, 8), ("seq2seq_trainer", "run", 4, 4)])
+@pytest.mark.parametrize("module, entry, steps, unscales",
+                         [("train", "main", 8, 8), ("seq2seq_trainer", "run", 4, 4), ("handed_trainer", "run", 4, 4)])
 def test_training_through_a_converted_optimizer_wrapper_runs_on_cpu(tmp_path, module, entry, steps, unscales):
     """The converted scripts step Adam through GradScaler inside the project's wrapper classes
     (ScheduledOptim's Noam schedule, seq2seq's clipping Optimizer, which unscales first), under
@@ -208,6 +209,60 @@ def test_without_a_project_marker_the_named_folder_is_the_project(tmp_path):
     assert completed.returncode == 1, completed.stdout + completed.stderr
     assert "src/transformer/optimizer.py:5 TransformerOptimizer.step() has a step() of its own" in completed.stdout
     assert _tree(tree) == before
+
+
+@pytest.mark.parametrize("use, converts", [
+    ("self.optimizer.update(total, epoch)", True),
+    ("print(self.optimizer.optimizer)", True),
+    # a torch optimizer's own attribute, which the wrapper does not have: it may be a plain one
+    ("self.optimizer.update(total, epoch)\n        print(self.optimizer.param_groups[0]['lr'])", False),
+    # under a type test the use is no evidence
+    ("if hasattr(self.optimizer, 'update'):\n            self.optimizer.update(total, epoch)", False),
+    # a member both have (zero_grad) tells nothing
+    ("self.optimizer.zero_grad()", False),
+])
+def test_a_trainer_handed_its_optimizer_steps_through_the_wrapper_only_when_used_as_one(tmp_path, use, converts):
+    """pytorch-seq2seq's trainer is handed `optimizer` (a parameter: a torch optimizer or the
+    project's wrapper, whose step() would make scaler.step(self.optimizer) fail). A use of a member
+    only the wrapper has, in the trainer's class, says which; anything less stays refused (AMP215)."""
+    tree = tmp_path / "repo"
+    (tree / ".git").mkdir(parents=True)
+    (tree / "optim.py").write_text(
+        "class Optimizer(object):\n"
+        "    def __init__(self, optim):\n"
+        "        self.optimizer = optim\n"
+        "    def step(self):\n"
+        "        self.optimizer.step()\n"
+        "    def update(self, loss, epoch):\n"
+        "        pass\n"
+    )
+    (tree / "trainer.py").write_text(
+        "import torch\n\n\n"
+        "class Trainer(object):\n"
+        "    def __init__(self, model, optimizer):\n"
+        "        self.model = model.cuda()\n"
+        "        self.optimizer = optimizer\n\n"
+        "    def run_epoch(self, loader, epoch):\n"
+        "        total = 0.0\n"
+        "        for x, y in loader:\n"
+        "            loss = torch.nn.functional.mse_loss(self.model(x.cuda()), y.cuda())\n"
+        "            loss.backward()\n"
+        "            self.optimizer.step()\n"
+        "            total += loss.item()\n"
+        f"        {use}\n"
+    )
+    completed = subprocess.run([sys.executable, "-m", "ampify", ".", "--check", "--report", str(tmp_path / "r.json")],
+                               cwd=tree, capture_output=True, text=True)
+    entries = {Path(e["path"]).name: e for e in json.loads((tmp_path / "r.json").read_text())["files"]}
+    trainer = entries["trainer.py"]
+    if converts:
+        assert trainer["status"] == "changed", completed.stdout
+        assert entries["optim.py"]["status"] == "changed", completed.stdout
+        assert "self.optimizer.step(scaler=self.scaler)" in completed.stdout + json.dumps(trainer), completed.stdout
+    else:
+        assert trainer["status"] == "not converted", completed.stdout
+        assert [f["code"] for f in trainer["findings"]] == ["AMP215"], completed.stdout
+        assert entries["optim.py"]["status"] == "not applicable"
 
 
 def test_a_wrapper_method_name_another_class_defines_too_is_not_followed(tmp_path):

@@ -53,7 +53,7 @@ from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.hand_written_precision import fp16_utils_evidence, loss_scaling_evidence
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.positions import Positions
-from ampify.transforms.torch.statements import calls_within, code_of
+from ampify.transforms.torch.statements import calls_within, code_of, nodes_of_type
 
 #: where a name can be bound: a function (parameters and locals) or the module
 Scope = Union[cst.FunctionDef, cst.Module]
@@ -912,6 +912,8 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
             bound = [b.qualified_call or "" for b in structure.bindings_visible(receiver, site.scope)]
             if any(q == wrapper.step.klass or q.endswith("." + wrapper.step.klass) for q in bound):
                 reason = f"{wrapper.described} steps the optimizer it wraps"
+            elif reason == NAMED_LIKE_AN_OPTIMIZER and _used_as_the_wrapper(structure, receiver, site.scope, wrapper.step):
+                reason = f"{wrapper.described} steps the optimizer it wraps ({receiver} is used as one)"
             elif reason == NAMED_LIKE_AN_OPTIMIZER:
                 wrapper = dataclasses.replace(wrapper, ambiguous=True)
             else:
@@ -939,6 +941,49 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
     for site in collector.load_state_dict_calls:
         if site.receiver in optimizer_names or _optimizer_reason(structure, collector, site.receiver or "", site.scope, need_step=True):
             structure.optimizer_state_loads.append(site)
+
+
+#: what a torch.optim optimizer answers to (methods and attributes of torch.optim.Optimizer and of
+#: the optimizers torch ships); a name used with anything else is not a plain optimizer
+_OPTIMIZER_MEMBERS = frozenset({
+    "step", "zero_grad", "state_dict", "load_state_dict", "add_param_group", "param_groups", "state",
+    "defaults", "register_step_pre_hook", "register_step_post_hook", "register_state_dict_pre_hook",
+    "register_state_dict_post_hook", "register_load_state_dict_pre_hook", "register_load_state_dict_post_hook",
+    "register_load_state_dict_post_hook", "train", "eval", "profile_hook_step", "__class__", "__dict__",
+    "__setstate__", "__getstate__", "__repr__",
+})
+
+
+def _used_as_the_wrapper(structure: TrainingStructure, receiver: str, scope: Scope, step: Any) -> bool:
+    """Is a name known by its name only used, where it is visible, as an instance of the project's
+    wrapper class and never as a plain optimizer: read for a member the class has and a torch
+    optimizer does not (seq2seq's trainer reads `self.optimizer.optimizer` and calls
+    `self.optimizer.update(loss, epoch)`, which a torch optimizer would fail on), and never for
+    one only a torch optimizer has (`param_groups`). The uses looked at are those in the class of
+    the method for `self.<name>`, in the function otherwise; a use under a type test
+    (`hasattr(self.optimizer, ...)`, `isinstance(...)`) makes it no evidence."""
+    region: Optional[cst.CSTNode] = scope
+    if receiver.startswith("self."):
+        region = next((a for a in structure.ancestors(scope) if isinstance(a, cst.ClassDef)), None)
+    if region is None or isinstance(region, cst.Module):
+        return False
+    wrapper_only = step.members - _OPTIMIZER_MEMBERS
+    as_wrapper = as_optimizer = False
+    for node in nodes_of_type(region, cst.Attribute):
+        if dotted_name(node.value) != receiver:
+            continue
+        member = node.attr.value
+        if member in wrapper_only:
+            as_wrapper = True
+        elif member in _OPTIMIZER_MEMBERS and member not in step.members:
+            as_optimizer = True
+    if not as_wrapper or as_optimizer:
+        return False
+    for call in calls_within(region):
+        if dotted_name(call.func) in ("hasattr", "isinstance", "getattr", "type") and call.args \
+                and dotted_name(call.args[0].value) == receiver:
+            return False
+    return True
 
 
 def _parameter_owners(bindings: List[Binding]) -> List[str]:
