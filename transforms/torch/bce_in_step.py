@@ -21,9 +21,10 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.kit.positions import Positions
 from ampify.transforms.torch.bce_logits import Fusion
 
 _SIGMOIDS = ("torch.sigmoid", "torch.nn.functional.sigmoid")
@@ -39,18 +40,21 @@ class _NotFollowed(Exception):
 
 
 def fuse_sigmoid_in_step(module: cst.Module, imports: ImportMap) -> Optional[Tuple[cst.Module, Fusion]]:
-    """(fused module, Fusion) when the shape above holds for every BCE of the file; else None."""
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    parents = wrapper.resolve(ParentNodeProvider)
-    positions = wrapper.resolve(PositionProvider)
+    """(fused module, Fusion) when the shape above holds for every BCE of the file; else None.
+    Parents and positions are computed only for a file that builds or calls a BCE loss (a big
+    test module that merely mentions one pays one walk)."""
+    nodes, parents = _nodes_and_parents(module)
+    if not any(isinstance(n, cst.Call) and imports.resolve(n.func) in (_BCE_CLASS, _BCE_FUNCTION) for n in nodes):
+        return None
     try:
-        return _Fuser(module, imports, parents, positions).fuse()
+        return _Fuser(module, imports, parents, Positions(module), nodes).fuse()
     except _NotFollowed:
         return None
 
 
 class _Fuser:
-    def __init__(self, module, imports, parents, positions) -> None:
+    def __init__(self, module, imports, parents, positions, nodes) -> None:
+        self.nodes = nodes
         self.module = module
         self.imports = imports
         self.parents = parents
@@ -59,7 +63,7 @@ class _Fuser:
         self.sigmoid_lines: List[int] = []
 
     def fuse(self) -> Optional[Tuple[cst.Module, Fusion]]:
-        nodes = _all_nodes(self.module)
+        nodes = self.nodes
         criteria = self._criteria(nodes)
         functional = [n for n in nodes if isinstance(n, cst.Call) and self.imports.resolve(n.func) == _BCE_FUNCTION]
         if not criteria and not functional:
@@ -149,7 +153,7 @@ class _Fuser:
         # a script's module level counts as one scope with every function in it (a local of the
         # same name in a function makes the chain refused: conservative)
         scope = function.body if function is not None else self.module
-        occurrences = [n for n in _all_nodes(scope) if isinstance(n, cst.Name) and n.value == name]
+        occurrences = [n for n in _nodes_and_parents(scope)[0] if isinstance(n, cst.Name) and n.value == name]
         bindings = [n for n in occurrences if self._is_binding_target(n)]
         other_bindings = [n for n in occurrences if not self._is_binding_target(n) and self._binds_otherwise(n)]
         reads = [n for n in occurrences if not self._is_binding_target(n) and not self._binds_otherwise(n)
@@ -214,14 +218,18 @@ def _params(function: cst.FunctionDef) -> List[cst.Param]:
             *([p.star_kwarg] if p.star_kwarg is not None else [])]
 
 
-def _all_nodes(root: cst.CSTNode) -> List[cst.CSTNode]:
+def _nodes_and_parents(root: cst.CSTNode) -> Tuple[List[cst.CSTNode], Dict[cst.CSTNode, cst.CSTNode]]:
+    """Every code node under root (root included), in source order, and each one's parent."""
     found: List[cst.CSTNode] = []
-    pending = [root]
-    while pending:
-        node = pending.pop()
-        found.append(node)
-        pending.extend(node.children)
-    return found
+
+    class _Every(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            found.append(node)
+            return True
+
+    parents: Dict[cst.CSTNode, cst.CSTNode] = {}
+    walk(root, _Every(), parents)
+    return found, parents
 
 
 class _Replace(cst.CSTTransformer):

@@ -225,6 +225,8 @@ class TorchConversion(abc.ABC):
         plans, claimed = self.plan_manual_updates()
         code, message = self.rules.unpaired_backward
         left_out: List[cst.CSTNode] = []
+        if len(s.unpaired_backwards) > 2:
+            s.compute_all_positions()  # one code generation for warnings spread over the file
         by_callers = self.loss_classes_converted_by_callers()
         if by_callers and not s.units and not s.steps and len(by_callers) == len(s.unpaired_backwards):
             return self.result(Verdict.NOTHING_TO_DO, self.loss_classes_reason(by_callers))
@@ -429,6 +431,8 @@ class TorchConversion(abc.ABC):
         sigmoids = [h for h in s.hazards if h.kind is HazardKind.SIGMOID]
         blocked = False
         claimed = self.claimed_hazards()
+        if len(s.hazards) > 2:
+            s.compute_all_positions()
         for hazard in s.hazards:
             if id(hazard.node) in claimed:
                 continue
