@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
+from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import CallSite as ProjectCallSite, CompanionChange, Transform, TransformResult, UnitContext
 from ampify.transforms.kit.fast_walk import walk
@@ -31,6 +32,10 @@ from ampify.transforms.torch.edits import StatementEdits, apply_edits
 from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_of_another_module, penalty_sites, sites_of_unit
 from ampify.transforms.torch.float32_losses import float32_only_loss_calls
 from ampify.transforms.torch.manual_updates import gradients_reduced_by_hand, manual_update_beside_steps
+from ampify.transforms.torch.loss_objects import (
+    AMP_OPTIMIZER, LossObjectUse, find_loss_object, is_this_module, loss_class_of_backward, loss_receiver,
+    plan_apex_backward, scale_loss_object_backward_apex,
+)
 from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, distinct_losses, pair_helper_backwards
 from ampify.transforms.torch.normalize import converted_in_shape
 from ampify.transforms.torch.wrapper_steps import project_wrapper_steps
@@ -248,8 +253,21 @@ class ApexConversion(TorchConversion):
         return set(self.penalties)
 
     def loss_object_limit(self) -> str:
-        return ("the apex backend does not convert a loss class's backward() (amp.scale_loss needs the optimizer "
-                "there; the native backend converts it)")
+        return ("ampify converts such a step only when it fills the object through a method of that class "
+                "(`loss.eval_batch(outputs, target)`), which was not seen here")
+
+    def loss_classes_converted_by_callers(self) -> Dict[int, str]:
+        found = {}
+        for backward in self.s.unpaired_backwards:
+            klass = loss_class_of_backward(self.s, backward)
+            if klass is not None:
+                found[id(backward.call)] = klass
+        return found
+
+    def loss_classes_reason(self, classes) -> str:
+        names_ = ", ".join(sorted(set(classes.values())))
+        return (f"loss class {names_}: its backward() takes the optimizer for amp.scale_loss from the training files "
+                "that call it (converted with them, as one change set)")
 
     def partial_conversion_refused(self, left_out: List[cst.CSTNode]) -> Optional[Tuple[str, str, cst.CSTNode]]:
         """amp.initialize (O1) patches torch's functions for the whole process: a training step of
@@ -285,6 +303,7 @@ class ApexConversion(TorchConversion):
         """Plan the whole conversion of one training unit, or raise Unconvertible."""
         if not unit.steps:
             refuse(unit.backwards[0].call, "no optimizer step found for this backward()")
+        loss_objects = self._loss_objects_of(unit)
         unfollowed = (call_of_unfollowed_backward(self.s, unit) or backward_for_its_hooks(self.s, unit)
                       or self.loss_object_backward(unit) or gradients_reduced_by_hand(self.s, unit))
         if unfollowed is not None:
@@ -320,13 +339,78 @@ class ApexConversion(TorchConversion):
         self.setups.check_defined_for_scale_loss(unit, setup)
         anchor = self.place_initialize(
             len(distinct_losses(unit)), setup, [unit.owner, *(b.call for b in unit.backwards)], self.setups.note_for(setup))
-        self.plan_backwards(unit)
+        self.plan_backwards(unit, loss_objects)
         self._plan_penalties(unit)
         self._plan_index_assignment_casts(unit)
         self._plan_float32_only_loss_casts(unit)
         self._plan_clipping(unit)
         self.plan_checkpoints(setup, anchor)
         self.initialize_planned = (unit, setup.scope)
+
+    def _loss_objects_of(self, unit: TrainingUnit) -> Dict[int, LossObjectUse]:
+        """The unit's `loss.backward()` calls on loss objects of the project (loss_objects.py), by
+        id of the call: the class's backward() takes the optimizer amp.scale_loss needs, in its
+        module (one change set) or here. Refused when the class cannot be told or edited, or when
+        the step has more than one loss (the class would need the loss_id too)."""
+        found: Dict[int, LossObjectUse] = {}
+        for backward in unit.backwards:
+            if backward.delegation is not None:
+                continue
+            use = find_loss_object(self.s, self.project, backward, unit.body)
+            if use is None:
+                continue
+            receiver = loss_receiver(backward)
+            if isinstance(use, str):
+                refuse(backward.call, f"{receiver}.backward() runs the backward() of a loss class of the project, which "
+                                      f"ampify cannot convert here: {use}; wrap the tensor it backpropagates in "
+                                      "amp.scale_loss there by hand")
+            if len(distinct_losses(unit)) > 1:
+                refuse(backward.call, f"{receiver}.backward() runs {use.class_name}.backward() ({use.where}), and this "
+                                      "step has several losses: amp.scale_loss there would need each one's loss_id; "
+                                      "convert by hand, or use --backend native")
+            if any(arg.keyword is not None and arg.keyword.value == AMP_OPTIMIZER for arg in backward.call.args):
+                refuse(backward.call, f"{receiver}.backward() already passes {AMP_OPTIMIZER}=")
+            self._scale_loss_object(use)
+            self.converted_loss_objects.add(id(backward.call))
+            found[id(backward.call)] = use
+        return found
+
+    def _scale_loss_object(self, use: LossObjectUse) -> None:
+        """The class's backward() runs its backward under amp.scale_loss when given the optimizer:
+        planned here when the class is in this file, else as a change of its module."""
+        def refuse_with(why: str):
+            refuse(use.backward.call, f"{use.receiver}.backward() runs {use.class_name}.backward() ({use.where}), which "
+                                      f"backpropagates {use.inner}: apex needs it under amp.scale_loss there, and ampify "
+                                      f"did not write it: {why}; convert by hand, or use --backend native")
+
+        if is_this_module(self.project, use.key):
+            found = plan_apex_backward(self.s.module, use.class_name, self.plan, self.amp)
+            if isinstance(found, str):
+                refuse_with(found)
+            return
+        if use.key in self.companion_keys:
+            return  # another step of this file planned it already
+        if not self.project.in_this_run(use.key):
+            refuse_with(f"{use.display} is not in this run: run ampify on both files or on the repository")
+        source = self.project.source_of(use.key)
+        if source is None:
+            refuse_with(f"{use.display} cannot be read")
+        scaled = scale_loss_object_backward_apex(source, use.class_name)
+        if isinstance(scaled, str):
+            refuse_with(scaled)
+        new, line = scaled
+        if new is None:
+            return
+        finding = Finding(
+            "AMP302",
+            f"{use.class_name}.backward() now backpropagates {use.inner} under amp.scale_loss when given the optimizer "
+            f"(a new `{AMP_OPTIMIZER}=None` parameter; float32 behaviour for callers that pass none); {self.display} "
+            "passes its optimizer", line, 0, Severity.INFO)
+        self.planned_companions.append(CompanionChange(
+            key=use.key, display=use.display, old=source, new=new, findings=[finding],
+            reason=f"changed with {self.display}: the loss class {use.class_name} backpropagates {use.inner} under "
+                   "amp.scale_loss with the optimizer it is passed"))
+        self.companion_keys.add(use.key)
 
     def _convert_unit_called_from_elsewhere(self, unit: TrainingUnit, sites: List[ProjectCallSite]) -> None:
         """The unit's function gets its optimizers as parameters and is called from other modules:
@@ -531,7 +615,7 @@ class ApexConversion(TorchConversion):
 
     # -- backward, clipping, checkpoints
 
-    def plan_backwards(self, unit: TrainingUnit) -> None:
+    def plan_backwards(self, unit: TrainingUnit, loss_objects: Optional[Dict[int, LossObjectUse]] = None) -> None:
         backwards = sorted(unit.backwards, key=lambda b: _pos(self.s, b.call))
         losses = distinct_losses(unit)
         optimizers_of: Dict[int, List[str]] = {}
@@ -555,6 +639,13 @@ class ApexConversion(TorchConversion):
             optimizers = optimizers_of[id(backward.call)]
             loss_id = losses.index(backward)
             optimizer_text = optimizers[0] if len(optimizers) == 1 else "[" + ", ".join(optimizers) + "]"
+            use = (loss_objects or {}).get(id(backward.call))
+            if use is not None:
+                self.plan.add_keyword(backward.call, AMP_OPTIMIZER, optimizer_text)
+                self.info("AMP302", f"{use.receiver}.backward({AMP_OPTIMIZER}={optimizer_text}): {use.class_name}.backward() "
+                                    f"({use.where}) backpropagates {use.inner} under amp.scale_loss with that optimizer",
+                          backward.call)
+                continue
             loss_code = code_of(backward.loss)
             loss_id_text = f", loss_id={loss_id}" if len(losses) > 1 else ""
             header = f"with {self.amp}.scale_loss({loss_code}, {optimizer_text}{loss_id_text}) as {self.scaled_loss_name}:"

@@ -16,7 +16,19 @@ module: one change set with the step) scale the tensor it backpropagates when gi
     def backward(self, scaler=None):
         (scaler.scale(self.acc_loss) if scaler is not None else self.acc_loss).backward()
 
-`scaler=None` keeps the float32 behaviour for every caller that passes none. The object is
+`scaler=None` keeps the float32 behaviour for every caller that passes none. On apex the class's
+backward() takes the optimizer amp.scale_loss needs (one loss per step, `amp.initialize` where the
+step's optimizer is built, as for any apex step):
+
+    def backward(self, amp_optimizer=None):
+        if amp_optimizer is not None:
+            from apex import amp
+            with amp.scale_loss(self.acc_loss, amp_optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            self.acc_loss.backward()
+
+and the step calls `loss.backward(amp_optimizer=optimizer)`. The object is
 recognised only when the step calls, last before its backward(), a method that the loss class (or a
 subclass of it) defines and a tensor does not (`eval_batch`, not `add_`; a model class's `forward()`
 when the model has the backward() of its own), and the autocast region ends there: a name that may
@@ -153,6 +165,12 @@ def loss_class_of_backward(structure: TrainingStructure, backward: BackwardCall)
     receiver = func.value
     if _scaled(receiver, "scaler") and isinstance(receiver, cst.IfExp):
         receiver = receiver.orelse  # converted already: `(scaler.scale(self.acc_loss) if ... else self.acc_loss)`
+    if (isinstance(receiver, cst.Name) and receiver.value == "scaled_loss"
+            and AMP_OPTIMIZER in {p.name.value for p in statements.all_params(scope)}):
+        # converted for apex already: `with amp.scale_loss(self.acc_loss, amp_optimizer) as scaled_loss:`
+        scaled = [c for c in statements.calls_within(scope) if (dotted_name(c.func) or "").endswith(".scale_loss")]
+        if len(scaled) == 1 and scaled[0].args:
+            receiver = scaled[0].args[0].value
     if (klass is None or not isinstance(receiver, cst.Attribute) or not isinstance(receiver.value, cst.Name)
             or receiver.value.value != "self" or any(d for d in scope.decorators)):
         return None
@@ -245,6 +263,85 @@ def scale_loss_object_backward(source: bytes, class_name: str, scaler_name: str
     edits = StatementEdits()
     write_scaled_backward(edits, found.method, found.call, scaler_name)
     return apply_edits(module, edits).bytes, line
+
+
+#: the parameter an apex-converted loss class's backward() takes (the step's optimizer)
+AMP_OPTIMIZER = "amp_optimizer"
+
+
+def scale_loss_object_backward_apex(source: bytes, class_name: str) -> Union[Tuple[Optional[bytes], int], str]:
+    """apex: the class's backward() gets `amp_optimizer=None` and backpropagates its tensor under
+    `amp.scale_loss(<inner>, amp_optimizer)` when given one. (new source, line), (None, line) when
+    written already, or the reason it cannot be done."""
+    from ampify.transforms.torch.edits import StatementEdits, apply_edits
+
+    try:
+        module = cst.parse_module(source)
+    except Exception as error:  # the other module does not parse
+        return f"it does not parse ({type(error).__name__})"
+    edits = StatementEdits()
+    found = plan_apex_backward(module, class_name, edits)
+    if isinstance(found, str):
+        return found
+    done, call = found
+    line = _line_of(module, call)
+    if done:
+        return None, line
+    return apply_edits(module, edits).bytes, line
+
+
+def plan_apex_backward(module: cst.Module, class_name: str, edits, amp: Optional[str] = None
+                       ) -> Union[str, Tuple[bool, cst.Call]]:
+    """Plan the apex edit of the class's backward() into `edits` (see the module's docstring):
+    (done already, its inner backward() call), or the reason it cannot be done. `amp`: the name
+    the module imports apex's amp as (the class is in the file being converted); None: the
+    method imports it itself."""
+    klass = next((st for st in module.body if isinstance(st, cst.ClassDef) and st.name.value == class_name), None)
+    method = None
+    if klass is not None and isinstance(klass.body, cst.IndentedBlock):
+        method = next((st for st in klass.body.body if isinstance(st, cst.FunctionDef) and st.name.value == "backward"),
+                      None)
+    if method is None:
+        return f"{class_name}.backward() was not found again at module level"
+    inner_calls = _inner_backwards(method)
+    parameters = {p.name.value for p in statements.all_params(method)}
+    if AMP_OPTIMIZER in parameters:
+        scaled = [c for c in statements.calls_within(method) if (dotted_name(c.func) or "").endswith(".scale_loss")]
+        if len(scaled) == 1 and len(inner_calls) == 2:
+            return True, scaled[0]
+        return f"{class_name}.backward() has a parameter named `{AMP_OPTIMIZER}` already"
+    if len(inner_calls) != 1:
+        return f"{class_name}.backward() calls backward() {len(inner_calls)} times"
+    call = inner_calls[0]
+    if call.args:
+        return f"{class_name}.backward() passes arguments to the backward() it runs"
+    if method.params.star_kwarg is not None or method.decorators:
+        return f"{class_name}.backward() cannot take an `{AMP_OPTIMIZER}` parameter (**kwargs, or decorated)"
+    taken = {amp or "amp", "scaled_loss"} & statements.used_names(method)
+    if taken:
+        return f"{class_name}.backward() uses the name `{sorted(taken)[0]}` already"
+    statement = _lone_statement(method, call)
+    if statement is None:
+        return f"the backward() in {class_name}.backward() is not a statement of its own"
+    inner = statements.code_of(call.func.value)  # type: ignore[union-attr]
+    edits.add_parameter(method, AMP_OPTIMIZER, default="None")
+    edits.insert_before(statement, (
+        f"if {AMP_OPTIMIZER} is not None:\n"
+        + ("    from apex import amp\n" if amp is None else "")
+        + f"    with {amp or 'amp'}.scale_loss({inner}, {AMP_OPTIMIZER}) as scaled_loss:\n"
+        f"        scaled_loss.backward()\n"
+        f"else:\n"
+        f"    {inner}.backward()"))
+    edits.remove_statement(statement)
+    return False, call
+
+
+def _lone_statement(method: cst.FunctionDef, call: cst.Call) -> Optional[cst.SimpleStatementLine]:
+    """The statement line that is exactly `call` (`self.acc_loss.backward()`), anywhere in the method."""
+    for line in statements.nodes_of_type(method, cst.SimpleStatementLine):
+        if len(line.body) == 1 and isinstance(line.body[0], cst.Expr) and line.body[0].value is call:
+            return line
+    return None
 
 
 def _inner_backwards(method: cst.FunctionDef) -> List[cst.Call]:
