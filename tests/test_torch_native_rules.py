@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import libcst as cst
+import pytest
 
 from ampify.convert import convert_source
 from ampify.findings import FileStatus, Severity
@@ -341,3 +342,24 @@ def test_a_hand_update_through_a_name_bound_to_the_gradient_is_still_caught():
     conversion = convert_source(source)
     assert conversion.status is FileStatus.UNCONVERTED
     assert [f.code for f in conversion.findings] == ["AMP226"]
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("optimizer_may_be_none",
+     "encoder_optimizer may be None (line 17: `encoder_optimizer = ... if fine_tune_encoder else None`)"),
+    ("optimizer_stepped_when_not_none",
+     "encoder_optimizer is stepped only under `if encoder_optimizer:` (line 31)"),
+])
+def test_an_optimizer_that_may_be_none_converts_natively_and_apex_refuses_naming_it(case, reason):
+    """a-PyTorch-Tutorial-to-Image-Captioning's encoder optimizer is None unless fine-tuning: apex's
+    amp.initialize([...], [decoder_optimizer, None]) and amp.scale_loss(loss, [..., None]) fail on
+    it (the script crashed by default), while a GradScaler steps only the optimizers that exist."""
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parent.parent / "fixtures" / "torch_native" / f"{case}.in.py").read_text()
+    native = convert_source(source)
+    assert native.status is FileStatus.CHANGED
+    apex = convert_source(source, Options(backend="apex"))
+    assert apex.status is FileStatus.UNCONVERTED and apex.converted is None
+    (finding,) = [f for f in apex.findings if f.code == "AMP317"]
+    assert reason in finding.message and "--backend native" in finding.message

@@ -337,6 +337,7 @@ class ApexConversion(TorchConversion):
             )
         self.setups.check_models_reach_the_gpu(setup)
         self.setups.check_defined_for_scale_loss(unit, setup)
+        self.setups.check_never_none(unit, setup)
         anchor = self.place_initialize(
             len(distinct_losses(unit)), setup, [unit.owner, *(b.call for b in unit.backwards)], self.setups.note_for(setup))
         self.plan_backwards(unit, loss_objects)

@@ -173,6 +173,10 @@ class ApexSetupFinder:
         """The binding that creates optimizer `name` as seen from `scope`, following function
         parameters to the in-file call sites (a few levels deep)."""
         bindings = self.s.bindings_visible(name, scope)
+        optional = next((b for b in bindings if b.kind in ("assign", "attribute") and b.value is not None
+                         and _may_be_none(b.value)), None)
+        if optional is not None:
+            refuse(use, self._none_reason(name, optional.statement, optional.value))
         constructions = [b for b in bindings if b.kind in ("assign", "attribute") and isinstance(b.value, cst.Call)]
         if constructions:
             if len({id(b.scope) for b in constructions}) > 1:
@@ -289,6 +293,32 @@ class ApexSetupFinder:
             f"{setup.optimizers[0]}) would fail where it does not exist; use --backend native (GradScaler needs no "
             "optimizer to scale the loss), or convert by hand",
         )
+
+    def check_never_none(self, unit: TrainingUnit, setup: ApexSetup) -> None:
+        """amp.initialize and amp.scale_loss take every optimizer of the unit and fail on None
+        (`_process_optimizer` sets attributes on it): refuse an optimizer that may be None, made
+        `Adam(...) if fine_tune else None` or stepped only under `if optimizer is not None:`
+        (the image-captioning tutorial's frozen encoder), where GradScaler needs no change."""
+        for step in unit.steps:
+            current = self.s.parent(step.call)
+            while current is not None and current is not unit.body:
+                if isinstance(current, cst.If) and step.receiver and _tests_not_none(current.test, step.receiver):
+                    refuse(step.call,
+                           f"{step.receiver} is stepped only under `if {code_of(current.test).strip()}:` (line "
+                           f"{self.s.line(current)}): it may be None, and {self.amp}.initialize and "
+                           f"{self.amp}.scale_loss need every optimizer to exist; use --backend native (a GradScaler "
+                           "steps only the optimizers that exist), or convert by hand")
+                current = self.s.parent(current)
+
+    def _none_reason(self, name: str, statement: Optional[cst.CSTNode], value: cst.BaseExpression) -> str:
+        where = f"line {self.s.line(statement)}: " if statement is not None else ""
+        test = " ".join(code_of(value.test).split()) if isinstance(value, cst.IfExp) else "..."
+        shown = (f"... if {test} else None" if isinstance(value, cst.IfExp) and _is_none(value.orelse)
+                 else f"None if {test} else ..." if isinstance(value, cst.IfExp) and _is_none(value.body)
+                 else "... if ... else ...")
+        return (f"{name} may be None ({where}`{name} = {shown}`): {self.amp}.initialize and "
+                f"{self.amp}.scale_loss need every optimizer to exist; use --backend native (a GradScaler steps only "
+                "the optimizers that exist), or convert by hand")
 
     def note_for(self, setup: "ApexSetup") -> str:
         """What the finder followed to pair the setup's models and optimizers, for the finding."""
@@ -423,4 +453,28 @@ def _moves_a_model(statement: cst.CSTNode, models: Sequence[str]) -> bool:
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("cuda", "to", "half"):
             if dotted_name(call.func.value) in models:
                 return True
+    return False
+
+
+def _is_none(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
+def _may_be_none(value: cst.BaseExpression) -> bool:
+    """A conditional expression with a None branch (`Adam(...) if fine_tune else None`, nested
+    ones too). A plain `= None` is not: trainers set `self.optimizer = None` before building one."""
+    if not isinstance(value, cst.IfExp):
+        return False
+    return any(_is_none(branch) or _may_be_none(branch) for branch in (value.body, value.orelse))
+
+
+def _tests_not_none(test: cst.BaseExpression, receiver: str) -> bool:
+    """`receiver is not None`, `receiver` alone, or either within an `and`."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _tests_not_none(test.left, receiver) or _tests_not_none(test.right, receiver)
+    if code_of(test).strip() == receiver:
+        return True
+    if (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.IsNot) and _is_none(test.comparisons[0].comparator)):
+        return code_of(test.left).strip() == receiver
     return False
