@@ -38,13 +38,13 @@ from ampify.transforms.torch.loss_objects import (
 )
 from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, distinct_losses, pair_helper_backwards
 from ampify.transforms.torch.normalize import converted_in_shape
+from ampify.transforms.torch.gradient_owners import optimizer_of_gradients
 from ampify.transforms.torch.wrapper_steps import project_wrapper_steps
 from ampify.transforms.torch.statements import code_of
 from ampify.transforms.torch.torch_import import last_leading_import
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.training_loop import (
     BackwardCall,
-    CallSite,
     HazardKind,
     Scope,
     TrainingStructure,
@@ -706,8 +706,16 @@ class ApexConversion(TorchConversion):
         for clip in unit.clips:
             if not clip.call.args:
                 continue
-            optimizer = self._step_after(unit, clip) or unit.optimizers[0]
             first = clip.call.args[0]
+            optimizer = (unit.optimizers[0] if len(unit.optimizers) == 1
+                         else optimizer_of_gradients(self.s, unit, clip.call, clip=True))
+            if optimizer is None:
+                # O1 keeps no master copy: the clip reads the model's own gradients, which
+                # scale_loss has unscaled on exit, and is right as written
+                self.info("AMP303", f"clipping kept as written: with several optimizers ({', '.join(unit.optimizers)}) "
+                                    f"ampify cannot tell whose {short_text(code_of(first.value))} are; under O1 they "
+                                    "are the model's own parameters, unscaled when amp.scale_loss exits", clip.call)
+                continue
             replacement = cst.parse_expression(f"{self.amp}.master_params({optimizer})")
             arguments = [first.with_changes(value=replacement), *clip.call.args[1:]]
             self.plan.replace_call(clip.call, clip.call.with_changes(args=arguments))
@@ -715,13 +723,6 @@ class ApexConversion(TorchConversion):
                 "AMP303", f"clipping now reads {self.amp}.master_params({optimizer}) instead of {short_text(code_of(first.value))}",
                 clip.call,
             )
-
-    def _step_after(self, unit: TrainingUnit, site: CallSite) -> Optional[str]:
-        start = _pos(self.s, site.call)
-        for step in sorted(unit.steps, key=lambda st: _pos(self.s, st.call)):
-            if _pos(self.s, step.call) > start:
-                return step.receiver
-        return None
 
     def plan_checkpoints(self, setup: ApexSetup, anchor: cst.CSTNode) -> None:
         saves_done = set()
