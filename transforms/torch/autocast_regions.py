@@ -36,6 +36,13 @@ class AutocastPlanner:
         self.saved_forwards: Dict[int, SavedForward] = {}
         #: id of a `loss.backward()` call -> the loss object it runs the backward() of (loss_objects.py)
         self.loss_objects: Dict[int, Any] = {}
+        self._data_helper_names: Optional[Set[str]] = None
+
+    def _data_helpers(self) -> Set[str]:
+        """The module's functions and methods that only prepare data (computed once)."""
+        if self._data_helper_names is None:
+            self._data_helper_names = statements.data_preparation_helpers(self.structure.module, self.imports)
+        return self._data_helper_names
 
     def autocast_regions(self, unit: TrainingUnit) -> List[Tuple[Block, int, int]]:
         """(block, first index, last index) runs of statements to put under autocast: for every
@@ -342,7 +349,7 @@ class AutocastPlanner:
                 if crossed_barrier:
                     if before_barrier is None and self._calls_model(statement):
                         before_barrier = index
-                elif statements.has_forward_call(statement, self.imports):
+                elif statements.has_forward_call(statement, self.imports, self._data_helpers()):
                     start = index
         return start, before_barrier, needed
 

@@ -136,7 +136,8 @@ LOOP_OWNING_FRAMEWORKS = {
 
 #: calls that only move or build input data; a statement with nothing but these is not "forward"
 DATA_PREPARATION_CALLS = {
-    "to", "cuda", "cpu", "next", "iter", "len", "enumerate", "size", "fill_", "zero_", "item",
+    "to", "cuda", "cpu", "next", "iter", "__iter__", "__next__", "len", "enumerate", "size", "fill_", "zero_",
+    "item",
     "float", "long", "int", "view", "reshape", "unsqueeze", "squeeze", "permute", "contiguous",
     "detach", "clone", "range", "zip", "full", "full_like", "zeros", "zeros_like", "ones",
     "ones_like", "randn", "randn_like", "rand", "rand_like", "randint", "empty", "arange",
@@ -160,7 +161,8 @@ HOST_DATA_MODULES = ("numpy", "math", "random")
 #: methods that fetch a batch when called on a data source (`replay_buffer.sample(batch_size)`,
 #: `train_dataset.get_batch()`, `data_iter.next()`): data preparation, not a forward pass. Only
 #: with a receiver named like a data source (DATA_SOURCE_WORDS): `generator.sample(z)` runs a model
-DATA_SOURCE_METHODS = {"sample", "get_batch", "next_batch", "get_next", "load_batch", "next", "sample_batch"}
+DATA_SOURCE_METHODS = {"sample", "get_batch", "next_batch", "get_next", "load_batch", "next", "__next__",
+                       "sample_batch"}
 DATA_SOURCE_WORDS = ("buffer", "memory", "replay", "dataset", "loader", "data", "iter", "batch", "queue", "storage",
                      "rollout", "sampler")
 

@@ -137,10 +137,11 @@ def assigned_names(statement: cst.CSTNode) -> Set[str]:
     return collector.assigned
 
 
-def has_forward_call(statement: cst.CSTNode, imports=None) -> bool:
+def has_forward_call(statement: cst.CSTNode, imports=None, data_helpers: Set[str] = frozenset()) -> bool:
     """Does the statement call something that is not mere data preparation (a model, a loss)?
     With `imports`, calls into numpy and the standard library's math and random count as data
-    preparation too (`x_np = np.sin(steps)`)."""
+    preparation too (`x_np = np.sin(steps)`); so do the module's own helpers in `data_helpers`
+    (`mixup_data`, `self.get_torch_variable`: see data_preparation_helpers)."""
     for call in calls_within(statement):
         if imports is not None and (imports.resolve(call.func) or "").split(".")[0] in names.HOST_DATA_MODULES:
             continue
@@ -152,8 +153,47 @@ def has_forward_call(statement: cst.CSTNode, imports=None) -> bool:
             return True
         if called in names.DATA_PREPARATION_CALLS or fetches_a_batch(call, called):
             continue
+        if data_helpers and dotted_name(call.func) in data_helpers:
+            continue
         return True
     return False
+
+
+def data_preparation_helpers(module: cst.Module, imports=None) -> Set[str]:
+    """Functions of the module (`mixup_data`) and methods of its classes (`self.get_torch_variable`)
+    that only prepare data: every call in them is data preparation (has_forward_call), and they
+    hold no `@` product, no nested definition and no yield. A name defined more than once counts
+    only when every definition qualifies. Calling one starts no forward pass, so an autocast
+    region need not begin at it."""
+    verdicts: Dict[str, bool] = {}
+
+    def judge(name: str, function: cst.FunctionDef) -> None:
+        verdicts[name] = verdicts.get(name, True) and _only_prepares_data(function, imports)
+
+    for statement in module.body:
+        if isinstance(statement, cst.FunctionDef):
+            judge(statement.name.value, statement)
+        elif isinstance(statement, cst.ClassDef):
+            for member in statement.body.body:
+                if isinstance(member, cst.FunctionDef):
+                    judge(f"self.{member.name.value}", member)
+    return {name for name, fine in verdicts.items() if fine}
+
+
+def _only_prepares_data(function: cst.FunctionDef, imports) -> bool:
+    class _Disqualifiers(cst.CSTVisitor):
+        found = False
+
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.Yield, cst.Await)) or (
+                    isinstance(node, (cst.BinaryOperation, cst.AugAssign))
+                    and isinstance(node.operator, (cst.MatrixMultiply, cst.MatrixMultiplyAssign))):
+                self.found = True
+            return not self.found
+
+    finder = _Disqualifiers()
+    walk(function.body, finder)
+    return not finder.found and not has_forward_call(function.body, imports)
 
 
 def fetches_a_batch(call: cst.Call, method: str) -> bool:
@@ -161,6 +201,9 @@ def fetches_a_batch(call: cst.Call, method: str) -> bool:
     if method not in names.DATA_SOURCE_METHODS or not isinstance(call.func, cst.Attribute):
         return False
     receiver = call.func.value
+    if isinstance(receiver, cst.Call) and not receiver.args and isinstance(receiver.func, cst.Attribute) \
+            and receiver.func.attr.value == "__iter__":
+        receiver = receiver.func.value  # `loader.__iter__().next()`
     last = receiver.attr.value if isinstance(receiver, cst.Attribute) else receiver.value if isinstance(receiver, cst.Name) else ""
     return any(word in last.lower() for word in names.DATA_SOURCE_WORDS)
 
