@@ -58,6 +58,9 @@ EXPECTED_CALLS = {
     "forward_for_its_effect": {"step": 8, "update": 4, "scale": 8, "load_state_dict": 0},
     # 5 batches; loss inside backward(), clipping in a one-line `if`, semicolons: reshaped, then converted
     "compound_statements": {"step": 5, "update": 5, "scale": 5, "load_state_dict": 0},
+    # 3 iterations: the critic stepped twice (its loss, then the penalty alone) with an update()
+    # after the first, then the generator: 3 steps, 2 updates, 3 backward + 1 penalty scale each
+    "critic_stepped_twice": {"step": 9, "update": 6, "scale": 12, "load_state_dict": 0},
     # 3 iterations: critic and generator steps; scale() for both losses and the penalty's outputs
     "wgan_gp": {"step": 6, "update": 3, "scale": 9, "load_state_dict": 0},
     # 3 iterations: D and G steps, three scaled backward calls; the Sigmoid fused into the loss

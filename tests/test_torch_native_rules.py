@@ -363,3 +363,56 @@ def test_an_optimizer_that_may_be_none_converts_natively_and_apex_refuses_naming
     assert apex.status is FileStatus.UNCONVERTED and apex.converted is None
     (finding,) = [f for f in apex.findings if f.code == "AMP317"]
     assert reason in finding.message and "--backend native" in finding.message
+
+
+_STEPPED_TWICE = """\
+import torch
+import torch.nn as nn
+
+model = nn.Linear(4, 1).cuda()
+other = nn.Linear(4, 1).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+other_optimizer = torch.optim.SGD(other.parameters(), lr=0.1)
+for x in loader:
+    optimizer.zero_grad()
+    loss = model(x).mean()
+    loss.backward()
+    optimizer.step()
+{between}
+    second = model(x).pow(2).mean()
+    second.backward()
+    optimizer.step()
+{after}
+"""
+
+
+@pytest.mark.parametrize("between, after, reason", [
+    # gradients of the first backward are still there at the second step: the update() between
+    # would rescale them
+    ("", "    other_optimizer.zero_grad()\n    third = other(x).mean()\n    third.backward()\n    other_optimizer.step()",
+     "no optimizer.zero_grad() and backward() between line 12 and its step at line 16"),
+    # the last step of the iteration is conditional: its update() could run without a step
+    ("    optimizer.zero_grad()", "",
+     "leave the iteration's last update() without a step that always runs after it"),
+])
+def test_an_optimizer_stepped_twice_is_refused_when_an_update_between_would_be_wrong(between, after, reason):
+    source = _STEPPED_TWICE.format(between=between, after=after)
+    if not after:
+        source = source.replace("    second.backward()\n    optimizer.step()",
+                                "    if x.sum() > 0:\n        second.backward()\n        optimizer.step()")
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.UNCONVERTED, conversion.status
+    (finding,) = [f for f in conversion.findings if "stepped twice" in f.message]
+    assert "optimizer is stepped twice in one iteration" in finding.message and reason in finding.message, finding.message
+
+
+def test_an_optimizer_stepped_twice_gets_an_update_after_its_first_step():
+    source = _STEPPED_TWICE.format(
+        between="    optimizer.zero_grad()",
+        after="    other_optimizer.zero_grad()\n    third = other(x).mean()\n    third.backward()\n    other_optimizer.step()")
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.CHANGED
+    lines = conversion.converted.splitlines()
+    steps = [i for i, line in enumerate(lines) if "scaler.step(optimizer)" in line]
+    assert len(steps) == 2 and lines[steps[0] + 1].strip() == "scaler.update()"
+    assert sum(line.strip() == "scaler.update()" for line in lines) == 2

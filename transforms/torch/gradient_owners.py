@@ -35,7 +35,7 @@ def optimizer_of_gradients(s: TrainingStructure, unit: TrainingUnit, call: cst.C
     direct = [name for name in unit.optimizers if name in mentioned]
     if direct:
         return direct[0] if len(direct) == 1 else None
-    trained = {name: _models_of(s, unit, name) for name in unit.optimizers}
+    trained = {name: models_of(s, unit, name) for name in unit.optimizers}
     receivers = _parameter_receivers(arguments)
     if not clip:
         # a helper handed a model: clip_gradients(model, c)
@@ -53,7 +53,7 @@ def optimizer_of_gradients(s: TrainingStructure, unit: TrainingUnit, call: cst.C
     return by_root[0] if len(by_root) == 1 else None
 
 
-def _models_of(s: TrainingStructure, unit: TrainingUnit, optimizer: str) -> Set[str]:
+def models_of(s: TrainingStructure, unit: TrainingUnit, optimizer: str) -> Set[str]:
     """Receivers of `.parameters()` in the optimizer's constructions (one assignment followed:
     `params = model.parameters()`; `filter(lambda p: ..., model.parameters())` included)."""
     found: Set[str] = set()

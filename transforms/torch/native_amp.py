@@ -397,6 +397,7 @@ class NativeConversion(TorchConversion):
             plan.foreign_penalties.append(self._scale_penalty_elsewhere(*elsewhere))
         plan.update_after = self.scaler_calls.update_anchor(unit)
         plan.early_exit_updates = list(self.scaler_calls.early_exit_updates.get(id(unit), []))
+        plan.restep_updates = list(self.scaler_calls.restep_updates.get(id(unit), []))
         plan.unscale_before = self.scaler_calls.unscale_points(unit)
         self._plan_wrapper_edits(plan)
         self.placement.place(plan)
@@ -639,6 +640,14 @@ class NativeConversion(TorchConversion):
                 f"{reference}.update() also added {where} line {s.line(exit_statement)}: this branch leaves the "
                 "iteration after an optimizer step",
                 exit_statement,
+            )
+        for step_statement in plan.restep_updates:
+            self.edits.insert_after(step_statement, f"{reference}.update()")
+            self.info(
+                "AMP203",
+                f"{reference}.update() also added after line {s.line(step_statement)}: that optimizer is stepped "
+                "again later in the iteration, and a GradScaler steps an optimizer once between update() calls",
+                step_statement,
             )
         for clip_statement, receiver in plan.unscale_before:
             self.edits.insert_before(clip_statement, f"{reference}.unscale_({receiver})")

@@ -14,7 +14,7 @@ from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.autocast_regions import index_of
-from ampify.transforms.torch.gradient_owners import optimizer_of_gradients
+from ampify.transforms.torch.gradient_owners import models_of as unit_models_of, optimizer_of_gradients
 from ampify.transforms.torch.training_loop import StepCall, TrainingStructure, TrainingUnit, Unconvertible
 
 
@@ -27,6 +27,9 @@ class ScalerCallPlanner:
         #: per unit (by id): (statement, "after"/"before") in early-exit branches where
         #: scaler.update() also goes
         self.early_exit_updates: Dict[int, List[Tuple[cst.CSTNode, str]]] = {}
+        #: per unit (by id): steps after which scaler.update() also goes, their optimizer being
+        #: stepped again later in the iteration
+        self.restep_updates: Dict[int, List[cst.CSTNode]] = {}
 
     def update_anchor(self, unit: TrainingUnit) -> cst.CSTNode:
         """The statement after which `scaler.update()` runs exactly once per iteration that stepped:
@@ -72,7 +75,108 @@ class ScalerCallPlanner:
                     jump,
                 )
             self.early_exit_updates[id(unit)].append(exit_anchor)
+        self.restep_updates[id(unit)] = self._updates_between_steps_of_one_optimizer(unit, steps, paths, common_depth)
         return body[last]
+
+    def _updates_between_steps_of_one_optimizer(
+        self, unit: TrainingUnit, steps: Sequence[StepCall], paths, common_depth: int
+    ) -> List[cst.CSTNode]:
+        """`scaler.step(opt)` may run once per optimizer between two `update()` calls (GradScaler
+        raises "step() has already been called since the last update()"). An optimizer stepped
+        again later in the same iteration (SAGAN's critic: its loss, then the gradient penalty
+        alone) gets `scaler.update()` right after its earlier step, when that is exact: every step
+        after it steps gradients made after it (a zero_grad of that optimizer, then a backward,
+        in between), and a step that always runs follows it, so the iteration's last update()
+        has an inf check to read. Otherwise refused with the reason."""
+        s = self.structure
+        where = self._where
+        found: List[cst.CSTNode] = []
+        for index, first in enumerate(steps):
+            again = next((later for later in steps[index + 1:] if later.receiver == first.receiver
+                          and not self._exclusive(first.call, later.call)), None)
+            if again is None:
+                continue
+            statement = s.statement_of(first.call)
+            lines = f"lines {s.line(first.call)} and {s.line(again.call)}"
+
+            def refuse(why: str) -> None:
+                raise Unconvertible(
+                    f"{first.receiver} is stepped twice in one iteration ({lines}), and a GradScaler steps an "
+                    f"optimizer once between update() calls; an update() after the first step would {why}; "
+                    "convert by hand, or use --dtype bfloat16", again.call)
+
+            if not isinstance(statement, cst.SimpleStatementLine) or statements.find_jump(statement) is not None:
+                refuse("need a statement of its own")
+            start = where(first.call)
+            for later in steps[index + 1:]:
+                end = where(later.call)
+                backwards = [where(b.call) for b in unit.backwards if start < where(b.call) < end]
+                zeroed = [where(call) for call in self._zero_grads_of(unit, later.receiver) if start < where(call) < end]
+                if not backwards or not any(z < max(backwards) for z in zeroed):
+                    refuse(f"rescale the gradients {later.receiver} holds from before it (no "
+                           f"{later.receiver}.zero_grad() and backward() between line {s.line(first.call)} and its "
+                           f"step at line {s.line(later.call)})")
+            always = [k for k in range(index + 1, len(steps)) if len(paths[k]) == common_depth
+                      and isinstance(paths[k][-1][1], cst.SimpleStatementLine)]
+            if not always:
+                refuse("leave the iteration's last update() without a step that always runs after it")
+            found.append(statement)
+        return found
+
+    def _exclusive(self, node: cst.CSTNode, other: cst.CSTNode) -> bool:
+        """Do the two calls never both run in one iteration? They sit in different branches of
+        one if/elif/else, or `node` is followed in its block by a continue/break/return
+        (ESRGAN's warm-up: `optimizer_G.step(); continue`) before the blocks reach `other`."""
+        s = self.structure
+        holder = s.statement_of(node)
+        while holder is not None:
+            block = s.block_of(holder)
+            if block is None or s.contains(block, other):
+                break
+            body = list(block.body)
+            following = body[index_of(body, holder) + 1:]
+            if any(isinstance(statement, cst.SimpleStatementLine) and any(
+                    isinstance(small, (cst.Continue, cst.Break, cst.Return)) for small in statement.body)
+                   for statement in following):
+                return True
+            holder = s.statement_of(s.parent(block))
+        for ancestor in s.ancestors(node):
+            if s.contains(ancestor, other):
+                if isinstance(ancestor, cst.If) and ancestor.orelse is not None:
+                    return s.contains(ancestor.body, node) != s.contains(ancestor.body, other)
+                return False
+        return False
+
+    def _zero_grads_of(self, unit: TrainingUnit, optimizer: Optional[str]) -> List[cst.Call]:
+        """Calls in the unit that zero `optimizer`'s gradients: `optimizer.zero_grad()`, a
+        zero_grad() of a model it trains, or a helper of the module whose body calls
+        `optimizer.zero_grad()` (SAGAN's `self.reset_grad()`)."""
+        s = self.structure
+        models = set(unit_models_of(s, unit, optimizer)) if optimizer else set()
+        helpers = self._helpers_zeroing(optimizer) if optimizer else set()
+        found = []
+        for call in statements.calls_within(unit.body):
+            func = call.func
+            if isinstance(func, cst.Attribute) and func.attr.value == "zero_grad":
+                receiver = statements.code_of(func.value).strip()
+                if receiver == optimizer or receiver in models:
+                    found.append(call)
+            elif statements.code_of(func).strip() in helpers:
+                found.append(call)
+        return found
+
+    def _helpers_zeroing(self, optimizer: str) -> set:
+        names_ = set()
+        for statement in self.structure.module.body:
+            members = statement.body.body if isinstance(statement, cst.ClassDef) else [statement]
+            for member in members:
+                if not isinstance(member, cst.FunctionDef):
+                    continue
+                if any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "zero_grad"
+                       and statements.code_of(c.func.value).strip() == optimizer
+                       for c in statements.calls_within(member.body)):
+                    names_.add(("self." if isinstance(statement, cst.ClassDef) else "") + member.name.value)
+        return names_
 
     def _steps_in_every_branch(self, anchors: Sequence[cst.CSTNode], steps: Sequence[StepCall], unit: TrainingUnit) -> bool:
         """Every step sits in one `if/elif/else` (an `else` included) each branch of which runs a

@@ -120,6 +120,8 @@ class UnitPlan:
     update_after: Optional[cst.CSTNode] = None
     #: steps in a branch that leaves the iteration (`continue`): scaler.update() after them too
     early_exit_updates: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
+    #: steps of an optimizer stepped again later in the iteration: scaler.update() after each
+    restep_updates: List[cst.CSTNode] = field(default_factory=list)
     unscale_before: List[Tuple[cst.CSTNode, str]] = field(default_factory=list)
     home: Optional[ScalerHome] = None
     #: functions that receive the scaler as a new parameter, with their in-file calls
