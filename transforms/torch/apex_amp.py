@@ -729,6 +729,15 @@ class ApexConversion(TorchConversion):
         for save in self.s.optimizer_state_saves:
             element = self.s.parent(save.call)
             dictionary = self.s.parent(element) if isinstance(element, cst.DictElement) else None
+            call = self.s.parent(element) if isinstance(element, cst.Arg) and element.keyword is not None else None
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value == "dict":
+                # `state = dict(epoch=..., optimizer=optimizer.state_dict())`
+                if id(call) in saves_done or any(a.keyword is not None and a.keyword.value == "amp" for a in call.args):
+                    continue
+                saves_done.add(id(call))
+                self.plan.add_keyword(call, "amp", f"{self.amp}.state_dict()")
+                self.info("AMP304", f"the checkpoint also saves {self.amp}.state_dict()", save.call)
+                continue
             if not isinstance(dictionary, cst.Dict):
                 self.warn(
                     "AMP318", f"{save.receiver}.state_dict() is saved outside a dict literal; save {self.amp}.state_dict() "

@@ -75,6 +75,17 @@ class CheckpointWriter:
                 self.edits.add_dict_element(parent, key, f"{reference}.state_dict()")
                 self.info("AMP206", f"checkpoint also saves {reference}.state_dict() as '{key}'", site.call)
                 continue
+            owner = s.parent(parent) if isinstance(parent, cst.Arg) and parent.keyword is not None else None
+            if isinstance(owner, cst.Call) and isinstance(owner.func, cst.Name) and owner.func.value == "dict":
+                # `state = dict(epoch=..., optimizer=optimizer.state_dict())` (barlowtwins)
+                if id(owner) in done_dicts:
+                    continue
+                done_dicts.add(id(owner))
+                keys = {a.keyword.value for a in owner.args if a.keyword is not None}
+                key = "scaler" if "scaler" not in keys else "grad_scaler"
+                self.edits.add_keyword(owner, key, f"{reference}.state_dict()")
+                self.info("AMP206", f"checkpoint also saves {reference}.state_dict() as '{key}'", site.call)
+                continue
             if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
                 target = parent.targets[0].target
                 key_node = statements.string_subscript(target)
