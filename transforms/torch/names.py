@@ -164,7 +164,7 @@ HOST_DATA_MODULES = ("numpy", "math", "random")
 DATA_SOURCE_METHODS = {"sample", "get_batch", "next_batch", "get_next", "load_batch", "next", "__next__",
                        "sample_batch"}
 DATA_SOURCE_WORDS = ("buffer", "memory", "replay", "dataset", "loader", "data", "iter", "batch", "queue", "storage",
-                     "rollout", "sampler")
+                     "rollout", "sampler", "mem")
 
 #: tensor methods and builtins that compute on tensors already made: a region whose calls are
 #: all of these (or of imported functions such as torch.cat) holds no model forward pass
