@@ -342,16 +342,47 @@ class AutocastPlanner:
                 crossed_barrier = True
                 continue
             # a continue/break/return may go inside the region: leaving a `with` block is fine
-            if (_bound_or_filled(statement) - THROWAWAY) & needed:
+            wanted = (_bound_or_filled(statement) - THROWAWAY) & needed
+            if wanted:
                 # `probs = policy(state_pool[i])` makes probs here: an earlier probs (a rollout's,
                 # in an outer block) is not what the loss reads
                 needed = (needed - _overwritten_names(statement)) | _read_names(statement)
                 if crossed_barrier:
                     if before_barrier is None and self._calls_model(statement):
                         before_barrier = index
-                elif statements.has_forward_call(statement, self.imports, self._data_helpers()):
+                elif self._computes_with_a_forward_pass(statement, wanted):
                     start = index
         return start, before_barrier, needed
+
+    def _computes_with_a_forward_pass(self, statement: cst.CSTNode, wanted: Set[str]) -> bool:
+        """Does the statement run a forward pass for the names `wanted` of it? For a compound
+        statement only the lines that make them count (followed back within it), and its header:
+        self-critical.pytorch's `if epoch_done:` block sets the learning rate (`utils.set_lr(...)`,
+        `init_scorer(...)`) and a flag the loss reads (`sc_flag = True`), which runs no model, so
+        the region need not start there."""
+        helpers = self._data_helpers()
+        if not statements.has_forward_call(statement, self.imports, helpers):
+            return False
+        if not isinstance(statement, (cst.If, cst.Try)):
+            return True
+        if isinstance(statement, cst.If) and any(
+                statements.has_forward_call(branch.test, self.imports, helpers) for branch in _if_chain(statement)):
+            return True
+        lines = _inner_lines(statement)
+        if lines is None:
+            return True
+        wanted = set(wanted)
+        for _ in range(len(lines) + 1):  # to a fixpoint: a later line may feed an earlier one in a loop
+            grown = set(wanted)
+            for line in reversed(lines):
+                if (_bound_or_filled(line) - THROWAWAY) & grown:
+                    if statements.has_forward_call(line, self.imports, helpers):
+                        return True
+                    grown |= _read_names(line)
+            if grown == wanted:
+                return False
+            wanted = grown
+        return True
 
     def _check_outer_forward(self, outer_levels, needed: Set[str], barriers: Set[int], by_block, backward) -> int:
         """The loss is computed in a nested block (an `if`): a model call before that block that
@@ -443,6 +474,75 @@ def _inner_assignments(statement: cst.CSTNode, wanted: Set[str]) -> Optional[Lis
     if (wanted & (statements.assigned_names(statement) - THROWAWAY)) - bound_by_lines:
         return None  # bound by a header (a for target, an `as` name), or a nested def
     return lines
+
+
+def _if_chain(statement: cst.If) -> List[cst.If]:
+    """The `if` and its `elif`s."""
+    chain = []
+    current: Optional[cst.CSTNode] = statement
+    while isinstance(current, cst.If):
+        chain.append(current)
+        current = current.orelse
+    return chain
+
+
+def _inner_lines(statement: cst.CSTNode) -> Optional[List[cst.SimpleStatementLine]]:
+    """Every simple statement inside an if/try, in order; None when a nested compound statement
+    binds names in its header (`for x in ...`, `with ... as x`, `except E as x`), followed no further."""
+    lines: List[cst.SimpleStatementLine] = []
+    headers = []
+
+    class _Lines(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+            lines.append(node)
+            return False
+
+        def visit_For(self, node: cst.For) -> bool:
+            headers.append(node)
+            return False
+
+        def visit_While(self, node: cst.While) -> bool:
+            headers.append(node)
+            return False
+
+        def visit_With(self, node: cst.With) -> bool:
+            headers.append(node)
+            return False
+
+        def visit_ExceptHandler(self, node: cst.ExceptHandler) -> bool:
+            if node.name is not None:
+                headers.append(node)
+            return True
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            headers.append(node)
+            return False
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            headers.append(node)
+            return False
+
+    for block in _bodies(statement):
+        block.visit(_Lines())
+    return None if headers else lines
+
+
+def _bodies(statement: cst.CSTNode) -> List[cst.CSTNode]:
+    """The blocks of an if/elif/else chain or a try statement (tests and headers excluded)."""
+    if isinstance(statement, cst.If):
+        blocks: List[cst.CSTNode] = []
+        current: Optional[cst.CSTNode] = statement
+        while isinstance(current, cst.If):
+            blocks.append(current.body)
+            current = current.orelse
+        if isinstance(current, cst.Else):
+            blocks.append(current.body)
+        return blocks
+    if isinstance(statement, cst.Try):
+        blocks = [statement.body, *(handler.body for handler in statement.handlers)]
+        blocks += [part.body for part in (statement.orelse, statement.finalbody) if part is not None]
+        return blocks
+    return []
 
 
 def _overwritten_names(statement: cst.CSTNode) -> Set[str]:
