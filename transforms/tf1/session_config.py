@@ -234,7 +234,11 @@ class _Planner:
                 == f"{config}.graph_options.rewrite_options.auto_mixed_precision = rewriter_config_pb2.RewriterConfig.ON")
 
     def _hoisted_config(self, session: cst.Call, config: Optional[cst.Call], before: cst.CSTNode) -> str:
-        """A config written inline, or none: bind it to a new variable before `before`."""
+        """A config written inline, or none: bind it to a new variable before `before` (once:
+        several calls run in one Session, as RL_brain's two DQNs built under `sess`)."""
+        planned = self.hoisted.get(id(before))
+        if planned is not None and planned[2] is session:
+            return planned[0]
         if config is None:
             spelled = dotted_name(session.func) or ""
             if not spelled.endswith(("Session", "InteractiveSession")) or "." not in spelled:
