@@ -189,13 +189,17 @@ class BackwardToScale:
     done: bool = False
 
 
+def _backward_method(module: cst.Module, class_name: str) -> Optional[cst.FunctionDef]:
+    """`class_name.backward`, defined at module level, if any."""
+    klass = next((st for st in module.body if isinstance(st, cst.ClassDef) and st.name.value == class_name), None)
+    if klass is None or not isinstance(klass.body, cst.IndentedBlock):
+        return None
+    return next((st for st in klass.body.body if isinstance(st, cst.FunctionDef) and st.name.value == "backward"), None)
+
+
 def backward_to_scale(module: cst.Module, class_name: str, scaler_name: str) -> Union[str, BackwardToScale]:
     """The class's backward() to edit, or the reason it cannot be edited."""
-    klass = next((st for st in module.body if isinstance(st, cst.ClassDef) and st.name.value == class_name), None)
-    method = None
-    if klass is not None and isinstance(klass.body, cst.IndentedBlock):
-        method = next((st for st in klass.body.body if isinstance(st, cst.FunctionDef) and st.name.value == "backward"),
-                      None)
+    method = _backward_method(module, class_name)
     if method is None:
         return f"{class_name}.backward() was not found again at module level"
     inner_calls = _inner_backwards(method)
@@ -296,11 +300,7 @@ def plan_apex_backward(module: cst.Module, class_name: str, edits, amp: Optional
     (done already, its inner backward() call), or the reason it cannot be done. `amp`: the name
     the module imports apex's amp as (the class is in the file being converted); None: the
     method imports it itself."""
-    klass = next((st for st in module.body if isinstance(st, cst.ClassDef) and st.name.value == class_name), None)
-    method = None
-    if klass is not None and isinstance(klass.body, cst.IndentedBlock):
-        method = next((st for st in klass.body.body if isinstance(st, cst.FunctionDef) and st.name.value == "backward"),
-                      None)
+    method = _backward_method(module, class_name)
     if method is None:
         return f"{class_name}.backward() was not found again at module level"
     inner_calls = _inner_backwards(method)
