@@ -296,9 +296,10 @@ class ApexSetupFinder:
 
     def check_never_none(self, unit: TrainingUnit, setup: ApexSetup) -> None:
         """amp.initialize and amp.scale_loss take every optimizer of the unit and fail on None
-        (`_process_optimizer` sets attributes on it): refuse an optimizer that may be None, made
-        `Adam(...) if fine_tune else None` or stepped only under `if optimizer is not None:`
-        (the image-captioning tutorial's frozen encoder), where GradScaler needs no change."""
+        (`_process_optimizer` sets attributes on it): refuse an optimizer stepped only under
+        `if optimizer is not None:` (the image-captioning tutorial's frozen encoder), where a
+        GradScaler needs no change. One made `Adam(...) if fine_tune else None` is refused where
+        its construction is looked up (_construction)."""
         for step in unit.steps:
             current = self.s.parent(step.call)
             while current is not None and current is not unit.body:
