@@ -361,6 +361,81 @@ def test_a_session_created_before_the_optimizer_in_the_same_file_gets_the_rewrit
     assert "AMPIFY_RUNNER session with graph rewrite" not in before.stderr
 
 
+SESSION_HANDED_TO_CLASSES = """\
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+tf.disable_v2_behavior()
+tf.set_random_seed(0)
+
+
+class Actor(object):
+    def __init__(self, sess, n_features, lr):
+        self.sess = sess
+        self.s = tf.placeholder(tf.float32, [None, n_features])
+        self.y = tf.placeholder(tf.float32, [None, 1])
+        hidden = tf.layers.dense(self.s, 64, tf.nn.relu)
+        self.loss = tf.reduce_mean(tf.square(tf.layers.dense(hidden, 1) - self.y))
+        with tf.variable_scope('actor_train'):
+            self.train_op = tf.train.AdamOptimizer(lr).minimize(self.loss)
+
+    def learn(self, x, y):
+        return self.sess.run([self.train_op, self.loss], {self.s: x, self.y: y})[1]
+
+
+class Critic(object):
+    def __init__(self, sess, n_features, lr):
+        self.sess = sess
+        self.s = tf.placeholder(tf.float32, [None, n_features])
+        self.v = tf.layers.dense(self.s, 1)
+        self.loss = tf.reduce_mean(tf.square(self.v))
+        with tf.variable_scope('critic_train'):
+            self.train_op = tf.train.AdamOptimizer(lr).minimize(self.loss)
+
+    def learn(self, x):
+        return self.sess.run([self.train_op, self.loss], {self.s: x})[1]
+
+
+sess = tf.Session()
+actor = Actor(sess, n_features=16, lr=1e-2)
+critic = Critic(sess, n_features=16, lr=1e-2)
+sess.run(tf.global_variables_initializer())
+rng = np.random.RandomState(0)
+data = rng.randn(64, 16).astype("float32")
+target = data.sum(axis=1, keepdims=True)
+for step in range(12):
+    critic.learn(data)
+    print("step %d loss %f" % (step, actor.learn(data, target)))
+"""
+
+
+def test_a_session_handed_to_classes_of_the_same_file_gets_the_rewrite_through_its_config(tmp_path):
+    """MorvanZhou's AC_CartPole.py and DDPG.py: `sess = tf.Session()` at module level, then
+    `Actor(sess, ...)` and `Critic(sess, ...)`, classes of the same file whose constructors build
+    the optimizers. The wrapper alone came after that Session (the file was "changed,
+    incomplete"): the Session's config now turns the rewrite on, once for both classes, and the
+    graph runs in float16; the same classes built from a function handed the Session keep the
+    AMP113 warning (ampify cannot see where that Session is created)."""
+    conversion = convert_source(SESSION_HANDED_TO_CLASSES, filename="ac.py")
+    assert conversion.status.value == "changed", (conversion.status, conversion.findings)
+    assert [f.code for f in conversion.findings if f.code in ("AMP105", "AMP113")] == ["AMP105"]
+    assert conversion.converted.count("auto_mixed_precision = rewriter_config_pb2.RewriterConfig.ON") == 1
+    after = _run(tmp_path, "ac.py", conversion.converted)
+    _assert_trains(_losses(after.stdout))
+    assert after.stderr.count("AMPIFY_RUNNER loss-scale compute_gradients") == 2
+    assert "AMPIFY_RUNNER session with graph rewrite" in after.stderr
+    assert _converted_nodes(after.stderr) > 0, after.stderr[-4000:]
+
+    in_a_function = SESSION_HANDED_TO_CLASSES.replace(
+        "sess = tf.Session()\nactor = Actor(sess, n_features=16, lr=1e-2)\ncritic = Critic(sess, n_features=16, lr=1e-2)\n",
+        "def build(sess):\n    return Actor(sess, n_features=16, lr=1e-2), Critic(sess, n_features=16, lr=1e-2)\n\n\n"
+        "sess = tf.Session()\nactor, critic = build(sess)\n")
+    assert in_a_function != SESSION_HANDED_TO_CLASSES
+    handed = convert_source(in_a_function, filename="ac.py")
+    assert [f.code for f in handed.findings if f.code in ("AMP105", "AMP113")] == ["AMP113", "AMP113"]
+    assert handed.status.value == "changed, incomplete"
+
+
 def _run_module(project: Path):
     """main.py of a two-module project under the runner, from the project folder."""
     runner = project / "amp_runner.py"

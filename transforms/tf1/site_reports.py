@@ -166,34 +166,20 @@ class SiteReports:
         return config is not None and rewrite_turned_on(self.module.code, config)
 
     def _report_sessions_before_builders(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
-        """`with tf.Session() as sess: train_op = build_model()`: the optimizer is built (and
-        wrapped) by a function or class of this file called after the Session exists."""
-        scopes_with_sessions = {session.scope for session in self.survey.sessions}
-        classes_with_sessions = {
-            self.survey.function_names.get(scope, ("", ""))[1] for scope in scopes_with_sessions
-        } - {""}
+        """`with tf.Session() as sess: train_op = build_model()`, or `sess = tf.Session()` and then
+        `actor = Actor(sess, ...)` (MorvanZhou's AC_CartPole): the optimizer is built (and wrapped)
+        by a function or class of this file called after the Session exists."""
         builders: Dict[str, OptimizerSite] = {}
         for site in to_wrap:
-            if site.scope in warned_scopes or site.scope in scopes_with_sessions:
-                continue  # warned already, or it builds its own Session (after, presumably)
-            function, owner = self.survey.function_names.get(site.scope, ("", ""))
-            if owner and owner not in classes_with_sessions:
-                builders.setdefault(owner, site)
-            elif function and not owner:
-                builders.setdefault(function, site)
-        if not builders:
-            return
+            if site.scope in warned_scopes:
+                continue
+            name = self._builder_name(site)
+            if name:
+                builders.setdefault(name, site)
         for session in self.survey.sessions:
-            for call in self.survey.name_calls:
-                site = builders.get(call.name)
-                if site is None or call.scope != session.scope:
-                    continue
-                name, line = call.name, call.line
-                if session.encloses is not None:
-                    after = session.encloses[0] <= line <= session.encloses[1]
-                else:
-                    after = line > session.line
-                if not after:
+            for name, site in builders.items():
+                line = self._called_after(session, name)
+                if line is None:
                     continue
                 if self._has_the_rewrite(session):
                     break
@@ -213,6 +199,35 @@ class SiteReports:
                 )
                 break
 
+    def _builder_name(self, site: OptimizerSite) -> str:
+        """The function or class of this file whose call builds `site`; "" when it builds its own
+        Session (after the optimizer, presumably) or is not one."""
+        scopes_with_sessions = {session.scope for session in self.survey.sessions}
+        if site.scope in scopes_with_sessions:
+            return ""
+        function, owner = self.survey.function_names.get(site.scope, ("", ""))
+        if owner:
+            classes_with_sessions = {self.survey.function_names.get(scope, ("", ""))[1] for scope in scopes_with_sessions}
+            return "" if owner in classes_with_sessions else owner
+        return function
+
+    def _called_after(self, session: SessionSite, name: str):
+        """The line of the first call of `name` in the Session's block after the Session exists."""
+        for call in self.survey.name_calls:
+            if call.name != name or call.scope != session.scope:
+                continue
+            if session.encloses is not None:
+                after = session.encloses[0] <= call.line <= session.encloses[1]
+            else:
+                after = call.line > session.line
+            if after:
+                return call.line
+        return None
+
+    def _session_of_this_file_before_call(self, site: OptimizerSite) -> bool:
+        name = self._builder_name(site)
+        return bool(name) and any(self._called_after(session, name) is not None for session in self.survey.sessions)
+
     def _report_sessions_from_elsewhere(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
         """A function that builds an optimizer and runs a Session it did not create (DCGAN's
         `self.sess`): if that Session was created first, it never gets the rewrite."""
@@ -226,6 +241,8 @@ class SiteReports:
                 continue
             if site.scope in scopes_with_sessions or site.scope in warned_scopes:
                 continue
+            if self._session_of_this_file_before_call(site):
+                continue  # reported (and turned on) with that Session, below
             warned_scopes.add(site.scope)
             if run is None:
                 self.sessions_elsewhere.append((site, len(self.findings)))
