@@ -85,6 +85,14 @@ RULES: List[Rule] = [
          "bound to a new variable when the config is written inline or absent.",
          "with tf.Session(config=run_config) as sess:  # main.py\n  -> run_config.graph_options.rewrite_options"
          ".auto_mixed_precision = rewriter_config_pb2.RewriterConfig.ON", REVIEW),
+    Rule("AMP106", "info", "Sigmoid kept in float32: the loss takes the log of a sigmoid's probability (`tf.log(1 - D_fake + 1e-8)`)",
+         "The rewrite runs `tf.nn.sigmoid` in float16 after an allowed MatMul (its infer list): a confident "
+         "discriminator's probability rounds to 1, `1 - D_fake + 1e-8` is 0, the log -inf, and the loss-scale "
+         "optimizer skips every step. Taking Sigmoid off the infer list (TF >= 2.4: INFERLIST, TF 1.14-2.3: GRAYLIST) "
+         "keeps every Sigmoid of the graph in float32; the rest still converts.",
+         'import tensorflow as tf\n  -> os.environ.setdefault("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_INFERLIST_REMOVE", "Sigmoid")\n'
+         '     os.environ.setdefault("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_GRAYLIST_REMOVE", "Sigmoid")\n     import tensorflow as tf',
+         SAFE),
     Rule("AMP110", "warning", "`tf.gradients` reaches `apply_gradients` in a form that cannot be rewritten safely, or is handed to other code with the optimizer",
          "Gradients that bypass the wrapper's compute_gradients are never loss-scaled: float16 gradients underflow silently.",
          "variable_mgr.append_apply_gradients_ops(state, opt, tf.gradients(loss, params), ops)", MANUAL, incomplete=True),
@@ -252,6 +260,13 @@ RULES: List[Rule] = [
          "modules that import torch (SPADE's trainer imports its model module).",
          "from models.pix2pix_model import Pix2PixModel  # the file's only import\n  -> import torch\n"
          "     from models.pix2pix_model import Pix2PixModel", REVIEW),
+    Rule("AMP229", "warning", "the log of a sigmoid's probability (`torch.log(1 - D(x))`) is -inf under autocast; file not converted",
+         "A GAN (or VAE, or Bernoulli policy) that writes its cross entropy out: the sigmoid runs in float16 after "
+         "the model's last Linear, its output rounds to 1 once the logit passes about 8.4 (to 0 below about -17.4) "
+         "and the `+ 1e-8` is lost, so the log is -inf, the loss inf, and GradScaler skips every step while the "
+         "discriminator is confident, silently (bfloat16 rounds at 6.3). autocast refuses BCELoss for this reason; "
+         "the written-out form raises nothing. An epsilon of 1e-4 or more keeps the log finite and is not flagged.",
+         "D_loss = -torch.mean(torch.log(D_real + 1e-8) + torch.log(1 - D_fake + 1e-8))", MANUAL, incomplete=True),
     Rule("AMP230", "info", "gradient penalty scaled: `autograd.grad` of `scaler.scale(outputs)`, gradients divided by `scaler.get_scale()`",
          "A penalty's float16 gradients underflow unscaled; PyTorch's AMP examples scale the outputs and unscale the gradients.",
          "g = torch.autograd.grad(outputs=d_out, inputs=x, create_graph=True)[0]\n"
@@ -370,6 +385,11 @@ RULES: List[Rule] = [
     Rule("AMP330", "warning", "apex: a Gram matrix (`torch.mm(f, f.t())`) overflows float16 under O1; file not converted",
          "Style transfer's Gram matrices sum h*w products of feature maps: beyond 65504 the loss is inf and every "
          "step is skipped.", "G = torch.mm(f, f.t())", MANUAL, incomplete=True),
+    Rule("AMP331", "warning", "apex: the log of a sigmoid's probability (`torch.log(1 - D(x))`) is -inf under O1; file not converted",
+         "O1 runs the sigmoid after the model's last Linear in float16: its output rounds to 1 once the logit passes "
+         "about 8.4 and the `+ 1e-8` is lost, so the log is -inf and every step is skipped while the discriminator "
+         "is confident.", "D_loss = -torch.mean(torch.log(D_real + 1e-8) + torch.log(1 - D_fake + 1e-8))", MANUAL,
+         incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

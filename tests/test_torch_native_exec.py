@@ -574,3 +574,24 @@ def test_a_gram_matrix_is_told_from_other_self_products(code, flagged):
     module = cst.parse_module(f"import torch\n\n\ndef style_loss(x, k, a, b, c, d, h, w):\n    {code}\n    return g\n")
     structure = analyze_training(module, ImportMap.from_module(module))
     assert any(h.kind is HazardKind.GRAM_MATRIX for h in structure.hazards) is flagged
+
+
+def test_the_log_of_a_sigmoid_probability_is_minus_inf_under_float16_autocast():
+    """The premise of AMP229: a discriminator ending in nn.Sigmoid, confident (a logit of 9). Under
+    float16 autocast its output rounds to 1, `1 - D_fake + 1e-8` is 0 and the log -inf (the loss inf:
+    GradScaler would skip every step); under bfloat16 the log is that of the epsilon, far from float32's
+    value; in float32 it is about -9; an epsilon of 1e-3 keeps the float16 log finite."""
+    D = torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.Sigmoid())
+    with torch.no_grad():
+        D[0].weight.fill_(0.0)
+        D[0].bias.fill_(9.0)
+    x = torch.ones(2, 4)
+    with torch.autocast(device_type="cpu", dtype=torch.float16):
+        half = torch.log(1 - D(x) + 1e-8)
+        half_safe = torch.log(1 - D(x) + 1e-3)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        brain = torch.log(1 - D(x) + 1e-8)
+    full = torch.log(1 - D(x) + 1e-8)
+    assert torch.isinf(half).all()
+    assert torch.isfinite(half_safe).all()
+    assert (brain < -18).all() and (full > -9.5).all() and (full < -8.5).all()

@@ -416,3 +416,53 @@ def test_an_optimizer_stepped_twice_gets_an_update_after_its_first_step():
     steps = [i for i, line in enumerate(lines) if "scaler.step(optimizer)" in line]
     assert len(steps) == 2 and lines[steps[0] + 1].strip() == "scaler.update()"
     assert sum(line.strip() == "scaler.update()" for line in lines) == 2
+
+
+LOG_HEADER = """import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+"""
+
+
+@pytest.mark.parametrize("code, flagged", [
+    # a Sequential ending in nn.Sigmoid, its output logged (directly, 1 - p, clamped, as a method)
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\np = D(x)\nloss = torch.log(1 - p + 1e-8)", True),
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = torch.log(D(x).view(-1))", True),
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = D(x).clamp(1e-7, 1 - 1e-7).log()", True),
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = torch.log1p(-D(x))", True),
+    # a class whose forward returns a sigmoid, its instance moved to the device
+    ("class Net(nn.Module):\n    def forward(self, x):\n        return torch.sigmoid(self.fc(x))\n\n"
+     "net = Net().to(device)\nloss = torch.log(net(x) + 1e-8)", True),
+    # a DCGAN-style class: a Sequential attribute ending in Sigmoid, its output reshaped
+    ("class Disc(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+     "        self.main = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\n\n    def forward(self, x):\n"
+     "        out = self.main(x)\n        return out.view(-1, 1).squeeze(1)\n\n"
+     "netD = Disc()\nloss = -torch.mean(torch.log(1. - netD(x)))", True),
+    # a helper taking the log, a function returning a tuple with the probability first
+    ("def log(x):\n    return torch.log(x + 1e-8)\n\nD_gan = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\n\n"
+     "def D(x):\n    return D_gan(x), x\n\nD_real, _ = D(x)\nloss = log(D_real)", True),
+    # a sigmoid applied in the step
+    ("probs = torch.sigmoid(logits)\nloss = torch.log(probs)", True),
+    # `1 - x` logged in a file whose model ends in a sigmoid, x not followed (a model picked from a dict)
+    ("D = {'model': nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())}\nloss = torch.log(1 - D['model'](x))", True),
+    # an epsilon of 1e-3 (also through a module constant): finite in float16
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = torch.log(1 - D(x) + 1e-3)", False),
+    ("EPS = 1e-3\nD = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = torch.log(D(x) + EPS)", False),
+    # softmax probabilities (autocast runs softmax in float32), a model not ending in a sigmoid
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = torch.log(F.softmax(y, 1))", False),
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nC = nn.Sequential(nn.Linear(4, 1), nn.ReLU())\n"
+     "loss = torch.log(C(x) + 1e-8)", False),
+    # logged before the sigmoid / logsigmoid: nothing to flag
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = F.logsigmoid(logits) + torch.log(var + 1e-8)", False),
+])
+def test_the_log_of_a_sigmoid_probability_is_told_from_other_logs(code, flagged):
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.training_loop import HazardKind, analyze_training
+
+    module = cst.parse_module(LOG_HEADER + code + "\n")
+    structure = analyze_training(module, ImportMap.from_module(module))
+    assert any(h.kind is HazardKind.LOG_OF_PROBABILITY for h in structure.hazards) is flagged

@@ -141,6 +141,15 @@ APEX_RULES = BackendRules(
             "torch.mm to float16){left_unconverted}",
             blocks_file=True, in_training_only=True,
         ),
+        HazardKind.LOG_OF_PROBABILITY: HazardRule(
+            "AMP331",
+            "{detail}: the log of a sigmoid's probability, written out; under apex O1 the sigmoid runs in "
+            "float16, where the probability rounds to 1 (1 - p is 0) once the logit passes about 8.4 (and to 0 "
+            "below about -17.4) and a small epsilon is lost: the log is -inf, the loss inf, and every step is "
+            "skipped while the model is confident, silently; end the model on logits and use F.logsigmoid (log(1 - p) is "
+            "F.logsigmoid(-logits)) or BCEWithLogitsLoss, or add an epsilon of 1e-4 or more{left_unconverted}",
+            blocks_file=True, in_training_only=True,
+        ),
         HazardKind.WRAPPER_CLASS: HazardRule(
             "AMP314",
             "class {detail} steps an optimizer inside its own step(); ampify cannot follow it: call "

@@ -443,7 +443,8 @@ class TorchConversion(abc.ABC):
             rule = self.rules.hazards.get(hazard.kind)
             if rule is None or (rule.float16_only and not self.scaling) or (rule.in_training_only and not has_training):
                 continue
-            self.warn(rule.code, rule.message.format(**_message_fields(s, hazard, sigmoids, has_training)), hazard.node)
+            self.warn(rule.code, rule.message.format(**_message_fields(s, hazard, sigmoids, has_training, self.scaling)),
+                      hazard.node)
             if rule.blocks_file and not blocked and rule.file_reason:
                 self.blocked_reason = rule.file_reason
             blocked = blocked or rule.blocks_file
@@ -501,7 +502,8 @@ def _in_model_code(s: TrainingStructure, node: cst.CSTNode) -> bool:
     return False
 
 
-def _message_fields(s: TrainingStructure, hazard: Hazard, sigmoids: List[Hazard], has_training: bool) -> dict:
+def _message_fields(s: TrainingStructure, hazard: Hazard, sigmoids: List[Hazard], has_training: bool,
+                    float16: bool = True) -> dict:
     detail = hazard.detail
     short = short_text(detail)
     hint = ""
@@ -518,6 +520,12 @@ def _message_fields(s: TrainingStructure, hazard: Hazard, sigmoids: List[Hazard]
         "last_name": detail.rsplit(".", 1)[-1],
         "sigmoid_hint": hint,
         "left_unconverted": "; the training steps of this file were left unconverted" if has_training else "",
+        # a sigmoid's output under autocast (log_of_sigmoid.py): float16 has 11 bits next to 1 and
+        # underflows below 6e-8; bfloat16 has 8 bits next to 1 and float32's range
+        "dtype": "float16" if float16 else "bfloat16",
+        "saturates": "about 8.4 (and to 0 below about -17.4)" if float16 else "about 6.3",
+        "consequence": ("the loss is inf and GradScaler skips every step while the model is confident" if float16
+                        else "the loss and its gradients are far off while the model is confident"),
     }
 
 

@@ -146,6 +146,15 @@ NATIVE_RULES = BackendRules(
             "`torch.autocast(..., enabled=False)`, on `.float()` features){left_unconverted} (or use --dtype bfloat16)",
             blocks_file=True, float16_only=True, in_training_only=True,
         ),
+        HazardKind.LOG_OF_PROBABILITY: HazardRule(
+            "AMP229",
+            "{detail}: the log of a sigmoid's probability, written out; under autocast the sigmoid runs in "
+            "{dtype}, where the probability rounds to 1 (1 - p is 0) once the logit passes {saturates}: the log "
+            "is -inf (or the log of a tiny epsilon), {consequence}, silently; end the model on logits and use "
+            "F.logsigmoid (log(1 - p) is F.logsigmoid(-logits)) or BCEWithLogitsLoss, or add an epsilon of 1e-4 "
+            "or more{left_unconverted}",
+            blocks_file=True, in_training_only=True,
+        ),
         HazardKind.WRAPPER_CLASS: HazardRule(
             "AMP214",
             "class {detail} wraps an optimizer in its own step(): ampify does not convert steps through it; "

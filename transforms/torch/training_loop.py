@@ -53,6 +53,7 @@ from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.hand_written_precision import fp16_utils_evidence, loss_scaling_evidence
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.positions import Positions
+from ampify.transforms.kit.log_of_sigmoid import log_of_probability_calls
 from ampify.transforms.torch.statements import calls_within, code_of, nodes_of_type
 
 #: where a name can be bound: a function (parameters and locals) or the module
@@ -229,6 +230,9 @@ class HazardKind(str, enum.Enum):
     #: torch.mm(f, f.t()): a Gram matrix of feature maps (style transfer) sums h*w products, which
     #: overflow float16 under autocast: the loss is inf and every step is skipped
     GRAM_MATRIX = "gram_matrix"
+    #: torch.log(1 - D(x)) of a model ending in a sigmoid: in float16 the probability rounds to 1 (or
+    #: 0), the log is -inf, the loss inf, and every step is skipped (log_of_sigmoid.py)
+    LOG_OF_PROBABILITY = "log_of_probability"
     WRAPPER_CLASS = "wrapper_class"  # a class with its own step() that steps an inner optimizer
     AUTOGRAD_BACKWARD = "autograd_backward"  # torch.autograd.backward(...), not followed
     #: torch.distributed.autograd.backward(context_id, [loss]): RPC training, gradients held in a
@@ -488,6 +492,9 @@ def analyze_training(module: cst.Module, imports: ImportMap,
     structure._positions = Positions(module)
     _identify_optimizers(structure, collector)
     _group_units(structure)
+    if structure.all_names & {"sigmoid", "Sigmoid", "expit"}:
+        structure.hazards.extend(Hazard(HazardKind.LOG_OF_PROBABILITY, call, code_of(call))
+                                 for call, _ in log_of_probability_calls(module, imports))
     structure.hand_written_mixed_precision = _hand_written_mixed_precision(structure)
     return structure
 
