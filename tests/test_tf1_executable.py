@@ -490,3 +490,23 @@ def test_tower_gradients_of_a_helper_in_another_module_are_loss_scaled_in_one_ch
     _assert_trains(_losses(after.stdout))
     assert after.stderr.count("AMPIFY_RUNNER loss-scale compute_gradients") == 2
     assert _converted_nodes(after.stderr) > 0, after.stderr[-4000:]
+
+
+def test_a_log_of_a_sigmoid_probability_keeps_the_sigmoid_in_float32_and_the_loss_finite(tmp_path):
+    """wiseodd/generative-models' TF1 GANs take `log(1 - D_fake)` of a sigmoid's probability. The
+    wrapper alone runs that sigmoid in float16 and a confident discriminator's loss is inf at every
+    step (the loss-scale optimizer skips them all). Converted, Sigmoid is off the rewrite's lists
+    (AMP106): the graph still runs in float16 elsewhere, and the loss is finite and falls."""
+    source, conversion = _convert("exec_log_of_sigmoid_gan")
+    assert "AMP106" in [f.code for f in conversion.findings]
+    converted = _run(tmp_path, "converted.py", conversion.converted)
+    losses = _losses(converted.stdout)
+    assert len(losses) == 12 and all(value == value and abs(value) != float("inf") for value in losses), losses
+    assert 8 < losses[0] < 11  # about -log(1 - sigmoid(9)), as in float32
+    assert losses[-1] < losses[0] - 1, losses  # a confident discriminator unlearns slowly, but it does
+    assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]
+
+    wrapper_only = "\n".join(line for line in conversion.converted.splitlines() if "_REMOVE" not in line) + "\n"
+    assert wrapper_only != conversion.converted
+    without = _run(tmp_path, "wrapper_only.py", wrapper_only)
+    assert all(value == float("inf") for value in _losses(without.stdout)), without.stdout

@@ -23,6 +23,7 @@ from ampify.options import Options
 from ampify.transforms.tf1 import screen as tf1_screen
 from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.kit.log_of_sigmoid import TENSORFLOW, log_of_probability_calls
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.kit.parameters import with_parameter
@@ -34,6 +35,7 @@ from ampify.transforms.tf1.module_header import (
 )
 from ampify.transforms.tf1.names import (
     IGNORE_PERFORMANCE_ENV,
+    SIGMOID_IN_FLOAT32_ENV,
     MAY_APPLY_MARKERS,
     NGC_AUTO_MIXED_PRECISION_STRINGS,
     normalise_tf_name,
@@ -349,8 +351,9 @@ class _GraphRewrite:
         callees, added_import = self._wrapper_callees(to_wrap)
         new_module = self.module.visit(_WrapAndReplace(callees, plan.replacements, plan.moves, plan.new_parameters))
         set_env = self.options.tf_ignore_performance and not self.survey.mentions_ignore_performance_env
+        sigmoid_env = self._sigmoid_in_float32()
         new_module, index = add_header_statements(
-            new_module, set_env_var=set_env, added_import=added_import
+            new_module, set_env_var=set_env, added_import=added_import, environment=sigmoid_env
         )
         if set_env:
             line = self._line_of_statement(index)
@@ -364,6 +367,10 @@ class _GraphRewrite:
                     Severity.INFO,
                 )
             )
+        if sigmoid_env:
+            line = self._line_of_statement(index)
+            self.findings.append(Finding("AMP106", f"{sigmoid_env[0][0]}=Sigmoid (and its TF 1.x name, GRAYLIST) set before "
+                                         "TensorFlow is imported: " + self._sigmoid_reason, line, 0, Severity.INFO))
         self._report_eager_execution()
         wrapped = len(to_wrap)
         return TransformResult(
@@ -374,6 +381,23 @@ class _GraphRewrite:
             "graph rewrite",
             companions=companions + plan.companions,
         )
+
+    def _sigmoid_in_float32(self) -> list:
+        """The variables keeping every Sigmoid in float32 when the loss takes the log of a sigmoid's
+        probability (kit/log_of_sigmoid.py): in float16 that probability rounds to 1 once the logit
+        passes about 8.4, `1 - D_fake + 1e-8` is 0 and the log -inf, and the loss-scale optimizer skips
+        every step while the discriminator is confident. None set where the script names them itself."""
+        calls = log_of_probability_calls(self.module, self.imports, TENSORFLOW)
+        if not calls or any(name in self.module.code for name, _ in SIGMOID_IN_FLOAT32_ENV):
+            return []
+        shown = ", ".join(f"{_code_of(call)} (line {self.positions[call].start.line})" for call, _ in calls[:3])
+        more = f" and {len(calls) - 3} more" if len(calls) > 3 else ""
+        self._sigmoid_reason = (
+            f"the loss takes the log of a sigmoid's probability ({shown}{more}); the rewrite would run the "
+            "sigmoid in float16, where that probability rounds to 1 once the logit passes about 8.4 and the log "
+            "is -inf (every step skipped while the discriminator is confident); off the rewrite's lists every "
+            "Sigmoid stays float32")
+        return list(SIGMOID_IN_FLOAT32_ENV)
 
     def _sessions_here(self, sessions_here) -> Optional[TransformResult]:
         """Sessions this module creates before it builds the optimizer (cnn-text-classification-tf's

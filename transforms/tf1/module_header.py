@@ -193,9 +193,11 @@ def insertion_index(body: Sequence[cst.CSTNode]) -> Tuple[int, bool]:
 
 
 def add_header_statements(
-    module: cst.Module, *, set_env_var: bool, added_import: Optional[str]
+    module: cst.Module, *, set_env_var: bool, added_import: Optional[str],
+    environment: Sequence[Tuple[str, str]] = (),
 ) -> Tuple[cst.Module, int]:
-    """Insert `import os`, the env var and the wrapper's import before the first TF import.
+    """Insert `import os`, the env var (and the `environment` ones) and the wrapper's import before
+    the first TF import.
 
     Returns the new module and the index where the statements went. Comments and blank lines
     above the first TF import move above the inserted statements, so a header block stays put;
@@ -204,10 +206,11 @@ def add_header_statements(
     body = list(module.body)
     index, before_tf_import = insertion_index(body)
     new_lines: List[str] = []
-    if set_env_var:
+    variables = ([(IGNORE_PERFORMANCE_ENV, "1")] if set_env_var else []) + list(environment)
+    if variables:
         if not any(_imports_os_module(statement) for statement in body[:index]):
             new_lines.append("import os")
-        new_lines.append(f'os.environ.setdefault("{IGNORE_PERFORMANCE_ENV}", "1")')
+        new_lines += [f'os.environ.setdefault("{name}", "{value}")' for name, value in variables]
     if added_import:
         new_lines.append(added_import)
     if not new_lines:

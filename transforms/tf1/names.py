@@ -110,6 +110,14 @@ WRAPPER_FUNCTION = "enable_mixed_precision_graph_rewrite"
 #: The environment variable that stops pre-Volta GPUs from silently skipping the rewrite.
 IGNORE_PERFORMANCE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE"
 
+#: The variables that take Sigmoid off the rewrite's infer list (TF >= 2.4 calls it INFERLIST, TF 1.14-2.3
+#: GRAYLIST; each reads its own): an op on no list stays float32, so a sigmoid's probability whose log the
+#: loss takes (`tf.log(1 - D_fake + 1e-8)`) does not round to 1 in float16 (AMP106).
+SIGMOID_IN_FLOAT32_ENV = (
+    ("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_INFERLIST_REMOVE", "Sigmoid"),
+    ("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_GRAYLIST_REMOVE", "Sigmoid"),
+)
+
 #: Bytes of which a file must contain one (besides b"tensorflow") for the transform to parse it.
 #: Each rule needs one of them: an optimizer class or instance (`Optimizer`, `optimizer`,
 #: Keras `optimizers`), a class fetched from the train/contrib module (`.train`, `train import`,
