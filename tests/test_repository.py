@@ -854,3 +854,22 @@ def test_a_script_training_wholly_through_a_trainer_of_another_module_named_alon
     both = subprocess.run([sys.executable, "-m", "ampify", ".", "--check", "-v"], cwd=tmp_path, capture_output=True,
                           text=True)
     assert "1 would be changed" in both.stdout and "AMP237" not in both.stdout, both.stdout
+
+
+def test_apex_refuses_a_wrapper_that_clips_before_it_steps_under_o2(tmp_path):
+    """apex_optimizer_wrapper_classes under O1 hands apex the optimizer inside the wrapper
+    (`optimizer._optimizer`): O1 keeps no master copy, so the gradients seq2seq's wrapper clips are the
+    model's own, unscaled when amp.scale_loss exits. Under O2 apex steps float32 master copies, which
+    that clip would not reach: the wrapper that clips is refused with that reason, the one that only
+    schedules the learning rate converts."""
+    case = ROOT / "fixtures" / "repositories" / "apex_optimizer_wrapper_classes"
+    tree = tmp_path / "repo"
+    shutil.copytree(case / "input", tree)
+    completed = subprocess.run(
+        [sys.executable, "-m", "ampify", str(tree), "-j", "1", "--backend", "apex", "--opt-level", "O2", "--diff"],
+        capture_output=True, text=True, cwd=tmp_path)
+    assert completed.returncode in (0, 1), completed.stderr
+    refusals = [line for line in completed.stdout.splitlines() + completed.stderr.splitlines() if "AMP317" in line]
+    assert any("seq2seq_trainer.py" in line and "master copies" in line for line in refusals), refusals
+    assert "model, optimizer._optimizer = amp.initialize(model, optimizer._optimizer, opt_level=\"O2\")" \
+        in completed.stdout

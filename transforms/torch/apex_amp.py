@@ -235,6 +235,10 @@ class ApexConversion(TorchConversion):
         self.penalties: Optional[Dict[int, PenaltySite]] = None
         self.penalties_written: Dict[int, int] = {}
         self.penalty_scale_name = structure.fresh_name("penalty_scale", "amp_penalty_scale")
+        #: optimizer name -> the attribute of the project's wrapper class it names that holds the real
+        #: optimizer (`optimizer = ScheduledOptim(optim.Adam(...), ...)`: "_optimizer"); amp.initialize
+        #: and amp.scale_loss get `optimizer._optimizer`, and the wrapper's own step() steps it as patched
+        self.wrapped_inner: Dict[str, str] = {}
 
     # ---- the driver's steps -------------------------------------------------------------------
 
@@ -294,12 +298,38 @@ class ApexConversion(TorchConversion):
     def plan_unit(self, unit: TrainingUnit) -> TrainingUnit:
         for step in unit.steps:
             if step.wrapper is not None:
-                raise Unconvertible(
-                    f"{step.receiver} steps through the project's wrapper class {step.wrapper.described}: "
-                    "amp.initialize and amp.scale_loss need the optimizer inside it, which ampify does not reach for "
-                    "apex; use --backend native (the wrapper then takes the GradScaler), or convert by hand", step.call)
+                self._reach_into_wrapper(step)
         self._convert_unit(unit)
         return unit
+
+    def _reach_into_wrapper(self, step) -> None:
+        """`optimizer.step_and_update_lr()` on the project's wrapper class: apex is given the optimizer it
+        holds (`optimizer._optimizer`). amp.initialize patches that object's step() in place (O1 and O2
+        return the same optimizer), so the wrapper's own step() skips a step whose gradients overflowed,
+        and amp.scale_loss leaves the gradients unscaled before the wrapper reads or clips them, as O1
+        keeps no master copy. Refused where that does not hold."""
+        use = step.wrapper
+
+        def refuse_with(why: str):
+            raise Unconvertible(
+                f"{step.receiver} steps through the project's wrapper class {use.described}: {why}; use --backend "
+                "native (the wrapper then takes the GradScaler), or convert by hand", step.call)
+
+        if use.ambiguous:
+            refuse_with(f"{step.receiver} may hold that wrapper or a plain optimizer, and amp.initialize needs the "
+                        "optimizer itself")
+        if use.step.reads_gradients and self.options.apex_opt_level != "O1":
+            refuse_with(f"{use.step.klass}.{use.step.method}() reads or clips the model's gradients before it steps, "
+                        f"and under {self.options.apex_opt_level} apex steps float32 master copies of them")
+        inner = self.wrapped_inner.setdefault(step.receiver, use.step.inner)
+        if inner != use.step.inner:
+            refuse_with(f"{step.receiver} is stepped through wrapper classes holding the optimizer in different "
+                        "attributes")
+
+    def amp_optimizer(self, name: str) -> str:
+        """How apex is handed optimizer `name`: the optimizer inside it when it is the project's wrapper."""
+        inner = self.wrapped_inner.get(name)
+        return f"{name}.{inner}" if inner else name
 
     def write(self, plans: List[TrainingUnit]) -> cst.Module:
         self.companions.extend(self.planned_companions)
@@ -428,6 +458,12 @@ class ApexConversion(TorchConversion):
         function = unit.scope
         node = unit.backwards[0].call
         here = f"{self.display}:{self.s.line(node)}"
+        wrapped = [name for name in unit.optimizers if name in self.wrapped_inner]
+        if wrapped:
+            refuse(node, f"{wrapped[0]} is the project's optimizer wrapper, handed to {function.name.value}() by another "
+                         "module: ampify gives apex the optimizer inside a wrapper only where the wrapper is created in "
+                         "the file it converts; use --backend native (the wrapper then takes the GradScaler), or convert "
+                         "by hand")
         if self.s.optimizer_state_saves or self.s.optimizer_state_loads:
             refuse(node, "this module saves or loads optimizer state, and amp.initialize would be in another module: "
                          "checkpoint amp.state_dict() by hand")
@@ -543,7 +579,9 @@ class ApexConversion(TorchConversion):
                 "would run once per pass: apex allows one amp.initialize per process ('should only be called once', "
                 "apex/amp/frontend.py); use --backend native", anchor)
         models = setup.models
-        optimizers = setup.optimizers
+        inner_by_setup_name = {setup.renames.get(name, name): inner for name, inner in self.wrapped_inner.items()}
+        optimizers = [f"{name}.{inner_by_setup_name[name]}" if name in inner_by_setup_name else name
+                      for name in setup.optimizers]
         model_text = models[0] if len(models) == 1 else "[" + ", ".join(models) + "]"
         optimizer_text = optimizers[0] if len(optimizers) == 1 else "[" + ", ".join(optimizers) + "]"
         arguments = f'{model_text}, {optimizer_text}, opt_level="{self.options.apex_opt_level}"'
@@ -646,7 +684,7 @@ class ApexConversion(TorchConversion):
                 refuse(
                     backward.call, "backward() is not a statement of its own; ampify cannot wrap it in amp.scale_loss"
                 )
-            optimizers = optimizers_of[id(backward.call)]
+            optimizers = [self.amp_optimizer(name) for name in optimizers_of[id(backward.call)]]
             loss_id = losses.index(backward)
             optimizer_text = optimizers[0] if len(optimizers) == 1 else "[" + ", ".join(optimizers) + "]"
             use = (loss_objects or {}).get(id(backward.call))
@@ -725,6 +763,7 @@ class ApexConversion(TorchConversion):
                                     f"ampify cannot tell whose {short_text(code_of(first.value))} are; under O1 they "
                                     "are the model's own parameters, unscaled when amp.scale_loss exits", clip.call)
                 continue
+            optimizer = self.amp_optimizer(optimizer)
             replacement = cst.parse_expression(f"{self.amp}.master_params({optimizer})")
             arguments = [first.with_changes(value=replacement), *clip.call.args[1:]]
             self.plan.replace_call(clip.call, clip.call.with_changes(args=arguments))
