@@ -510,3 +510,21 @@ def test_a_log_of_a_sigmoid_probability_keeps_the_sigmoid_in_float32_and_the_los
     assert wrapper_only != conversion.converted
     without = _run(tmp_path, "wrapper_only.py", wrapper_only)
     assert all(value == float("inf") for value in _losses(without.stdout)), without.stdout
+
+
+def test_ddpg_actor_gradients_with_the_optimizer_in_a_later_scope_are_loss_scaled(tmp_path):
+    """MorvanZhou's DDPG: `tf.gradients(ys=self.a, xs=..., grad_ys=a_grads)` in one variable scope, the
+    optimizer built in the next `with tf.variable_scope('A_train'):`. The construction moves above the
+    first scope and the gradients come from the wrapped optimizer's compute_gradients(self.a,
+    grad_loss=a_grads): it runs under TensorFlow, the graph runs in float16, and the actor learns as
+    the original does."""
+    source, conversion = _convert("exec_ddpg_actor_gradients")
+    assert [f.code for f in conversion.findings if f.severity.value != "info"] == []
+    assert "opt.compute_gradients(self.a, var_list=self.e_params, grad_loss=a_grads)" in conversion.converted
+    converted = _run(tmp_path, "converted.py", conversion.converted)
+    _assert_trains(_losses(converted.stdout))
+    assert converted.stderr.count("AMPIFY_RUNNER loss-scale compute_gradients") == 1
+    assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]
+    original = _run(tmp_path, "original.py", source)
+    _assert_trains(_losses(original.stdout))
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" not in original.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import libcst as cst
+import pytest
 
 from ampify.convert import convert_source
 from ampify.findings import FileStatus, Severity
@@ -337,3 +338,44 @@ def test_local_optimizer_that_wraps_another_is_not_wrapped_itself():
     out = conversion.converted
     assert out.count("enable_mixed_precision_graph_rewrite(") == 1
     assert "GradientAccumulationOptimizer(tf.compat.v1.train.experimental." in out
+
+
+DDPG_ACTOR = """\
+import tensorflow as tf
+
+
+def add_grad_to_graph(a, params, a_grads, lr):
+    with tf.variable_scope('policy_grads'):
+        grads = tf.gradients(ys=a, xs=params, grad_ys=a_grads)
+    with {scope} as scope:
+        opt = tf.train.AdamOptimizer({lr})
+        {apply}
+    return train_op
+"""
+
+
+@pytest.mark.parametrize("scope, lr, apply, why", [
+    # a scope names ops and variables only: the construction moves above the earlier block
+    ("tf.variable_scope('A_train')", "-lr", "train_op = opt.apply_gradients(zip(grads, params))", None),
+    ("tf.name_scope('A_train')", "-lr", "train_op = opt.apply_gradients(zip(grads, params))", None),
+    # a device places the loss scale's variables: kept where it is
+    ("tf.device('/cpu:0')", "-lr", "train_op = opt.apply_gradients(zip(grads, params))", "in different blocks"),
+    # the construction reads what the `with` binds
+    ("tf.variable_scope('A_train')", "scope.name and lr", "train_op = opt.apply_gradients(zip(grads, params))",
+     "bound by the `with`"),
+])
+def test_an_optimizer_built_in_a_later_scope_block_moves_above_the_gradients(scope, lr, apply, why):
+    """MorvanZhou's DDPG actor: tf.gradients in one `with tf.variable_scope(...)`, the optimizer built in
+    the next. Out of a variable or name scope the construction moves up; out of anything else, or
+    when it reads the `with`'s own name, it stays and AMP110 says why."""
+    conversion = convert(DDPG_ACTOR.format(scope=scope, lr=lr, apply=apply))
+    messages = [f.message for f in conversion.findings if f.code == "AMP110"]
+    if why is None:
+        assert messages == []
+        assert "grads = [g for g, _ in opt.compute_gradients(a, var_list=params, grad_loss=a_grads)]" \
+            in conversion.converted
+        body = conversion.converted.split("def add_grad_to_graph", 1)[1]
+        assert body.index("opt = tf.compat.v1.train.experimental") < body.index("with tf.variable_scope('policy_grads')")
+        compile(conversion.converted, "ddpg.py", "exec")
+    else:
+        assert len(messages) == 1 and why in messages[0], messages

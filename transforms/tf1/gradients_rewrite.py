@@ -208,6 +208,8 @@ class _FlowCollector(cst.CSTVisitor):
         #: id of a statement -> (id of its block, index in it); id of a block -> its statements
         self.statement_places: Dict[int, Tuple[int, int]] = {}
         self.blocks: Dict[int, Sequence[cst.CSTNode]] = {}
+        #: id of an indented block -> the compound statement whose body it is
+        self.block_owners: Dict[int, cst.CSTNode] = {}
         #: id of a tf.gradients call -> the statements enclosing it, outermost first
         self.enclosing: Dict[int, Tuple[cst.CSTNode, ...]] = {}
         #: id of a call of a function by its plain name -> (the call, its line)
@@ -220,6 +222,8 @@ class _FlowCollector(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, (cst.Module, cst.IndentedBlock)):
             self.blocks[id(node)] = node.body
+            if isinstance(node, cst.IndentedBlock) and self._statements:
+                self.block_owners[id(node)] = self._statements[-1]
             for index, statement in enumerate(node.body):
                 self.statement_places[id(statement)] = (id(node), index)
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
@@ -1006,20 +1010,15 @@ class _Hoister:
         if place is None:
             return "its construction is not a statement of its own"
         block_id, index = place
-        anchor = next(
-            (
-                enclosing
-                for enclosing in self.collector.enclosing.get(id(gradients.call), ())
-                if self.collector.statement_places.get(id(enclosing), (None,))[0] == block_id
-            ),
-            None,
-        )
-        if anchor is None:
-            return "tf.gradients and the optimizer are in different blocks"
-        anchor_index = self.collector.statement_places[id(anchor)][1]
-        if anchor_index >= index:
-            return "tf.gradients and the optimizer are in different blocks"
-        between = self.collector.blocks[block_id][anchor_index:index]
+        anchor = self._anchor_in(gradients, block_id)
+        if anchor is not None and self.collector.statement_places[id(anchor)][1] < index:
+            anchor_index = self.collector.statement_places[id(anchor)][1]
+            between = self.collector.blocks[block_id][anchor_index:index]
+        else:
+            out_of_scope = self._out_of_scope_block(gradients, statement, block_id, index)
+            if isinstance(out_of_scope, str):
+                return out_of_scope
+            anchor, between = out_of_scope
         reason = plan_hoist(statement, receiver, anchor, between)
         if reason is not None:
             return reason
@@ -1030,6 +1029,46 @@ class _Hoister:
             )
         return None
 
+    def _anchor_in(self, gradients: _GradientsCall, block_id: int) -> Optional[cst.CSTNode]:
+        """The statement of block `block_id` that holds the tf.gradients call."""
+        return next(
+            (
+                enclosing
+                for enclosing in self.collector.enclosing.get(id(gradients.call), ())
+                if self.collector.statement_places.get(id(enclosing), (None,))[0] == block_id
+            ),
+            None,
+        )
+
+    def _out_of_scope_block(self, gradients: _GradientsCall, statement: cst.CSTNode, block_id: int, index: int):
+        """(anchor, statements between) when the optimizer is built first thing it can be in the body
+        of a `with tf.variable_scope(...)` / `tf.name_scope(...)` after the block holding tf.gradients
+        (DDPG's actor: `with tf.variable_scope('policy_grads'): grads = tf.gradients(...)`, then `with
+        tf.variable_scope('A_train'): opt = tf.train.AdamOptimizer(...)`): a scope names ops and
+        variables, and building an optimizer creates neither (the wrapper's loss scale variables only
+        move to the enclosing scope), so the construction moves above the earlier block. Else why not."""
+        different = "tf.gradients and the optimizer are in different blocks"
+        owner = self.collector.block_owners.get(block_id)
+        if not isinstance(owner, cst.With) or not all(_is_scope(item) for item in owner.items):
+            return different
+        place = self.collector.statement_places.get(id(owner))
+        if place is None:
+            return different
+        outer_id, owner_index = place
+        anchor = self._anchor_in(gradients, outer_id)
+        if anchor is None or self.collector.statement_places[id(anchor)][1] >= owner_index:
+            return different
+        inner = self.collector.blocks[block_id]
+        if len(inner) < 2:
+            return f"it is all the body of the `with` at line {self._line_of(owner)}"
+        scoped = {item.asname.name.value for item in owner.items
+                  if item.asname is not None and isinstance(item.asname.name, cst.Name)}
+        if scoped and any(isinstance(n, cst.Name) and n.value in scoped for n in _names_in(statement)):
+            return f"building it reads {sorted(scoped)[0]}, bound by the `with` at line {self._line_of(owner)}"
+        anchor_index = self.collector.statement_places[id(anchor)][1]
+        between = [*self.collector.blocks[outer_id][anchor_index:owner_index], *inner[:index]]
+        return anchor, between
+
     def _line_of(self, statement: cst.CSTNode) -> int:
         return self.positions[statement].start.line
 
@@ -1037,6 +1076,21 @@ class _Hoister:
         """The planned move of this optimizer's construction, if any."""
         statements = self.flow.assignment_statements.get(receiver, [])
         return self.plan.moves.get(id(statements[0])) if len(statements) == 1 else None
+
+
+def _is_scope(item: cst.WithItem) -> bool:
+    """`tf.variable_scope(...)`, `tf.name_scope(...)` (any spelling)."""
+    call = item.item
+    if not isinstance(call, cst.Call):
+        return False
+    name = dotted_name(call.func) or ""
+    return name.rsplit(".", 1)[-1] in ("variable_scope", "name_scope")
+
+
+def _names_in(node: cst.CSTNode):
+    yield node
+    for child in node.children:
+        yield from _names_in(child)
 
 
 def _why_not(gradients: _GradientsCall, reached, receivers, flow: _ScopeFlow, hoister) -> str:

@@ -136,6 +136,8 @@ class _WrapAndReplace(cst.CSTTransformer):
         self.moves = moves
         #: helper functions that take the optimizer (`optimizer=None`), by id
         self.new_parameters = new_parameters or {}
+        #: moved statements on their way out of an inner block (see move_statements)
+        self.carried: Dict[int, cst.BaseStatement] = {}
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         name = self.new_parameters.get(id(original_node))
@@ -149,14 +151,14 @@ class _WrapAndReplace(cst.CSTTransformer):
         if not self.moves:
             return updated_node
         return updated_node.with_changes(
-            body=move_statements(original_node.body, updated_node.body, self.moves)
+            body=move_statements(original_node.body, updated_node.body, self.moves, self.carried)
         )
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if not self.moves:
             return updated_node
         return updated_node.with_changes(
-            body=move_statements(original_node.body, updated_node.body, self.moves)
+            body=move_statements(original_node.body, updated_node.body, self.moves, self.carried)
         )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:

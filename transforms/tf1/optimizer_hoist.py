@@ -22,7 +22,8 @@ from ampify.transforms.kit.imports import dotted_name
 
 @dataclass(frozen=True)
 class StatementMove:
-    """Move `statement` (by id) to just before `anchor` (by id), in the same block."""
+    """Move `statement` (by id) to just before `anchor` (by id), in the same block or, out of the
+    body of a `with tf.variable_scope(...)`, in the block enclosing it."""
 
     statement: int
     anchor: int
@@ -101,10 +102,13 @@ class _Bindings(cst.CSTVisitor):
     def visit_Name(self, node: cst.Name) -> None:
         self.read.add(node.value)
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
         name = dotted_name(node)
         if name:
+            # `self.lr` reads self.lr, not all of self: `self.grads = ...` between does not touch it
             self.read.add(name)
+            return False
+        return True
 
 
 def _overlaps(name: str, others: Set[str]) -> bool:
@@ -163,32 +167,43 @@ def move_statements(
     original: Sequence[cst.BaseStatement],
     updated: Sequence[cst.BaseStatement],
     moves: Dict[int, StatementMove],
+    carried: Optional[Dict[int, cst.BaseStatement]] = None,
 ):
     """The block body with every planned statement moved before its anchor.
 
     `original` and `updated` are the block's statements before and after the other edits,
     position by position. A moved statement keeps its own comments (not the blank lines
     above them) and goes right above the anchor's blank lines and comments, which stay with
-    the anchor.
+    the anchor. A statement moved out of this block (from a `with tf.variable_scope(...)` body to
+    above an earlier statement of the enclosing block) is left out here and put in `carried`, where
+    the enclosing block, left later, finds it.
     """
-    moved_here = {
-        move.anchor: index
-        for index, statement in enumerate(original)
-        for move in [moves.get(id(statement))]
-        if move is not None
-    }
-    if not moved_here:
+    carried = {} if carried is None else carried
+    here = {id(statement) for statement in original}
+    incoming: Dict[int, cst.BaseStatement] = {}
+    leaving: Set[int] = set()
+    for index, statement in enumerate(original):
+        move = moves.get(id(statement))
+        if move is None:
+            continue
+        leaving.add(id(statement))
+        if move.anchor in here:
+            incoming[move.anchor] = updated[index]
+        else:
+            carried[id(statement)] = updated[index]
+    for statement_id, move in moves.items():
+        if move.anchor in here and statement_id not in here and statement_id in carried:
+            incoming[move.anchor] = carried.pop(statement_id)
+    if not incoming and not leaving:
         return updated
-    moving = {moves[id(original[index])].statement for index in moved_here.values()}
     body = []
     for index, statement in enumerate(original):
-        if id(statement) in moving:
+        if id(statement) in leaving:
             continue
-        current = updated[index]
-        if id(statement) in moved_here:
-            hoisted = updated[moved_here[id(statement)]]
+        hoisted = incoming.get(id(statement))
+        if hoisted is not None:
             body.append(hoisted.with_changes(leading_lines=_drop_leading_blanks(hoisted.leading_lines)))
-        body.append(current)
+        body.append(updated[index])
     return body
 
 
