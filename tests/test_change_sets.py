@@ -189,7 +189,7 @@ def test_apex_places_amp_initialize_in_the_calling_module_or_refuses_naming_it(t
     assert "needs amp.initialize in main.py:14, which this run does not cover" in alone.stdout
     both = _ampify("--backend", "apex", tree, cwd=tmp_path)
     assert both.returncode == 0, both.stdout + both.stderr
-    expected = ROOT / "fixtures" / "repositories" / "apex_engine_split" / "expected"
+    expected = ROOT / "fixtures" / "repositories" / "engine_split" / "variants" / "apex" / "expected"
     assert _tree(tree) == _tree(expected)
     main = (tree / "main.py").read_text()
     # amp.initialize after the optimizer and before the loop that calls the step

@@ -4,6 +4,8 @@ file's status and findings out) and the repository index itself.
 `fixtures/repositories/<case>/input/` is converted by the CLI in a scratch copy; the result must
 equal `expected/` (when absent: the input, unchanged) file by file, and the statuses and
 findings `findings.txt`. A second run changes nothing. AMPIFY_UPDATE_GOLDEN=1 rewrites both.
+`<case>/variants/<name>/` holds another run of the same input (its `options.json`, `expected/`,
+`findings.txt`): the apex backend on a project the native golden also converts.
 """
 
 import json
@@ -19,7 +21,10 @@ import pytest
 from ampify.repository import ProjectView, RepositoryIndex, find_root
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = sorted(p for p in (ROOT / "fixtures" / "repositories").iterdir() if p.is_dir())
+BASES = sorted(p for p in (ROOT / "fixtures" / "repositories").iterdir() if p.is_dir())
+#: (the folder with input/, the folder with options.json, expected/ and findings.txt)
+CASES = [(base, base) for base in BASES] + [
+    (base, variant) for base in BASES for variant in sorted((base / "variants").glob("*")) if variant.is_dir()]
 UPDATE = os.environ.get("AMPIFY_UPDATE_GOLDEN") == "1"
 
 
@@ -44,20 +49,21 @@ def _rows(report: Path) -> list:
     return rows
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_golden_repository(case, tmp_path):
+@pytest.mark.parametrize("base, case", CASES,
+                         ids=[b.name if b == c else f"{b.name}/{c.name}" for b, c in CASES])
+def test_golden_repository(base, case, tmp_path):
     tree = tmp_path / "repo"
-    shutil.copytree(case / "input", tree)
+    shutil.copytree(base / "input", tree)
     completed = _run(tree, case, tmp_path / "report.json")
     assert completed.returncode in (0, 1), completed.stderr
     rows = [row.replace(str(tree) + "/", "") for row in _rows(tmp_path / "report.json")]
-    expected_folder = case / "expected" if (case / "expected").exists() else case / "input"
+    expected_folder = case / "expected" if (case / "expected").exists() else base / "input"
     if UPDATE:
-        if _tree(tree) != _tree(case / "input"):
+        if _tree(tree) != _tree(base / "input"):
             shutil.rmtree(case / "expected", ignore_errors=True)
             shutil.copytree(tree, case / "expected", ignore=shutil.ignore_patterns("__pycache__"))
         (case / "findings.txt").write_text("\n".join(rows) + "\n")
-        expected_folder = case / "expected" if (case / "expected").exists() else case / "input"
+        expected_folder = case / "expected" if (case / "expected").exists() else base / "input"
     assert _tree(tree) == _tree(expected_folder)
     assert rows == (case / "findings.txt").read_text().splitlines()
     for path, data in _tree(tree).items():
@@ -857,12 +863,12 @@ def test_a_script_training_wholly_through_a_trainer_of_another_module_named_alon
 
 
 def test_apex_refuses_a_wrapper_that_clips_before_it_steps_under_o2(tmp_path):
-    """apex_optimizer_wrapper_classes under O1 hands apex the optimizer inside the wrapper
+    """optimizer_wrapper_classes/variants/apex (O1) hands apex the optimizer inside the wrapper
     (`optimizer._optimizer`): O1 keeps no master copy, so the gradients seq2seq's wrapper clips are the
     model's own, unscaled when amp.scale_loss exits. Under O2 apex steps float32 master copies, which
     that clip would not reach: the wrapper that clips is refused with that reason, the one that only
     schedules the learning rate converts."""
-    case = ROOT / "fixtures" / "repositories" / "apex_optimizer_wrapper_classes"
+    case = ROOT / "fixtures" / "repositories" / "optimizer_wrapper_classes"
     tree = tmp_path / "repo"
     shutil.copytree(case / "input", tree)
     completed = subprocess.run(
