@@ -456,6 +456,12 @@ import torch.nn.functional as F
      "loss = torch.log(C(x) + 1e-8)", False),
     # logged before the sigmoid / logsigmoid: nothing to flag
     ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = F.logsigmoid(logits) + torch.log(var + 1e-8)", False),
+    # GAIL's predict_reward(): a log taken with gradients off feeds no loss (it runs from the rollout loop)
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nwith torch.no_grad():\n    s = D(x)\n"
+     "    reward = s.log() - (1 - s).log()", False),
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\n\n@torch.no_grad()\ndef reward(x):\n    s = D(x)\n"
+     "    return s.log() - (1 - s).log()", False),
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nwith torch.no_grad():\n    pass\nloss = torch.log(D(x))", True),
 ])
 def test_the_log_of_a_sigmoid_probability_is_told_from_other_logs(code, flagged):
     import libcst as cst

@@ -22,7 +22,8 @@ called in the step; a name bound to one is one too. A log is `torch.log`, `torch
 `torch.log10`, `torch.log1p`, `x.log()`, or a function of this file that returns one of those of
 its parameter (`def log(x): return torch.log(x + 1e-8)`). The log's argument is followed through
 arithmetic, clamping and shape operations to a probability. `torch.log(p + 1e-3)` is left alone:
-an epsilon of 1e-4 or more is a normal float16 number, the log stays finite.
+an epsilon of 1e-4 or more is a normal float16 number, the log stays finite; so is a log taken
+under `torch.no_grad()` (or in a function decorated with it), which feeds no loss.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class Vocabulary:
     prefixes: Tuple[Tuple[str, str], ...] = ()
     #: a layer call's output is a probability when its `activation=` is a sigmoid (`tf.layers.dense`)
     activation_keyword: bool = False
+    #: contexts (and decorators) under which nothing is backpropagated: a log there feeds no loss
+    #: (GAIL's `predict_reward()`, run from the rollout loop, outside the training step's autocast)
+    no_grad: FrozenSet[str] = frozenset()
 
 
 TORCH = Vocabulary(
@@ -59,6 +63,8 @@ TORCH = Vocabulary(
     through_functions=frozenset({"torch.clamp", "torch.clip", "torch.squeeze", "torch.flatten"}),
     sigmoid_modules=frozenset({"torch.nn.Sigmoid", "torch.nn.modules.activation.Sigmoid"}),
     sequentials=frozenset({"torch.nn.Sequential", "torch.nn.modules.container.Sequential"}),
+    no_grad=frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
+                       "torch.autograd.grad_mode.no_grad"}),
 )
 
 TENSORFLOW = Vocabulary(
@@ -98,6 +104,8 @@ def log_of_probability_calls(module: cst.Module, imports: ImportMap,
         judge = _Judge(imports, models)
         judge.probabilities = _probability_names(index.assignments_by_scope.get(scope, []), judge)
         for call in calls:
+            if id(call) in index.without_grad:
+                continue
             argument = _log_argument(call, imports, helpers, constants)
             if argument is None:
                 continue
@@ -142,6 +150,11 @@ class _Index(cst.CSTVisitor):
         #: "self.main" / "D" -> the Sequential ending in a sigmoid bound to it; "self.sigmoid" -> nn.Sigmoid()
         self.sequentials: Dict[Tuple[object, str], cst.Call] = {}
         self.sigmoid_layers: Dict[Tuple[object, str], cst.Call] = {}
+        #: per function (the module first): inside how many no-grad contexts the walk is
+        self.no_grad_depth: List[int] = [0]
+        self.no_grad_withs: Set[int] = set()
+        #: ids of calls made with gradients off
+        self.without_grad: Set[int] = set()
         #: an nn.Sigmoid layer is built or a sigmoid function called
         self.sigmoid_producers = False
 
@@ -157,15 +170,33 @@ class _Index(cst.CSTVisitor):
         if len(self.scopes) == 1 and not self.class_stack:
             self.functions[node.name.value] = node
         self.scopes.append(node)
+        self.no_grad_depth.append(int(any(self._is_no_grad(d.decorator) for d in node.decorators)))
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.scopes.pop()
+        self.no_grad_depth.pop()
+
+    def visit_With(self, node: cst.With) -> None:
+        if any(self._is_no_grad(item.item) for item in node.items):
+            self.no_grad_depth[-1] += 1
+            self.no_grad_withs.add(id(node))
+
+    def leave_With(self, original_node: cst.With) -> None:
+        if id(original_node) in self.no_grad_withs:
+            self.no_grad_depth[-1] -= 1
+
+    def _is_no_grad(self, node: cst.BaseExpression) -> bool:
+        """`torch.no_grad()`, `@torch.no_grad()`, `@torch.no_grad`, `torch.inference_mode()`."""
+        target = node.func if isinstance(node, cst.Call) else node
+        return self.imports.resolve(target) in self.imports.vocabulary.no_grad
 
     def visit_Name(self, node: cst.Name) -> None:
         if node.value in ("sigmoid", "Sigmoid", "expit"):
             self.sigmoid_seen = True
 
     def visit_Call(self, node: cst.Call) -> None:
+        if self.no_grad_depth[-1]:
+            self.without_grad.add(id(node))
         self.calls_by_scope.setdefault(self.scopes[-1], []).append(node)
         words = self.imports.vocabulary
         if self.imports.resolve(node.func) in words.sigmoid_functions | words.sigmoid_modules:
