@@ -35,6 +35,7 @@ import libcst as cst
 
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.kit.returns import returns_of
 
 
 
@@ -263,7 +264,7 @@ class _Index(cst.CSTVisitor):
         every return is a tuple with probabilities at those positions; (False, None) otherwise."""
         judge = _Judge(self.imports, models)
         judge.probabilities = _probability_names(self.assignments_by_scope.get(function, []), judge)
-        returns = [r.value for r in _returns_of(function)]
+        returns = [r.value for r in returns_of(function)]
         if not returns or any(value is None for value in returns):
             return False, None
         if all(judge.is_probability(value) for value in returns):
@@ -293,32 +294,12 @@ class _Index(cst.CSTVisitor):
             if not params:
                 continue
             first = params[0].name.value
-            returns = list(_returns_of(function))
+            returns = list(returns_of(function))
             constants = self.module_constants()
             if returns and all(r.value is not None and _is_log_of(r.value, first, self.imports, constants)
                                for r in returns):
                 helpers.add(name)
         return helpers
-
-
-def _returns_of(function: cst.FunctionDef):
-    found = []
-
-    class _Returns(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is function
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return False
-
-        def visit_Return(self, node: cst.Return) -> None:
-            found.append(node)
-
-    function.visit(_Returns())
-    return found
 
 
 def _ends_in_sigmoid(sequential: cst.Call, imports: "_Names") -> bool:

@@ -26,6 +26,7 @@ from typing import List, Optional
 import libcst as cst
 
 from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.kit.returns import returns_of
 from ampify.transforms.torch.statements import all_params, calls_within
 from ampify.transforms.torch.training_loop import Binding, Scope, TrainingStructure, Unconvertible
 
@@ -151,7 +152,7 @@ class _Follower:
         function = self._function_called(small.value)
         if function is None:
             return None
-        returns = [r for r in _returns(function)]
+        returns = [r for r in returns_of(function)]
         if len(returns) != 1 or not isinstance(returns[0].value, cst.Tuple):
             return None
         elements = returns[0].value.elements
@@ -202,20 +203,3 @@ def _argument(function: cst.FunctionDef, parameter: str, call: cst.Call) -> Opti
     index = positional.index(parameter)
     plain = [arg for arg in call.args if arg.keyword is None]
     return plain[index].value if index < len(plain) else None
-
-
-def _returns(function: cst.FunctionDef) -> List[cst.Return]:
-    found: List[cst.Return] = []
-
-    class _Find(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is function
-
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return False
-
-        def visit_Return(self, node: cst.Return) -> None:
-            found.append(node)
-
-    function.visit(_Find())
-    return found
