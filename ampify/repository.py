@@ -1144,6 +1144,19 @@ class ProjectView:
         target = self.index.outline(path)
         return str(path), self.where(path, 0).rsplit(":", 1)[0], name, line, bool(target is not None and target.trains)
 
+    def project_class(self, local: str) -> Optional[Tuple[str, str, bool]]:
+        """(key, class name, it subclasses an optimizer) for the class of another project module
+        that this module imports as `local` (`class Lookahead(Optimizer)` is one, seq2seq's
+        wrapper `class Optimizer(object)` is not); None when `local` is no such class."""
+        outline = self._own_outline()
+        found = self.index.project_class(self.path, local, outline.imports) if outline is not None else None
+        if found is None:
+            return None
+        path, name, _ = found
+        target = self.index.outline(path)
+        shape = target.class_shapes.get(name) if target is not None else None
+        return str(path), name, shape is not None and any("Optimizer" in base for base in shape[0])
+
     def only_inspects_parameter(self, dotted: str, position: Optional[int], keyword: Optional[str],
                                 allowed: Sequence[str]) -> bool:
         """Does the project function `dotted` (as this module calls it) use the argument passed at

@@ -250,6 +250,16 @@ RULES: List[Rule] = [
          "Style transfer's Gram matrices sum h*w products of feature maps: beyond 65504 the loss is inf and GradScaler "
          "skips every step, silently. bfloat16 has the range: --dtype bfloat16 converts.",
          "G = torch.mm(f, f.t())", MANUAL, incomplete=True),
+    Rule("AMP239", "warning", "an optimizer wrapped by a class ampify cannot read (`Optimizer(torch.optim.Adam(...))`); its steps left unconverted",
+         "`scaler.step(wrapper)` fails on an object with no param_groups, or skips what the wrapper's step() does; "
+         "a wrapper class of the project is converted through (AMP233), one imported from elsewhere is not.",
+         "optimizer = Optimizer(torch.optim.Adam(model.parameters()), max_grad_norm=5)  # from seq2seq.optim", MANUAL,
+         incomplete=True),
+    Rule("AMP240", "warning", "horovod's `DistributedOptimizer`: its steps left unconverted",
+         "Horovod averages the gradients asynchronously until the optimizer's step(): unscaling them before "
+         "`optimizer.synchronize()` would race the allreduce. Horovod's AMP recipe synchronizes, unscales, then steps "
+         "under `optimizer.skip_synchronize()`.", "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=...)",
+         MANUAL, incomplete=True),
     Rule("AMP236", "info", "ShardedGradScaler for a FullyShardedDataParallel model",
          "A file that wraps its model in FullyShardedDataParallel (FSDP1) gets "
          "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler, imported, in place of torch.amp.GradScaler: "
@@ -390,6 +400,14 @@ RULES: List[Rule] = [
          "about 8.4 and the `+ 1e-8` is lost, so the log is -inf and every step is skipped while the discriminator "
          "is confident.", "D_loss = -torch.mean(torch.log(D_real + 1e-8) + torch.log(1 - D_fake + 1e-8))", MANUAL,
          incomplete=True),
+    Rule("AMP332", "warning", "apex: an optimizer wrapped by a class ampify cannot read; its steps left unconverted",
+         "amp.initialize accepts torch optimizers (and LARC) only: handed a wrapper of an unread class it raises.",
+         "optimizer = Optimizer(torch.optim.Adam(model.parameters()), max_grad_norm=5)  # from seq2seq.optim", MANUAL,
+         incomplete=True),
+    Rule("AMP333", "warning", "apex: horovod's `DistributedOptimizer`: its steps left unconverted",
+         "amp.scale_loss unscales the gradients when its block ends, while horovod may still be averaging them; "
+         "horovod's recipe calls `optimizer.synchronize()` inside the block and steps under `skip_synchronize()`.",
+         "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=...)", MANUAL, incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

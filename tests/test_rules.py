@@ -35,7 +35,8 @@ SHOWN_BY_OTHER_TESTS = {
 
 def emitted_codes():
     in_fixtures = set()
-    golden_repositories = (ROOT / "fixtures" / "repositories").glob("*/findings.txt")
+    repositories = ROOT / "fixtures" / "repositories"
+    golden_repositories = [*repositories.glob("*/findings.txt"), *repositories.glob("*/variants/*/findings.txt")]
     for findings in [*(ROOT / "fixtures").glob("*/*.findings.txt"), *golden_repositories]:
         in_fixtures |= set(re.findall(r" (AMP\d{3})$", findings.read_text(), flags=re.M))
     in_source = set()

@@ -156,6 +156,21 @@ APEX_RULES = BackendRules(
             "amp.initialize on the inner optimizer and wrap its backward in amp.scale_loss by hand",
             in_training_only=True,
         ),
+        HazardKind.UNSEEN_WRAPPER: HazardRule(
+            "AMP332",
+            "{detail}: the name stepped is a wrapper, not the optimizer; amp.initialize accepts torch optimizers "
+            "only; its steps were left unconverted: run ampify where the class can be read, or hand amp.initialize "
+            "the inner optimizer by hand",
+            in_training_only=True,
+        ),
+        HazardKind.HOROVOD: HazardRule(
+            "AMP333",
+            "{detail}: horovod averages the gradients asynchronously until its step(), and amp.scale_loss unscales "
+            "them when its block ends; its steps were left unconverted: call optimizer.synchronize() inside the "
+            "amp.scale_loss block after backward(), then `with optimizer.skip_synchronize(): optimizer.step()` "
+            "(horovod's apex recipe)",
+            in_training_only=True,
+        ),
         HazardKind.DIFFERENTIAL_PRIVACY: HazardRule(
             "AMP325",
             "{detail}: Opacus's DPOptimizer clips per-sample gradients, which amp.scale_loss would scale, and "
@@ -199,10 +214,11 @@ class TorchApexAmp(Transform):
         self, module: cst.Module, imports: ImportMap, options: Options, context: UnitContext = UnitContext()
     ) -> TransformResult:
         def convert(shaped: cst.Module) -> TransformResult:
-            structure = analyze_training(shaped, imports)
+            classes = context.project.project_class if context.project is not None else None
+            structure = analyze_training(shaped, imports, project_class=classes)
             wrappers = project_wrapper_steps(structure, shaped, context.project)
             if wrappers:  # known only to refuse with the true reason
-                structure = analyze_training(shaped, imports, wrappers)
+                structure = analyze_training(shaped, imports, wrappers, classes)
             pair_helper_backwards(structure)
             return ApexConversion(structure, options, context).run()
 

@@ -32,6 +32,7 @@ from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.bce_logits import criterion_never_applied
 from ampify.transforms.torch.helper_backwards import helper_refusal_note
 from ampify.transforms.torch.masked_fill_limits import plan_imported_fill_limits
+from ampify.transforms.torch.statements import short_text
 from ampify.transforms.torch.wrapper_steps import steps_of_wrapper_methods
 from ampify.transforms.torch.training_loop import (
     Hazard,
@@ -527,12 +528,6 @@ def _message_fields(s: TrainingStructure, hazard: Hazard, sigmoids: List[Hazard]
         "consequence": ("the loss is inf and GradScaler skips every step while the model is confident" if float16
                         else "the loss and its gradients are far off while the model is confident"),
     }
-
-
-def short_text(text: str, limit: int = 60) -> str:
-    """`text` on one line, cut to `limit` characters with an ellipsis."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _called_name(value: Optional[cst.BaseExpression]) -> Optional[str]:

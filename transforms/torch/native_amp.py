@@ -161,6 +161,21 @@ NATIVE_RULES = BackendRules(
             "call scaler.step(inner_optimizer) and scaler.update() inside its step() by hand",
             in_training_only=True,
         ),
+        HazardKind.UNSEEN_WRAPPER: HazardRule(
+            "AMP239",
+            "{detail}: the name stepped is a wrapper, not the optimizer; scaler.step() needs the optimizer itself "
+            "(and would skip what the wrapper's step() does); its steps were left unconverted: run ampify where the "
+            "class can be read, or step the inner optimizer through the scaler inside the class by hand",
+            in_training_only=True,
+        ),
+        HazardKind.HOROVOD: HazardRule(
+            "AMP240",
+            "{detail}: horovod averages the gradients asynchronously until its step(); the scaler cannot unscale "
+            "them before they arrive, so its steps were left unconverted: after scaler.scale(loss).backward() call "
+            "optimizer.synchronize(), scaler.unscale_(optimizer), then `with optimizer.skip_synchronize(): "
+            "scaler.step(optimizer)` and scaler.update() (horovod's AMP recipe)",
+            in_training_only=True,
+        ),
         HazardKind.MANUAL_HALF: HazardRule(
             "AMP217",
             "{detail}: this script casts to half precision by hand; autocast and GradScaler expect float32 "
@@ -221,10 +236,11 @@ class TorchNativeAmp(Transform):
         self, module: cst.Module, imports: ImportMap, options: Options, context: UnitContext = UnitContext()
     ) -> TransformResult:
         def convert(shaped: cst.Module) -> TransformResult:
-            structure = analyze_training(shaped, imports)
+            classes = context.project.project_class if context.project is not None else None
+            structure = analyze_training(shaped, imports, project_class=classes)
             wrappers = project_wrapper_steps(structure, shaped, context.project)
             if wrappers:  # `optimizer.step_and_update_lr()` of the project's ScheduledOptim
-                structure = analyze_training(shaped, imports, wrappers)
+                structure = analyze_training(shaped, imports, wrappers, classes)
             pair_helper_backwards(structure)
             return NativeConversion(structure, imports, options, context).run()
 

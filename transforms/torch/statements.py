@@ -326,3 +326,9 @@ def filled_containers(statement: cst.CSTNode) -> Set[str]:
         if name:
             found.add(name)
     return found
+
+
+def short_text(text: str, limit: int = 60) -> str:
+    """`text` on one line, cut to `limit` characters with an ellipsis."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

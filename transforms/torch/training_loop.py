@@ -42,8 +42,9 @@ from __future__ import annotations
 import enum
 
 import dataclasses
+from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 from libcst.metadata import CodePosition
@@ -54,7 +55,7 @@ from ampify.transforms.kit.hand_written_precision import fp16_utils_evidence, lo
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.log_of_sigmoid import log_of_probability_calls
-from ampify.transforms.torch.statements import calls_within, code_of, nodes_of_type
+from ampify.transforms.torch.statements import calls_within, code_of, nodes_of_type, short_text
 
 #: where a name can be bound: a function (parameters and locals) or the module
 Scope = Union[cst.FunctionDef, cst.Module]
@@ -181,6 +182,11 @@ class WrapperUse:
         return f"{self.display}:{self.step.line} {self.step.klass}.{self.step.method}()"
 
 
+#: ProjectView.project_class: (module key, class name, it subclasses an optimizer) for a class of
+#: another project module imported under a local name, else None
+ProjectClass = Callable[[str], Optional[Tuple[str, str, bool]]]
+
+
 @dataclass
 class GradRead:
     """`<tensor>.grad` read or modified by the script itself (`p.grad.data.clamp_(-1, 1)`)."""
@@ -245,6 +251,13 @@ class HazardKind(str, enum.Enum):
     MANUAL_HALF = "manual_half"  # .half(), .to(torch.float16): hand-made half precision
     #: Opacus (DP-SGD): per-sample gradients clipped by the optimizer, which loss scaling would scale
     DIFFERENTIAL_PRIVACY = "differential_privacy"
+    #: `optimizer = Optimizer(torch.optim.Adam(...))` with Optimizer a class ampify cannot read: the
+    #: name stepped is not the optimizer (`scaler.step(wrapper)` / `amp.initialize(model, wrapper)`
+    #: would fail, or skip what the class does); its steps are left unconverted
+    UNSEEN_WRAPPER = "unseen_wrapper"
+    #: horovod's DistributedOptimizer: the gradients are averaged asynchronously until its step(), so
+    #: they cannot be unscaled before `optimizer.synchronize()`; its steps are left unconverted
+    HOROVOD = "horovod"
 
 
 @dataclass
@@ -479,12 +492,16 @@ def _position_in(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> Optiona
 
 
 def analyze_training(module: cst.Module, imports: ImportMap,
-                     wrapper_steps: Optional[Dict[str, WrapperUse]] = None) -> TrainingStructure:
+                     wrapper_steps: Optional[Dict[str, WrapperUse]] = None,
+                     project_class: Optional[ProjectClass] = None) -> TrainingStructure:
     """Walk `module` once and describe its training structure (see the module docstring).
     `wrapper_steps`: stepping methods of the project's optimizer wrapper classes, by name (a call
-    `x.<name>()` steps the optimizer x wraps)."""
+    `x.<name>()` steps the optimizer x wraps). `project_class(local)`: (module key, class name, it
+    subclasses an optimizer) for a class of another project module imported as `local`, else None
+    (ProjectView.project_class)."""
     collector = _Collector(imports)
     collector.wrapper_steps = wrapper_steps or {}
+    collector.project_class = project_class or (lambda local: None)
     walk(module, collector, parents=collector.parents)
     structure = collector.structure
     structure.module = module
@@ -602,6 +619,9 @@ class _Collector(cst.CSTVisitor):
         self.statements: List[cst.CSTNode] = []
         #: names bound (by assignment) to instances of optimizer wrapper classes
         self.wrapper_classes: Dict[str, cst.ClassDef] = {}
+        #: classes of this module that subclass an optimizer
+        self.optimizer_subclasses: Set[str] = set()
+        self.project_class: ProjectClass = lambda local: None
         self.step_candidates: List[CallSite] = []
         self.wrapper_steps: Dict[str, WrapperUse] = {}
         self.parents: Dict[cst.CSTNode, cst.CSTNode] = {}
@@ -760,6 +780,7 @@ class _Collector(cst.CSTVisitor):
         for base in node.bases:
             base_name = self.imports.resolve(base.value) or dotted_name(base.value) or ""
             if "Optimizer" in base_name or base_name.startswith("torch.optim"):
+                self.optimizer_subclasses.add(node.name.value)
                 return
         if not isinstance(node.body, cst.IndentedBlock):
             return
@@ -914,6 +935,7 @@ class _Collector(cst.CSTVisitor):
 
 def _identify_optimizers(structure: TrainingStructure, collector: _Collector) -> None:
     """Decide which `.step()` receivers are optimizers; record them, their state saves and loads."""
+    opaque_receivers: Set[str] = set()
     for site in collector.step_candidates:
         receiver = site.receiver or ""
         wrapper = collector.wrapper_steps.get(_method_name(site.call) or "")
@@ -922,9 +944,10 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
             # wrapper when the name is bound to an instance of that class here; a name known by
             # its name only may be either
             reason = _optimizer_reason(structure, collector, receiver, site.scope)
-            bound = [b.qualified_call or "" for b in structure.bindings_visible(receiver, site.scope)]
-            if any(q == wrapper.step.klass or q.endswith("." + wrapper.step.klass) for q in bound):
+            if any(_instance_of_wrapper(collector, b, wrapper) for b in structure.bindings_visible(receiver, site.scope)):
                 reason = f"{wrapper.described} steps the optimizer it wraps"
+            elif _stepped_through_opaque_wrapper(structure, collector, site, opaque_receivers):
+                reason = None
             elif reason == NAMED_LIKE_AN_OPTIMIZER and _used_as_the_wrapper(structure, receiver, site.scope, wrapper.step):
                 reason = f"{wrapper.described} steps the optimizer it wraps ({receiver} is used as one)"
             elif reason == NAMED_LIKE_AN_OPTIMIZER:
@@ -935,6 +958,8 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
             reason = f"{wrapper.described} steps the optimizer it wraps"
         else:
             reason = _optimizer_reason(structure, collector, receiver, site.scope)
+            if reason is not None and _stepped_through_opaque_wrapper(structure, collector, site, opaque_receivers):
+                reason = None
         if reason is None:
             structure.other_steps.append(site)
             continue
@@ -1028,6 +1053,8 @@ def _optimizer_reason(
                 return binding.qualified_call
             if "sched" in binding.qualified_call.lower():
                 return None
+        if _builds_an_optimizer_subclass(collector, binding.value):
+            return f"{dotted_name(binding.value.func)}, a subclass of an optimizer"
     if receiver in collector.wrapper_classes:
         return None
     if names.looks_like_optimizer_name(receiver):
@@ -1035,8 +1062,105 @@ def _optimizer_reason(
     return None
 
 
+def _stepped_through_opaque_wrapper(
+    structure: TrainingStructure, collector: _Collector, site: CallSite, reported: Set[str]
+) -> bool:
+    """Is the receiver of this step bound to a wrapper ampify cannot step through (_opaque_wrapper)?
+    Its hazard is recorded once per name."""
+    receiver = site.receiver or ""
+    opaque = _opaque_wrapper(structure, collector, receiver, site.scope)
+    if opaque is None:
+        return False
+    if receiver not in reported:
+        reported.add(receiver)
+        structure.hazards.append(opaque)
+    return True
+
+
 #: the reason of an optimizer known by its name only (a parameter, an attribute set elsewhere)
 NAMED_LIKE_AN_OPTIMIZER = "named like an optimizer"
+
+#: classes that wrap an optimizer and are one to GradScaler and apex: they forward param_groups
+#: and their step() steps the optimizer they wrap (apex's LARC is one amp.initialize accepts)
+_OPTIMIZERS_WRAPPING_OPTIMIZERS = ("apex.parallel.LARC", "apex.parallel.LARC.LARC", "torchcontrib.optim.SWA")
+
+#: horovod's DistributedOptimizer, as its modules export it
+_HOROVOD_OPTIMIZERS = ("horovod.torch.DistributedOptimizer", "horovod.torch.optimizer.DistributedOptimizer")
+
+
+def _opaque_wrapper(structure: TrainingStructure, collector: _Collector, receiver: str, scope: Scope) -> Optional[Hazard]:
+    """A hazard when `receiver` is bound to an object built around a torch optimizer by a class
+    ampify cannot read or cannot step through: `optimizer = Optimizer(torch.optim.Adam(...))`
+    with Optimizer imported from a module that is not in the project (or not followed), or
+    horovod's `hvd.DistributedOptimizer(optimizer, ...)`. None for a plain optimizer, for the
+    optimizer wrappers that are optimizers themselves (a class of this module or of the project
+    with an Optimizer base, apex's LARC, torch_optimizer's Lookahead)."""
+    for binding in structure.bindings_visible(receiver, scope):
+        value = binding.value
+        if not isinstance(value, cst.Call):
+            continue
+        local = dotted_name(value.func) or ""
+        callee = binding.qualified_call or local
+        if not callee or names.is_optimizer_qualname(callee):
+            continue
+        if any(callee == p or callee.startswith(p + ".") for p in _OPTIMIZERS_WRAPPING_OPTIMIZERS):
+            continue
+        if _builds_an_optimizer_subclass(collector, value):
+            continue
+        if any(_instance_of_wrapper(collector, binding, use) for use in collector.wrapper_steps.values()):
+            continue  # the project's wrapper class, stepped through (wrapper_steps.py)
+        wrapped = next((arg.value for arg in value.args if _builds_an_optimizer(structure, arg.value, binding)), None)
+        if wrapped is None:
+            continue
+        shown = f"{binding.name} = {short_text(code_of(value.func), 40)}({short_text(code_of(wrapped), 40)}, ...)"
+        if callee in _HOROVOD_OPTIMIZERS:
+            return Hazard(HazardKind.HOROVOD, value, shown)
+        where = f"{callee}, " if callee != local else ""
+        return Hazard(HazardKind.UNSEEN_WRAPPER, value, f"{shown} ({where}a class ampify cannot read)")
+    return None
+
+
+def _builds_an_optimizer_subclass(collector: _Collector, value: Optional[cst.BaseExpression]) -> bool:
+    """`Lookahead(optim.Adam(...))` with Lookahead a class of this module or of the project whose
+    base is an optimizer: an optimizer itself."""
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+        return False
+    local = value.func.value
+    if local in collector.optimizer_subclasses:
+        return True
+    found = collector.project_class(local)
+    return found is not None and found[2]
+
+
+def _instance_of_wrapper(collector: _Collector, binding: Binding, use: WrapperUse) -> bool:
+    """Is `binding` an instance of the project's wrapper class `use` names: built by a call of that
+    class as this module imports it (`from nmt.optim import Optimizer`), not of a namesake from
+    elsewhere (`from onmt.utils.optimizers import Optimizer`)?"""
+    value = binding.value
+    if not isinstance(value, cst.Call):
+        return False
+    if isinstance(value.func, cst.Name):
+        found = collector.project_class(value.func.value)
+        return found is not None and found[:2] == (use.key, use.step.klass)
+    module, _, klass = (binding.qualified_call or "").rpartition(".")
+    if klass != use.step.klass or not module:
+        return False
+    wrapper = Path(use.key).with_suffix("")
+    parts = module.lstrip(".").split(".")
+    return list(wrapper.parts[-len(parts):]) == parts or (
+        wrapper.name == "__init__" and list(wrapper.parent.parts[-len(parts):]) == parts)
+
+
+def _builds_an_optimizer(structure: TrainingStructure, value: cst.BaseExpression, binding: Binding) -> bool:
+    """Is `value` (an argument in `binding`'s value) a torch optimizer: built right there, or a
+    name bound to one before (`Wrapper(base_optimizer)`, `optimizer = LARC(optimizer)`)?"""
+    if isinstance(value, cst.Call):
+        return names.is_optimizer_qualname(structure.imports.resolve(value.func) or "")
+    name = dotted_name(value)
+    if not name:
+        return False
+    return any(other is not binding and names.is_optimizer_qualname(other.qualified_call or "")
+               for other in structure.bindings_visible(name, binding.scope))
 
 
 # ---- grouping -------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import libcst as cst
 from ampify.findings import Finding, Severity
 from ampify.optimizer_wrappers import wrapper_steps
 from ampify.transforms.base import CompanionChange
-from ampify.transforms.torch.training_loop import NAMED_LIKE_AN_OPTIMIZER, TrainingStructure, WrapperUse
+from ampify.transforms.torch.training_loop import NAMED_LIKE_AN_OPTIMIZER, HazardKind, TrainingStructure, WrapperUse
 
 
 #: the parameter a wrapper's stepping method gets (whatever the training file calls its scaler)
@@ -51,7 +51,10 @@ def project_wrapper_steps(structure: TrainingStructure, module: cst.Module, proj
     empty (and the project not read) when nothing here could be one."""
     if project is None:
         return {}
-    name_only = any(o.reason == NAMED_LIKE_AN_OPTIMIZER for o in structure.optimizers.values())
+    # a name stepped that is bound to a wrapper of a class the first analysis could not read (it
+    # may be one of the project's): known by its name only too
+    name_only = any(o.reason == NAMED_LIKE_AN_OPTIMIZER for o in structure.optimizers.values()) or any(
+        h.kind is HazardKind.UNSEEN_WRAPPER for h in structure.hazards)
     if not structure.unpaired_backwards and not name_only:
         return {}
     code = module.code
