@@ -255,10 +255,11 @@ RULES: List[Rule] = [
          "a wrapper class of the project is converted through (AMP233), one imported from elsewhere is not.",
          "optimizer = Optimizer(torch.optim.Adam(model.parameters()), max_grad_norm=5)  # from seq2seq.optim", MANUAL,
          incomplete=True),
-    Rule("AMP240", "warning", "horovod's `DistributedOptimizer`: its steps left unconverted",
-         "Horovod averages the gradients asynchronously until the optimizer's step(): unscaling them before "
-         "`optimizer.synchronize()` would race the allreduce. Horovod's AMP recipe synchronizes, unscales, then steps "
-         "under `optimizer.skip_synchronize()`.", "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=...)",
+    Rule("AMP240", "warning", "horovod's `DistributedOptimizer` wraps the optimizer on some paths only (or a parameter that may be it): its steps left unconverted",
+         "Horovod averages the gradients asynchronously until the optimizer's step(): the scaler may unscale them only "
+         "after `optimizer.synchronize()`, which a plain optimizer lacks. Where the wrap is on every path to the step, "
+         "ampify writes horovod's recipe (synchronize(), then the step under `skip_synchronize()`); where it is not, "
+         "it refuses.", "if args.horovod:\n    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=...)",
          MANUAL, incomplete=True),
     Rule("AMP236", "info", "ShardedGradScaler for a FullyShardedDataParallel model",
          "A file that wraps its model in FullyShardedDataParallel (FSDP1) gets "
@@ -404,9 +405,10 @@ RULES: List[Rule] = [
          "amp.initialize accepts torch optimizers (and LARC) only: handed a wrapper of an unread class it raises.",
          "optimizer = Optimizer(torch.optim.Adam(model.parameters()), max_grad_norm=5)  # from seq2seq.optim", MANUAL,
          incomplete=True),
-    Rule("AMP333", "warning", "apex: horovod's `DistributedOptimizer`: its steps left unconverted",
-         "amp.scale_loss unscales the gradients when its block ends, while horovod may still be averaging them; "
-         "horovod's recipe calls `optimizer.synchronize()` inside the block and steps under `skip_synchronize()`.",
+    Rule("AMP333", "warning", "apex: horovod's `DistributedOptimizer`: not converted",
+         "amp.scale_loss unscales the gradients when its block ends, while horovod may still be averaging them, and "
+         "amp.initialize must patch the optimizer horovod wraps; horovod's recipe calls `optimizer.synchronize()` "
+         "inside the block and steps under `skip_synchronize()`. The native backend writes its recipe.",
          "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=...)", MANUAL, incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",

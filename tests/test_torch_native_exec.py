@@ -10,6 +10,7 @@ script under the same runner shows no reduced-precision op at all.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -595,3 +596,41 @@ def test_the_log_of_a_sigmoid_probability_is_minus_inf_under_float16_autocast():
     assert torch.isinf(half).all()
     assert torch.isfinite(half_safe).all()
     assert (brain < -18).all() and (full > -9.5).all() and (full < -8.5).all()
+
+
+@pytest.fixture
+def horovod_stand_in(monkeypatch):
+    """horovod.torch on one rank (exec_standins/horovod), importable for the test only."""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    yield
+    for name in [n for n in sys.modules if n == "horovod" or n.startswith("horovod.")]:
+        del sys.modules[name]
+
+
+def test_horovod_step_follows_horovods_recipe_and_the_plain_conversion_diverges(horovod_stand_in, tmp_path):
+    """hvd.DistributedOptimizer averages the gradients asynchronously, in place, until its step().
+    Converted, the step waits (optimizer.synchronize()) before the scaler unscales for the
+    clipping, and steps under optimizer.skip_synchronize(): it trains like the fp32 script. The
+    plain conversion ampify wrote before (scaler.step(optimizer) alone) unscales first; the
+    allreduce then writes the scaled gradients back and the SGD step takes them 65536 times too
+    large: the losses blow up."""
+    fp32 = run_script(str(script_path("horovod_step")))
+    converted = _convert("horovod_step", "float16", tmp_path)
+    text = converted.read_text()
+    recipe = ("        optimizer.synchronize()\n        scaler.unscale_(optimizer)\n"
+              "        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)\n"
+              "        with optimizer.skip_synchronize():\n            scaler.step(optimizer)\n        scaler.update()\n")
+    assert recipe in text
+    fp16 = run_script(str(converted))
+    optimizer = fp16.script_globals["optimizer"]
+    assert optimizer.synchronize_calls == 12 and fp16.scaler_calls["step"] == 12
+    assert fp16.dtypes[torch.float16] > 0
+    assert all(math.isfinite(loss) for loss in fp16.script_globals["LOSSES"])
+    full, mixed = fp32.script_globals["LOSSES"], fp16.script_globals["LOSSES"]
+    assert full[-1] < 0.7 * full[0] and abs(mixed[-1] - full[-1]) < 0.05 + 0.1 * full[-1], (full, mixed)
+    plain = tmp_path / "plain_conversion.py"
+    plain.write_text(text.replace(recipe, "        scaler.unscale_(optimizer)\n"
+                                          "        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)\n"
+                                          "        scaler.step(optimizer)\n        scaler.update()\n"))
+    raced = run_script(str(plain)).script_globals["LOSSES"]
+    assert not all(math.isfinite(loss) and loss < 10 * full[0] for loss in raced), raced

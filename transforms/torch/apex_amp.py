@@ -171,6 +171,15 @@ APEX_RULES = BackendRules(
             "(horovod's apex recipe)",
             in_training_only=True,
         ),
+        HazardKind.HOROVOD_STEP: HazardRule(
+            "AMP333",
+            "{detail}: horovod averages the gradients asynchronously until its step(), and amp.scale_loss unscales "
+            "them when its block ends (and amp.initialize must patch the optimizer horovod wraps); file not "
+            "converted: use the native backend, which writes horovod's recipe, or call optimizer.synchronize() "
+            "inside the amp.scale_loss block after backward(), then `with optimizer.skip_synchronize(): "
+            "optimizer.step()` by hand",
+            blocks_file=True, in_training_only=True, file_reason="horovod's DistributedOptimizer; see the warning",
+        ),
         HazardKind.DIFFERENTIAL_PRIVACY: HazardRule(
             "AMP325",
             "{detail}: Opacus's DPOptimizer clips per-sample gradients, which amp.scale_loss would scale, and "

@@ -274,6 +274,10 @@ def check_caller_setup(s: TrainingStructure, display: str, backend: str, creates
         raise MixedPrecisionElsewhere(
             f"{display}, which creates the optimizer, does mixed precision by hand at line {s.line(node)} ({what})"
         )
+    for binding in s.bindings:
+        if binding.qualified_call in names.HOROVOD_OPTIMIZERS:
+            raise Unconvertible(f"{display}:{s.line(binding.statement)} wraps the optimizer in horovod's "
+                                f"DistributedOptimizer ({binding.name} = {binding.qualified_call}(...))" + HOROVOD_ELSEWHERE)
     for hazard in s.hazards:
         where = f"{display}:{s.line(hazard.node)}"
         if hazard.kind is HazardKind.FSDP or (backend == "apex" and hazard.kind is HazardKind.FULLY_SHARD):
@@ -296,6 +300,13 @@ def check_caller_setup(s: TrainingStructure, display: str, backend: str, creates
                 f"{where} casts to half precision by hand ({hazard.detail}); autocast and GradScaler expect "
                 "float32 weights"
             )
+
+
+#: why a step whose optimizer horovod wraps in another module is refused
+HOROVOD_ELSEWHERE = (": its allreduce runs asynchronously until the optimizer's step(), and the step in this module "
+                     "would need horovod's recipe (optimizer.synchronize() before the scaler unscales, the step under "
+                     "optimizer.skip_synchronize()), which ampify writes only where the wrap and the step are in one "
+                     "file; convert by hand")
 
 
 def call_and_passed_optimizers(

@@ -23,6 +23,10 @@ OPTIMIZER_PREFIXES = (
     "deepspeed.ops.adam.",
 )
 
+#: horovod's DistributedOptimizer, as its modules export it: it wraps an optimizer whose gradients
+#: it averages asynchronously until step()
+HOROVOD_OPTIMIZERS = ("horovod.torch.DistributedOptimizer", "horovod.torch.optimizer.DistributedOptimizer")
+
 #: qualified-name prefixes under OPTIMIZER_PREFIXES that are NOT optimizers
 NOT_OPTIMIZER_PREFIXES = (
     "torch.optim.lr_scheduler.",

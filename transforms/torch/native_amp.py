@@ -72,6 +72,7 @@ from ampify.transforms.torch.training_loop import (
     flat_parameter_fsdp_wraps,
     HazardKind,
     Scope,
+    StepCall,
     TrainingStructure,
     TrainingUnit,
     Unconvertible,
@@ -170,11 +171,12 @@ NATIVE_RULES = BackendRules(
         ),
         HazardKind.HOROVOD: HazardRule(
             "AMP240",
-            "{detail}: horovod averages the gradients asynchronously until its step(); the scaler cannot unscale "
-            "them before they arrive, so its steps were left unconverted: after scaler.scale(loss).backward() call "
-            "optimizer.synchronize(), scaler.unscale_(optimizer), then `with optimizer.skip_synchronize(): "
-            "scaler.step(optimizer)` and scaler.update() (horovod's AMP recipe)",
-            in_training_only=True,
+            "{detail}: horovod averages the gradients asynchronously until its step(), so the GradScaler may unscale "
+            "them only after optimizer.synchronize(), which a plain optimizer does not have; ampify writes horovod's "
+            "recipe only for an optimizer it sees wrapped on every path to the step; its steps were left unconverted: "
+            "write the recipe by hand (optimizer.synchronize(), then `with optimizer.skip_synchronize(): "
+            "scaler.step(optimizer)`)",
+            float16_only=True, in_training_only=True,
         ),
         HazardKind.MANUAL_HALF: HazardRule(
             "AMP217",
@@ -400,6 +402,9 @@ class NativeConversion(TorchConversion):
         for step in unit.steps:
             if step.has_closure:
                 raise Unconvertible(f"{step.receiver}.step(closure) cannot go through GradScaler", step.call)
+            if self.scaling and self._horovod_wrap(step) is not None and not isinstance(step.statement, cst.SimpleStatementLine):
+                raise Unconvertible(f"{step.receiver}.step() of horovod's DistributedOptimizer is part of a larger "
+                                    "statement: it cannot be put under optimizer.skip_synchronize()", step.call)
             if step.wrapper is not None and step.wrapper.ambiguous:
                 raise Unconvertible(refusal_for_ambiguous_step(step.wrapper, step.receiver or ""), step.call)
         by_hand = manual_update_beside_steps(self.structure, unit) if self.scaling else None
@@ -652,6 +657,9 @@ class NativeConversion(TorchConversion):
                     self.companions.append(edit)
                 continue
             self.edits.replace_call(step.call, _scaler_call(reference, "step", step.receiver))
+            if self._horovod_wrap(step) is not None:
+                self._step_under_horovod(step, reference, plan)
+                continue
             self.info("AMP203", f"{step.receiver}.step() now {reference}.step({step.receiver})", step.call)
         assert plan.update_after is not None
         self.edits.insert_after(plan.update_after, f"{reference}.update()")
@@ -910,6 +918,33 @@ class NativeConversion(TorchConversion):
                 node,
             )
 
+    def _horovod_wrap(self, step: StepCall) -> Optional[str]:
+        """`optimizer = hvd.DistributedOptimizer(...)` when the stepped optimizer is one."""
+        optimizer = self.structure.optimizers.get(step.receiver or "")
+        return optimizer.horovod if optimizer is not None else None
+
+    def _step_under_horovod(self, step: StepCall, reference: str, plan: UnitPlan) -> None:
+        """Horovod's AMP recipe: the allreduce of the gradients runs asynchronously until the
+        optimizer's step(), so `optimizer.synchronize()` waits for it before the scaler unscales
+        (before the clipping that unscales first, if any), and the step, which would synchronize
+        again, runs under `optimizer.skip_synchronize()`. A step already under skip_synchronize()
+        follows a synchronize() the script makes itself."""
+        s = self.structure
+        receiver = step.receiver or ""
+        if any(isinstance(a, cst.With) and any(_calls_method(item.item, receiver, "skip_synchronize") for item in a.items)
+               for a in s.ancestors(step.call)):
+            self.info("AMP203", f"{receiver}.step() now {reference}.step({receiver}), under the script's own "
+                                f"{receiver}.skip_synchronize() (horovod's recipe)", step.call)
+            return
+        unscaled_at = next((clip for clip, clipped in plan.unscale_before if clipped == receiver), None)
+        waits_before = unscaled_at if unscaled_at is not None else step.statement
+        self.edits.insert_before(waits_before, f"{receiver}.synchronize()")
+        self.edits.wrap(step.statement, step.statement, f"with {receiver}.skip_synchronize():")
+        self.info("AMP203", f"{receiver}.step() now {reference}.step({receiver}) under {receiver}.skip_synchronize(), "
+                            f"after a new {receiver}.synchronize() before line {s.line(waits_before)}: {self._horovod_wrap(step)} "
+                            "averages the gradients asynchronously, and the scaler must unscale them once they are "
+                            "averaged (horovod's AMP recipe)", step.call)
+
     def _create_scaler(self, home: ScalerHome, device: Optional[str] = None) -> None:
         key = id(home.after)
         if key in self.edits.created_scalers:
@@ -1008,3 +1043,9 @@ def _scaled_backward(call: cst.Call, reference: str) -> cst.Call:
 
 def _scaler_call(reference: str, method: str, receiver: Optional[str]) -> cst.Call:
     return cst.parse_expression(f"{reference}.{method}({receiver})")  # type: ignore[return-value]
+
+
+def _calls_method(node: cst.BaseExpression, receiver: str, method: str) -> bool:
+    """`<receiver>.<method>(...)`"""
+    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == method
+            and dotted_name(node.func.value) == receiver)

@@ -121,6 +121,9 @@ class Optimizer:
     reason: str  # "torch.optim.SGD", "parameter named like an optimizer", ...
     #: models whose parameters the optimizer is built from: `model` in SGD(model.parameters())
     model_names: List[str] = field(default_factory=list)
+    #: `optimizer = hvd.DistributedOptimizer(optimizer, ...)` on every path: its allreduce runs
+    #: asynchronously until step(), so a GradScaler steps it under horovod's recipe (the wrap's code)
+    horovod: Optional[str] = None
 
 
 @dataclass
@@ -255,9 +258,14 @@ class HazardKind(str, enum.Enum):
     #: name stepped is not the optimizer (`scaler.step(wrapper)` / `amp.initialize(model, wrapper)`
     #: would fail, or skip what the class does); its steps are left unconverted
     UNSEEN_WRAPPER = "unseen_wrapper"
-    #: horovod's DistributedOptimizer: the gradients are averaged asynchronously until its step(), so
-    #: they cannot be unscaled before `optimizer.synchronize()`; its steps are left unconverted
+    #: horovod's DistributedOptimizer on some paths only (`if args.horovod: optimizer =
+    #: hvd.DistributedOptimizer(...)`): the gradients are averaged asynchronously until its step(),
+    #: so they cannot be unscaled before `optimizer.synchronize()`, which a plain optimizer lacks;
+    #: its steps are left unconverted
     HOROVOD = "horovod"
+    #: horovod's DistributedOptimizer on every path: native steps it under horovod's recipe
+    #: (synchronize(), then scaler.step under skip_synchronize()); apex refuses the file
+    HOROVOD_STEP = "horovod_step"
 
 
 @dataclass
@@ -965,7 +973,12 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
             continue
         if receiver not in structure.optimizers:
             bindings = structure.bindings_visible(receiver, site.scope)
-            structure.optimizers[receiver] = Optimizer(receiver, bindings, reason, _parameter_owners(bindings))
+            optimizer = Optimizer(receiver, bindings, reason, _parameter_owners(bindings))
+            structure.optimizers[receiver] = optimizer
+            horovod = _horovod_wrap(structure, receiver, site.scope)
+            if horovod is not None:  # on every path (_stepped_through_opaque_wrapper took the others)
+                optimizer.horovod = _wrap_shown(horovod, horovod.value, _first_argument(horovod.value))
+                structure.hazards.append(Hazard(HazardKind.HOROVOD_STEP, horovod.value, optimizer.horovod))
         call = site.call
         has_closure = bool(call.args) and not _steps_a_distributed_context(structure, receiver, site.scope, call)
         step = StepCall(call, site.statement, receiver, site.scope, has_closure=has_closure, wrapper=wrapper)
@@ -1049,7 +1062,7 @@ def _optimizer_reason(
         if receiver in collector.wrapper_classes or binding.name in collector.wrapper_classes:
             return None
         if binding.qualified_call:
-            if names.is_optimizer_qualname(binding.qualified_call):
+            if names.is_optimizer_qualname(binding.qualified_call) or binding.qualified_call in _HOROVOD_OPTIMIZERS:
                 return binding.qualified_call
             if "sched" in binding.qualified_call.lower():
                 return None
@@ -1068,7 +1081,7 @@ def _stepped_through_opaque_wrapper(
     """Is the receiver of this step bound to a wrapper ampify cannot step through (_opaque_wrapper)?
     Its hazard is recorded once per name."""
     receiver = site.receiver or ""
-    opaque = _opaque_wrapper(structure, collector, receiver, site.scope)
+    opaque = _opaque_wrapper(structure, collector, receiver, site.scope) or _horovod_on_some_paths(structure, site)
     if opaque is None:
         return False
     if receiver not in reported:
@@ -1084,8 +1097,7 @@ NAMED_LIKE_AN_OPTIMIZER = "named like an optimizer"
 #: and their step() steps the optimizer they wrap (apex's LARC is one amp.initialize accepts)
 _OPTIMIZERS_WRAPPING_OPTIMIZERS = ("apex.parallel.LARC", "apex.parallel.LARC.LARC", "torchcontrib.optim.SWA")
 
-#: horovod's DistributedOptimizer, as its modules export it
-_HOROVOD_OPTIMIZERS = ("horovod.torch.DistributedOptimizer", "horovod.torch.optimizer.DistributedOptimizer")
+_HOROVOD_OPTIMIZERS = names.HOROVOD_OPTIMIZERS
 
 
 def _opaque_wrapper(structure: TrainingStructure, collector: _Collector, receiver: str, scope: Scope) -> Optional[Hazard]:
@@ -1101,7 +1113,7 @@ def _opaque_wrapper(structure: TrainingStructure, collector: _Collector, receive
             continue
         local = dotted_name(value.func) or ""
         callee = binding.qualified_call or local
-        if not callee or names.is_optimizer_qualname(callee):
+        if not callee or names.is_optimizer_qualname(callee) or callee in _HOROVOD_OPTIMIZERS:
             continue
         if any(callee == p or callee.startswith(p + ".") for p in _OPTIMIZERS_WRAPPING_OPTIMIZERS):
             continue
@@ -1112,12 +1124,70 @@ def _opaque_wrapper(structure: TrainingStructure, collector: _Collector, receive
         wrapped = next((arg.value for arg in value.args if _builds_an_optimizer(structure, arg.value, binding)), None)
         if wrapped is None:
             continue
-        shown = f"{binding.name} = {short_text(code_of(value.func), 40)}({short_text(code_of(wrapped), 40)}, ...)"
-        if callee in _HOROVOD_OPTIMIZERS:
-            return Hazard(HazardKind.HOROVOD, value, shown)
+        shown = _wrap_shown(binding, value, wrapped)
         where = f"{callee}, " if callee != local else ""
         return Hazard(HazardKind.UNSEEN_WRAPPER, value, f"{shown} ({where}a class ampify cannot read)")
     return None
+
+
+def _horovod_wrap(structure: TrainingStructure, receiver: str, scope: Scope) -> Optional[Binding]:
+    """The binding of `receiver` to `hvd.DistributedOptimizer(...)`, if one is visible."""
+    return next((b for b in structure.bindings_visible(receiver, scope)
+                 if b.qualified_call in _HOROVOD_OPTIMIZERS and isinstance(b.value, cst.Call)), None)
+
+
+def _horovod_on_some_paths(structure: TrainingStructure, site: CallSite) -> Optional[Hazard]:
+    """A HOROVOD hazard when the receiver of a step is wrapped in horovod's DistributedOptimizer
+    on some paths only (`if args.horovod:`): whether `optimizer.synchronize()` exists depends on
+    the run."""
+    receiver = site.receiver or ""
+    wrap = _horovod_wrap(structure, receiver, site.scope)
+    if wrap is None:
+        # a parameter (`def train(model, optimizer)`) or an attribute, in a file that wraps an
+        # optimizer in horovod's DistributedOptimizer: it may be that one
+        elsewhere = next((b for b in structure.bindings
+                          if b.qualified_call in _HOROVOD_OPTIMIZERS and isinstance(b.value, cst.Call)), None)
+        bindings = structure.bindings_visible(receiver, site.scope)
+        if elsewhere is None or (bindings and all(names.is_optimizer_qualname(b.qualified_call or "") for b in bindings)):
+            return None
+        shown = _wrap_shown(elsewhere, elsewhere.value, _first_argument(elsewhere.value))
+        return Hazard(HazardKind.HOROVOD, site.call,
+                      f"{receiver} may be the optimizer of line {structure.line(elsewhere.value)} ({shown})")
+    if _on_every_path(structure, wrap, site.call):
+        return None
+    return Hazard(HazardKind.HOROVOD, wrap.value, _wrap_shown(wrap, wrap.value, _first_argument(wrap.value)) + " on some paths only")
+
+
+def _first_argument(call: cst.Call) -> cst.BaseExpression:
+    return call.args[0].value if call.args else call
+
+
+def _wrap_shown(binding: Binding, value: cst.Call, wrapped: cst.BaseExpression) -> str:
+    """`optimizer = hvd.DistributedOptimizer(optimizer, ...)`, for messages."""
+    return f"{binding.name} = {short_text(code_of(value.func), 40)}({short_text(code_of(wrapped), 40)}, ...)"
+
+
+def _on_every_path(structure: TrainingStructure, binding: Binding, step: cst.CSTNode) -> bool:
+    """Does the statement of `binding` run whenever the step runs: no if/try/loop around it that
+    does not hold the step too (the script's `if __name__ == "__main__":` block aside)?"""
+    if binding.statement is None:
+        return False
+    for ancestor in structure.ancestors(binding.statement):
+        if ancestor is binding.scope:
+            return True
+        if isinstance(ancestor, (cst.If, cst.Try, cst.For, cst.While)) and not structure.contains(ancestor, step) \
+                and not _is_main_guard(ancestor):
+            return False
+    return True
+
+
+def _is_main_guard(node: cst.CSTNode) -> bool:
+    """`if __name__ == "__main__":`"""
+    test = node.test if isinstance(node, cst.If) else None
+    return (isinstance(test, cst.Comparison) and dotted_name(test.left) == "__name__" and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Equal)
+            and isinstance(test.comparisons[0].comparator, cst.SimpleString)
+            and test.comparisons[0].comparator.evaluated_value == "__main__")
 
 
 def _builds_an_optimizer_subclass(collector: _Collector, value: Optional[cst.BaseExpression]) -> bool:
