@@ -24,7 +24,7 @@ from torch_amp_runner import run_script  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "torch_native" / "exec"
 #: scripts that are golden inputs as they stand: run from there rather than kept twice
-GOLDEN_INPUTS = {"gan_forward_rebinds_input": "bce_forward_rebinds_input_name"}
+GOLDEN_INPUTS = {"gan_forward_rebinds_input": "bce_forward_rebinds_input_name", "infogan_sigmoid_head": "bce_sigmoid_head_of_tuple"}
 
 
 def script_path(name: str) -> Path:
@@ -57,6 +57,8 @@ EXPECTED_CALLS = {
     "gan_helper_methods": {"step": 8, "update": 4, "scale": 12, "load_state_dict": 0},
     # 4 iterations: self.forward() (the generator) runs under autocast too, D and G steps
     "forward_for_its_effect": {"step": 8, "update": 4, "scale": 8, "load_state_dict": 0},
+    # 4 iterations of infoGAN: D, G and info steps (BCE fused on the sigmoid head), one update each
+    "infogan_sigmoid_head": {"step": 12, "update": 4, "scale": 12, "load_state_dict": 0},
     # 5 batches; loss inside backward(), clipping in a one-line `if`, semicolons: reshaped, then converted
     "compound_statements": {"step": 5, "update": 5, "scale": 5, "load_state_dict": 0},
     # 3 iterations: the critic stepped twice (its loss, then the penalty alone) with an update()
@@ -358,6 +360,28 @@ def test_two_headed_discriminator_fused_computes_the_same_fp32_losses_and_probab
     assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
 
 
+def test_sigmoid_head_of_a_tuple_fused_computes_the_same_fp32_losses_and_probabilities(tmp_path):
+    """infoGAN: forward() applies F.sigmoid to one column and returns it with two code heads; the
+    sigmoid goes, the head feeds BCEWithLogitsLoss, the logged mean D(x) reads torch.sigmoid(D_real),
+    and `_, D_cont, D_disc = self.D(G_)` (the head discarded) stays. To 1e-6 in fp32."""
+    import libcst as cst
+
+    from ampify.transforms.kit.imports import ImportMap
+    from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
+
+    module = cst.parse_module((script_path("infogan_sigmoid_head")).read_text())
+    fused, fusion = fuse_bce_after_sigmoid(module, ImportMap.from_module(module))
+    assert "F.sigmoid(x" not in fused.code and "a = x[:, self.output_dim]" in fused.code
+    assert "BCEWithLogitsLoss()" in fused.code and "torch.sigmoid(D_real).mean()" in fused.code
+    assert len(fusion.wrapped) == 1
+    script = tmp_path / "fused.py"
+    script.write_text(fused.code)
+    original = run_script(str(script_path("infogan_sigmoid_head"))).script_globals
+    same = run_script(str(script)).script_globals
+    assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
+    assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
+
+
 def test_vae_sigmoid_decoder_fused_computes_the_same_fp32_losses_and_probabilities(tmp_path):
     """The functional form: decode()'s torch.sigmoid goes, the helper's F.binary_cross_entropy
     takes logits, the recorded reconstruction and the decoded sample read torch.sigmoid(...).
@@ -634,3 +658,27 @@ def test_horovod_step_follows_horovods_recipe_and_the_plain_conversion_diverges(
                                           "        scaler.step(optimizer)\n        scaler.update()\n"))
     raced = run_script(str(plain)).script_globals["LOSSES"]
     assert not all(math.isfinite(loss) and loss < 10 * full[0] for loss in raced), raced
+
+
+def test_premise_gradients_one_optimizer_unscaled_are_unscaled_again_by_another():
+    """Why two optimizers over one model with no zero_grad between their steps are refused
+    (infoGAN's info optimizer over G and D, fixtures/torch_native/bce_sigmoid_head_info_not_zeroed):
+    a GradScaler unscales per optimizer, in place, so the second step's unscale divides what the
+    first backward left (already unscaled) by the scale again. The fp32 step takes g1 + g2; the
+    scaled one takes g1 / 1024 + g2."""
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    steps = {}
+    for scaled in (False, True):
+        model = torch.nn.Linear(4, 1)
+        model.load_state_dict({"weight": torch.ones(1, 4), "bias": torch.zeros(1)})
+        first = torch.optim.SGD(model.parameters(), lr=0.0)
+        second = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, enabled=scaled)
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        scaler.step(first)
+        scaler.scale((model(x) ** 2).mean()).backward()
+        scaler.step(second)
+        scaler.update()
+        steps[scaled] = model.weight.detach().clone() - torch.ones(1, 4)
+    assert not torch.allclose(steps[True], steps[False], atol=1e-3), steps

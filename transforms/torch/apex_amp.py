@@ -40,6 +40,7 @@ from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, cal
 from ampify.transforms.torch.normalize import converted_in_shape
 from ampify.transforms.torch.gradient_owners import optimizer_of_gradients
 from ampify.transforms.torch.wrapper_steps import project_wrapper_steps
+from ampify.transforms.torch.scaler_calls import ScalerCallPlanner, check_no_gradients_unscaled_twice
 from ampify.transforms.torch.statements import code_of
 from ampify.transforms.torch.torch_import import last_leading_import
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
@@ -385,6 +386,8 @@ class ApexConversion(TorchConversion):
                    f"the parameters are also updated by hand after this backward() (line {self.s.line(by_hand)}, when "
                    "the optimizer does not step): amp.scale_loss needs an optimizer, and that update would get scaled "
                    "gradients; step a torch.optim optimizer in every branch, or use --backend native --dtype bfloat16")
+        check_no_gradients_unscaled_twice(self.s, unit, unit.steps, ScalerCallPlanner(self.s, self.s.imports).zero_grads_of,
+                                          apex=True)
         sites = foreign_call_sites(self.s, unit, self.project, len(self.setups._call_sites_of(unit.scope))
                                    if isinstance(unit.scope, cst.FunctionDef) else 0)
         if sites is not None:

@@ -471,6 +471,8 @@ class _Fuser:
         last = body[-1]
         _need(isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 and isinstance(last.body[0], cst.Return))
         returned = last.body[0].value
+        if isinstance(returned, cst.Tuple):
+            return self._sigmoid_head_of_tuple(forward, returned, calls)
         if any(returned is c for c in calls):
             call = returned
         else:
@@ -494,6 +496,32 @@ class _Fuser:
         if isinstance(argument, cst.Name) and argument.value == target.value:
             return before, cst.RemoveFromParent()  # `output = self.sigmoid(output)`: gone
         return call, argument
+
+    def _sigmoid_head_of_tuple(self, forward: cst.FunctionDef, returned: cst.Tuple, calls: List[cst.Call]):
+        """forward() returns several heads and one of them is a sigmoid's output (infoGAN's
+        discriminator: `a = F.sigmoid(x[:, 0])`, `b = x[:, 1:3]`, ..., `return a, b, c`): the
+        sigmoid is applied once, in a statement of forward()'s own body `head = sigmoid(value)`,
+        the head is bound nowhere else and read only as one element of the one return (through
+        shape operations). Returns (the call, its argument) and sets self.head to (index, length)."""
+        body = list(forward.body.body)
+        _need(len(calls) == 1)
+        call = calls[0]
+        statement = self.parent(self.parent(call))
+        _need(any(statement is b for b in body) and isinstance(statement, cst.SimpleStatementLine)
+              and len(statement.body) == 1)
+        assign = statement.body[0]
+        _need(isinstance(assign, cst.Assign) and assign.value is call and len(assign.targets) == 1)
+        target = assign.targets[0].target
+        _need(isinstance(target, cst.Name))
+        _need(len(call.args) == 1 and call.args[0].keyword is None and not call.args[0].star)
+        head = target.value
+        uses = [n for n in self._nodes(forward, cst.Name) if n.value == head and n is not target]
+        _need(not any(self._is_binding(n) or isinstance(self.parent(n), (cst.AugAssign, cst.For, cst.CompFor,
+                                                                          cst.WithItem, cst.AsName, cst.NamedExpr))
+                      for n in uses))
+        _need(all(self._inside(n, returned) for n in uses))
+        self.head = self._head_of(returned, {head})
+        return call, call.args[0].value
 
     # ---- a Sigmoid added under a flag (path-sensitive) ---------------------------------------
 
@@ -1021,7 +1049,10 @@ class _Fuser:
             target = holder.targets[0].target
             _need(isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == length)
             _need(all(isinstance(e, cst.Element) and isinstance(e.value, cst.Name) for e in target.elements))
-            self._follow_name(target.elements[index].value.value, holder, result, criterion, fusion)
+            name = target.elements[index].value.value
+            if name == "_" and all(self._is_binding(use) for use in self._references(name)):
+                return  # `_, D_cont, D_disc = self.D(G_)`: the head is discarded, never read
+            self._follow_name(name, holder, result, criterion, fusion)
             return
         if isinstance(holder, cst.Arg) and self._is_criterion_first_argument(holder, criterion):
             return

@@ -213,6 +213,13 @@ def converted_in_shape(
             fused_result = _converted_in_shape(fused[0], convert)
             if fused_result.verdict is Verdict.CONVERTED:
                 return _with_fusion(module, fused[0], fused[1], fused_result)
+            still = next((f.message for f in fused_result.findings if f.code in _STEP_REFUSALS), None)
+            if still is not None:
+                # the BCE is not the only obstacle: say what else is, or the user fixes the BCE in vain
+                shifted = fused[0].code.count("\n") != module.code.count("\n")
+                lines = " (line numbers of the fused file)" if shifted else ""
+                result.findings = _with_note_on_bce(
+                    result.findings, f"ampify can fuse this BCE itself, but the training step would still be refused{lines}: {still}")
         elif context is not None and context.project is not None:
             # the model is a class of another module of the project (models.py): its sigmoid is
             # dropped there, in the same change set
@@ -241,6 +248,9 @@ _FILL_REFUSALS = ("AMP213", "AMP313")
 #: the BCE warnings of the two backends
 _BCE_REFUSALS = ("AMP210", "AMP310")
 
+
+#: findings that say a training step was refused, with the reason
+_STEP_REFUSALS = ("AMP215", "AMP317")
 
 #: findings that say a training step (or a backward) was refused: a reshape may change those
 _REFUSALS = ("AMP215", "AMP220", "AMP317", "AMP316")

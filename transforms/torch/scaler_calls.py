@@ -76,6 +76,7 @@ class ScalerCallPlanner:
                 )
             self.early_exit_updates[id(unit)].append(exit_anchor)
         self.restep_updates[id(unit)] = self._updates_between_steps_of_one_optimizer(unit, steps, paths, common_depth)
+        check_no_gradients_unscaled_twice(self.structure, unit, steps, self.zero_grads_of)
         return body[last]
 
     def _updates_between_steps_of_one_optimizer(
@@ -111,7 +112,7 @@ class ScalerCallPlanner:
             for later in steps[index + 1:]:
                 end = where(later.call)
                 backwards = [where(b.call) for b in unit.backwards if start < where(b.call) < end]
-                zeroed = [where(call) for call in self._zero_grads_of(unit, later.receiver) if start < where(call) < end]
+                zeroed = [where(call) for call in self.zero_grads_of(unit, later.receiver) if start < where(call) < end]
                 if not backwards or not any(z < max(backwards) for z in zeroed):
                     refuse(f"rescale the gradients {later.receiver} holds from before it (no "
                            f"{later.receiver}.zero_grad() and backward() between line {s.line(first.call)} and its "
@@ -147,7 +148,7 @@ class ScalerCallPlanner:
                 return False
         return False
 
-    def _zero_grads_of(self, unit: TrainingUnit, optimizer: Optional[str]) -> List[cst.Call]:
+    def zero_grads_of(self, unit: TrainingUnit, optimizer: Optional[str]) -> List[cst.Call]:
         """Calls in the unit that zero `optimizer`'s gradients: `optimizer.zero_grad()`, a
         zero_grad() of a model it trains, or a helper of the module whose body calls
         `optimizer.zero_grad()` (SAGAN's `self.reset_grad()`)."""
@@ -486,3 +487,42 @@ def _names_in(node: cst.CSTNode) -> List[cst.Name]:
 
     node.visit(_Names())
     return found
+
+
+def check_no_gradients_unscaled_twice(s: TrainingStructure, unit: TrainingUnit, steps: Sequence[StepCall],
+                                      zero_grads_of, apex: bool = False) -> None:
+    """Two optimizers of one iteration over the same model (infoGAN's `info_optimizer` over the
+    generator's and the discriminator's parameters): the first step unscales that model's
+    gradients in place (a GradScaler unscales per optimizer, apex per scale_loss block); when the
+    second optimizer's backward adds to them without a zero_grad in between, its unscale divides
+    the first part again, and the second step loses it (the fp32 step sums both). Refused with
+    the reason; `zero_grads_of(unit, optimizer)` are the calls that zero an optimizer's gradients.
+    apex (`apex=True`) adds the gradients a scale_loss block finds to the ones it unscales, but
+    takes them for unscaled: those a backward left there for a model that block's optimizers do
+    not train are not (infoGAN's generator loss, backpropagated through the discriminator)."""
+    where = lambda node: (s.line(node), s.position(node).column)  # noqa: E731
+    ordered = sorted(steps, key=lambda st: where(st.call))
+    for index, first in enumerate(ordered):
+        first_models = set(unit_models_of(s, unit, first.receiver)) if first.receiver else set()
+        for later in ordered[index + 1:]:
+            if not later.receiver or later.receiver == first.receiver:
+                continue
+            shared = first_models & set(unit_models_of(s, unit, later.receiver))
+            if not shared:
+                continue
+            start, end = where(first.call), where(later.call)
+            backwards = [where(b.call) for b in unit.backwards if start < where(b.call) < end]
+            zeroed = [where(call) for receiver in (later.receiver, first.receiver)
+                      for call in zero_grads_of(unit, receiver) if start < where(call) < end]
+            if backwards and any(z < max(backwards) for z in zeroed):
+                continue
+            models = ", ".join(sorted(shared))
+            what = ("amp.scale_loss blocks unscale only the gradients of the optimizers they name, and the second "
+                    "step would take what other backward passes left there for unscaled" if apex else
+                    "the first step unscales them in place, and the second would unscale them again, losing what "
+                    "was there before its backward")
+            raise Unconvertible(
+                f"{first.receiver} (line {s.line(first.call)}) and {later.receiver} (line {s.line(later.call)}) both "
+                f"train {models}, whose gradients are not zeroed between the two steps: {what}; zero "
+                f"{later.receiver}'s gradients before its backward if that is meant, or convert by hand",
+                later.call)
