@@ -306,6 +306,26 @@ def test_a_caller_session_with_an_inline_config_or_none_gets_the_rewrite_too(cas
     _convert_project_and_train_in_float16(project, tmp_path)
 
 
+def test_a_class_creating_its_own_session_when_none_is_handed_in_gets_the_rewrite(tmp_path):
+    """MorvanZhou's DQN agents take `sess=None` and create their own Session after building the
+    optimizer; main.py hands none. No Session warning (it was a false AMP113), nothing written in
+    main.py, and the agent's own Session really runs the graph in float16."""
+    folder = Path(__file__).resolve().parent.parent / "fixtures" / "repositories" / "tf1_own_session_when_none_passed"
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'dqn-like'\n")
+    for source in (folder / "input").glob("*.py"):
+        (project / source.name).write_text(source.read_text())
+    converted = subprocess.run([sys.executable, "-m", "ampify", str(project)], capture_output=True, text=True,
+                               cwd=tmp_path, timeout=120)
+    assert converted.returncode == 0 and "AMP113" not in converted.stdout, converted.stdout + converted.stderr
+    assert (project / "main.py").read_text() == (folder / "input" / "main.py").read_text()
+    after = _run_module(project)
+    _assert_trains(_losses(after.stdout))
+    assert "AMPIFY_RUNNER session with graph rewrite" in after.stderr
+    assert _converted_nodes(after.stderr) > 0, after.stderr[-4000:]
+
+
 def _convert_project_and_train_in_float16(project: Path, tmp_path: Path) -> None:
     """ampify the whole project: main.py's Session config gets the rewrite, and the project's graph
     really runs in float16 under the runner."""

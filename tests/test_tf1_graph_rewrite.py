@@ -379,3 +379,55 @@ def test_an_optimizer_built_in_a_later_scope_block_moves_above_the_gradients(sco
         compile(conversion.converted, "ddpg.py", "exec")
     else:
         assert len(messages) == 1 and why in messages[0], messages
+
+
+OWN_SESSION_CLASS = """\
+import tensorflow as tf
+
+
+class Agent:
+    def __init__(self, n_features, learning_rate=0.01, sess=None):
+        self.lr = learning_rate
+        self._build()
+        if sess is None:
+            self.sess = tf.Session()
+        else:
+            self.sess = sess
+
+    def _build(self):
+        self._net()
+
+    def _net(self):
+        self.train_op = tf.train.AdamOptimizer(self.lr).minimize(self.loss)
+"""
+
+
+@pytest.mark.parametrize("call, passes", [
+    ("Agent(16)", False),
+    ("Agent(16, 0.01)", False),
+    ("Agent(16, 0.01, sess=None)", False),
+    ("Agent(16, 0.01, my_sess)", True),
+    ("Agent(16, sess=my_sess)", True),
+    ("Agent(*args)", True),
+    ("Agent(16, **options)", True),
+])
+def test_own_session_fallback_and_the_calls_that_hand_a_session_in(call, passes):
+    """own_session.py: __init__ builds the optimizer (through two methods) before creating its own
+    Session when `sess` is None; a call hands one in by keyword, third positional, or may through
+    *args / **kwargs."""
+    from ampify.transforms.tf1.own_session import own_session_fallback, passes_session
+
+    module = cst.parse_module(OWN_SESSION_CLASS)
+    fallback = own_session_fallback(module, "Agent", "_net", "sess")
+    assert fallback is not None and fallback.position == 2
+    assert passes_session(cst.parse_expression(call), fallback) is passes
+
+
+def test_own_session_created_before_the_optimizer_is_no_fallback():
+    from ampify.transforms.tf1.own_session import own_session_fallback
+
+    before = OWN_SESSION_CLASS.replace("        self._build()\n", "").replace(
+        "            self.sess = sess\n", "            self.sess = sess\n        self._build()\n")
+    assert own_session_fallback(cst.parse_module(before), "Agent", "_net", "sess") is None
+    no_default = OWN_SESSION_CLASS.replace("sess=None):", "sess=False):")
+    assert own_session_fallback(cst.parse_module(no_default), "Agent", "_net", "sess") is None

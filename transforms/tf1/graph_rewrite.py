@@ -43,6 +43,7 @@ from ampify.transforms.tf1.names import (
 from ampify.transforms.tf1.ngc_switch import ngc_switches, past_ngc_switches
 from ampify.transforms.tf1.optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
 from ampify.transforms.tf1.optimizer_hoist import StatementMove, move_statements
+from ampify.transforms.tf1.own_session import call_at, calls_of_class, passes_session
 from ampify.transforms.tf1.session_config import (
     SessionConfigRefused,
     plan_session_config,
@@ -336,7 +337,7 @@ class _GraphRewrite:
             turned_on = self._sessions_here(reports.sessions_here)
             if turned_on is not None:
                 return turned_on
-        companions = self._sessions_elsewhere(reports.sessions_elsewhere)
+        companions = self._sessions_elsewhere(reports.sessions_elsewhere, reports.own_session_fallbacks)
         plan = self._plan_gradients(
             rewrite=bool(to_wrap),
             why_not_rewritten=(
@@ -427,11 +428,19 @@ class _GraphRewrite:
         result.findings.sort(key=lambda f: (f.line, f.column, f.code))
         return result
 
-    def _sessions_elsewhere(self, sessions_elsewhere) -> list:
+    def _sessions_elsewhere(self, sessions_elsewhere, own_session_fallbacks) -> list:
         """An optimizer built in a method or function that runs a Session created in another
         module (DCGAN-tensorflow's main.py): that Session's config gets the rewrite, in the same
-        change set (session_config.py). Where that cannot be done, the AMP113 warning says why."""
+        change set (session_config.py). Where that cannot be done, the AMP113 warning says why.
+        A class that creates its own Session after the optimizer when none is handed in
+        (own_session.py), called by no one who hands one in, needs nothing: its warning goes."""
         companions = []
+        dropped = {index for site, index in sessions_elsewhere
+                   if index in own_session_fallbacks and self._no_caller_hands_a_session(own_session_fallbacks[index])}
+        if dropped:
+            self.findings[:] = [f for i, f in enumerate(self.findings) if i not in dropped]
+            sessions_elsewhere = [(site, index - sum(1 for d in dropped if d < index))
+                                  for site, index in sessions_elsewhere if index not in dropped]
         if self.project is None:
             return companions
         for site, index in sessions_elsewhere:
@@ -472,6 +481,19 @@ class _GraphRewrite:
                 old.line, old.column, Severity.INFO,
             )
         return companions
+
+    def _no_caller_hands_a_session(self, fallback) -> bool:
+        """Is the class called (in this module or another of the project), and never with a Session?"""
+        calls = [call for call in calls_of_class(self.module, fallback.klass) if call.func is not None]
+        if any(passes_session(call, fallback) for call in calls):
+            return False
+        sites = list(self.project.call_sites_elsewhere(fallback.klass, through_registries=True)) if self.project else []
+        for site in sites:
+            source = self.project.source_of(site.key)
+            call = call_at(source, site.line, site.column) if source is not None else None
+            if call is None or passes_session(call, fallback):
+                return False
+        return bool(calls or sites)
 
     def _report_eager_execution(self) -> None:
         """Eager execution on, and no tf.function, Session, tf.Graph or Estimator: the wrapper

@@ -14,6 +14,7 @@ import libcst as cst
 from ampify.findings import Finding, Severity
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.tf1.optimizer_classes import KERAS, MIXED
+from ampify.transforms.tf1.own_session import OwnSessionFallback, own_session_fallback
 from ampify.transforms.tf1.session_config import rewrite_turned_on, session_config_name
 from ampify.transforms.tf1.survey import ModuleSurvey, OptimizerSite, SessionSite
 
@@ -32,6 +33,9 @@ class SiteReports:
         #: (Session constructed in this module before an optimizer, index of its AMP113 finding):
         #: its config may be given the rewrite (session_config.turn_on_in_module)
         self.sessions_here: List[tuple] = []
+        #: index of an AMP113 finding -> the class's own Session, created after the optimizer when
+        #: no Session is handed in (own_session.py): the finding holds only for callers that pass one
+        self.own_session_fallbacks: Dict[int, OwnSessionFallback] = {}
 
     def optimizer_sites(self, to_wrap: List[OptimizerSite]) -> None:
         for site in to_wrap:
@@ -245,6 +249,10 @@ class SiteReports:
                 continue  # reported (and turned on) with that Session, below
             warned_scopes.add(site.scope)
             if run is None:
+                method, owner = self.survey.function_names.get(site.scope, ("", ""))
+                fallback = own_session_fallback(self.module, owner, method, param.name) if owner else None
+                if fallback is not None:
+                    self.own_session_fallbacks[len(self.findings)] = fallback
                 self.sessions_elsewhere.append((site, len(self.findings)))
                 self.findings.append(
                     _warning(
