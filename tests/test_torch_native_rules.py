@@ -447,6 +447,9 @@ import torch.nn.functional as F
     ("probs = torch.sigmoid(logits)\nloss = torch.log(probs)", True),
     # `1 - x` logged in a file whose model ends in a sigmoid, x not followed (a model picked from a dict)
     ("D = {'model': nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())}\nloss = torch.log(1 - D['model'](x))", True),
+    # ... but not `1 - exp(-x)`: exp runs in float32 under autocast, and it is no sigmoid's probability
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = torch.log(1 - torch.exp(-rate * t))", False),
+    ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = torch.log(1. - (-x).exp() + 1e-8)", False),
     # an epsilon of 1e-3 (also through a module constant): finite in float16
     ("D = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = torch.log(1 - D(x) + 1e-3)", False),
     ("EPS = 1e-3\nD = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\nloss = torch.log(D(x) + EPS)", False),

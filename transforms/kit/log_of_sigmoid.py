@@ -353,13 +353,28 @@ def _number(node: cst.BaseExpression) -> Optional[float]:
     return None
 
 
+#: functions whose result is no sigmoid's probability and runs in float32 under autocast and the
+#: TF graph rewrite alike (their float32 lists): `log(1 - exp(-x))` is not the hazard
+_FLOAT32_RESULTS = {"exp", "softmax", "log_softmax", "expm1"}
+
+
 def _one_minus(argument: cst.BaseExpression) -> Optional[str]:
-    """`1 - x` (`1. - x + 1e-8`) within the log's argument, as written."""
+    """`1 - x` (`1. - x + 1e-8`) within the log's argument, as written; not `1 - torch.exp(-x)`."""
     if isinstance(argument, cst.BinaryOperation):
         if isinstance(argument.operator, cst.Subtract) and _number(argument.left) == 1.0:
+            subtracted = argument.right
+            if isinstance(subtracted, cst.Call) and _last_name(subtracted.func) in _FLOAT32_RESULTS:
+                return None
             return _code(argument)
         return _one_minus(argument.left) or _one_minus(argument.right)
     return None
+
+
+def _last_name(node: cst.BaseExpression) -> str:
+    """`exp` for `torch.exp`, `np.exp`, `x.exp`."""
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    return node.value if isinstance(node, cst.Name) else ""
 
 
 def _is_log_of(value: cst.BaseExpression, parameter: str, imports: "_Names", constants: Dict[str, float]) -> bool:
