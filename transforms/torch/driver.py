@@ -441,6 +441,8 @@ class TorchConversion(abc.ABC):
                 continue  # built, moved to the GPU, never used: no BCE runs
             if hazard.kind is HazardKind.MASKED_FILL and not has_training and not _in_model_code(s, hazard.node):
                 continue  # a data utility of a module that does not train (DETR's masks_to_boxes)
+            if hazard.kind is HazardKind.MANUAL_HALF and not s.steps:
+                continue  # backward() with no optimizer step (a profiler timing it): no training step to cast
             rule = self.rules.hazards.get(hazard.kind)
             if rule is None or (rule.float16_only and not self.scaling) or (rule.in_training_only and not has_training):
                 continue
