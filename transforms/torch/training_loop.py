@@ -975,7 +975,7 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
             bindings = structure.bindings_visible(receiver, site.scope)
             optimizer = Optimizer(receiver, bindings, reason, _parameter_owners(bindings))
             structure.optimizers[receiver] = optimizer
-            horovod = _horovod_wrap(structure, receiver, site.scope)
+            horovod, _ = _horovod_reaching(structure, site)
             if horovod is not None:  # on every path (_stepped_through_opaque_wrapper took the others)
                 optimizer.horovod = _wrap_shown(horovod, horovod.value, _first_argument(horovod.value))
                 structure.hazards.append(Hazard(HazardKind.HOROVOD_STEP, horovod.value, optimizer.horovod))
@@ -1137,25 +1137,75 @@ def _horovod_wrap(structure: TrainingStructure, receiver: str, scope: Scope) -> 
 
 
 def _horovod_on_some_paths(structure: TrainingStructure, site: CallSite) -> Optional[Hazard]:
-    """A HOROVOD hazard when the receiver of a step is wrapped in horovod's DistributedOptimizer
-    on some paths only (`if args.horovod:`): whether `optimizer.synchronize()` exists depends on
-    the run."""
+    """A HOROVOD hazard when the optimizer of a step may be wrapped in horovod's
+    DistributedOptimizer on some paths only (`if args.horovod:`), or may be it or not (a parameter
+    some calls hand a wrapped optimizer): whether `optimizer.synchronize()` exists depends on the
+    run."""
+    wrap, shown = _horovod_reaching(structure, site)
+    if wrap is None or not shown:
+        return None
+    return Hazard(HazardKind.HOROVOD, wrap.value if shown.endswith("paths only") else site.call, shown)
+
+
+def _horovod_reaching(structure: TrainingStructure, site: CallSite) -> Tuple[Optional[Binding], str]:
+    """(the horovod wrap, "") when the optimizer stepped is wrapped in horovod's DistributedOptimizer
+    on every path to the step: bound so here, or a parameter of a function of this file that every
+    call hands such a name; (a wrap, why not sure) when it may or may not be; (None, "") when
+    horovod is not involved."""
     receiver = site.receiver or ""
     wrap = _horovod_wrap(structure, receiver, site.scope)
-    if wrap is None:
-        # a parameter (`def train(model, optimizer)`) or an attribute, in a file that wraps an
-        # optimizer in horovod's DistributedOptimizer: it may be that one
-        elsewhere = next((b for b in structure.bindings
-                          if b.qualified_call in _HOROVOD_OPTIMIZERS and isinstance(b.value, cst.Call)), None)
-        bindings = structure.bindings_visible(receiver, site.scope)
-        if elsewhere is None or (bindings and all(names.is_optimizer_qualname(b.qualified_call or "") for b in bindings)):
-            return None
-        shown = _wrap_shown(elsewhere, elsewhere.value, _first_argument(elsewhere.value))
-        return Hazard(HazardKind.HOROVOD, site.call,
-                      f"{receiver} may be the optimizer of line {structure.line(elsewhere.value)} ({shown})")
-    if _on_every_path(structure, wrap, site.call):
+    if wrap is not None:
+        if _on_every_path(structure, wrap, site.call):
+            return wrap, ""
+        return wrap, _wrap_shown(wrap, wrap.value, _first_argument(wrap.value)) + " on some paths only"
+    elsewhere = next((b for b in structure.bindings
+                      if b.qualified_call in _HOROVOD_OPTIMIZERS and isinstance(b.value, cst.Call)), None)
+    if elsewhere is None or _plain_optimizer(structure, receiver, site.scope):
+        return None, ""
+    passed = _names_passed_for(structure, receiver, site.scope)
+    if passed:
+        wraps = [(_horovod_wrap(structure, name, scope), call, name, scope) for name, call, scope in passed]
+        if all(w is not None and _on_every_path(structure, w, call) for w, call, _, _ in wraps):
+            return wraps[0][0], ""
+        if all(w is None and _plain_optimizer(structure, name, scope) for w, _, name, scope in wraps):
+            return None, ""
+    shown = _wrap_shown(elsewhere, elsewhere.value, _first_argument(elsewhere.value))
+    return elsewhere, f"{receiver} may be the optimizer of line {structure.line(elsewhere.value)} ({shown})"
+
+
+def _plain_optimizer(structure: TrainingStructure, name: str, scope: Scope) -> bool:
+    """Is every binding of `name` seen from `scope` a torch optimizer construction (and one at least)?"""
+    bindings = structure.bindings_visible(name, scope)
+    return bool(bindings) and all(names.is_optimizer_qualname(b.qualified_call or "") for b in bindings)
+
+
+def _names_passed_for(structure: TrainingStructure, parameter: str, function: Scope) -> Optional[List[Tuple[str, cst.Call, Scope]]]:
+    """(name, call, the call's scope) for every call in this file of the module-level function
+    `function` that hands its parameter `parameter` a plain name; None when the function is used
+    any other way (passed as a value, a starred argument, an expression handed in) or never called."""
+    if not (isinstance(function, cst.FunctionDef) and isinstance(structure.parent(function), cst.Module)):
         return None
-    return Hazard(HazardKind.HOROVOD, wrap.value, _wrap_shown(wrap, wrap.value, _first_argument(wrap.value)) + " on some paths only")
+    params = list(function.params.params)
+    position = next((i for i, p in enumerate(params) if p.name.value == parameter), None)
+    if position is None and not any(p.name.value == parameter for p in function.params.kwonly_params):
+        return None
+    found: List[Tuple[str, cst.Call, Scope]] = []
+    for node in structure.name_nodes.get(function.name.value, []):
+        if node is function.name:
+            continue
+        call = structure.parent(node)
+        if not (isinstance(call, cst.Call) and call.func is node):
+            return None
+        value = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == parameter), None)
+        if value is None:
+            positional = [a for a in call.args if a.keyword is None]
+            if any(a.star for a in call.args) or position is None or position >= len(positional):
+                return None
+            value = positional[position].value
+        if not isinstance(value, cst.Name):
+            return None
+        found.append((value.value, call, structure.scope_of(call)))
+    return found or None
 
 
 def _first_argument(call: cst.Call) -> cst.BaseExpression:
