@@ -211,6 +211,9 @@ class TorchConversion(abc.ABC):
         if not has_training and s.steps and steps_of_wrapper_methods(s, self.project):
             return self.result(Verdict.NOTHING_TO_DO, "optimizer wrapper classes: the training files that step them "
                                                       "pass them the GradScaler")
+        if not has_training and s.steps and all(_in_optimizer_class(s, step.scope) for step in s.steps):
+            return self.result(Verdict.NOTHING_TO_DO, "optimizer classes: their step() steps the optimizer they wrap, "
+                                                      "and the training files step them like any optimizer")
         if not has_training and s.steps:
             code, message = self.rules.steps_without_backward
             self.warn(code, message.format(receiver=s.steps[0].receiver), s.steps[0].call)
@@ -503,6 +506,14 @@ def _in_model_code(s: TrainingStructure, node: cst.CSTNode) -> bool:
             if isinstance(caller, cst.FunctionDef) and s.class_of(caller) is not None:
                 return True
     return False
+
+
+def _in_optimizer_class(s: TrainingStructure, scope) -> bool:
+    """Is `scope` a method of a class of this module with an optimizer base (SAM, Lookahead)?"""
+    klass = s.class_of(scope)
+    if klass is None:
+        return False
+    return any("Optimizer" in (s.imports.resolve(base.value) or dotted_name(base.value) or "") for base in klass.bases)
 
 
 def _message_fields(s: TrainingStructure, hazard: Hazard, sigmoids: List[Hazard], has_training: bool,
