@@ -1147,7 +1147,8 @@ class ProjectView:
     def project_class(self, local: str) -> Optional[Tuple[str, str, bool]]:
         """(key, class name, it subclasses an optimizer) for the class of another project module
         that this module imports as `local` (`class Lookahead(Optimizer)` is one, seq2seq's
-        wrapper `class Optimizer(object)` is not); None when `local` is no such class."""
+        wrapper `class Optimizer(object)` and a scheduler `class FindLR(_LRScheduler)` are not);
+        None when `local` is no such class."""
         outline = self._own_outline()
         found = self.index.project_class(self.path, local, outline.imports) if outline is not None else None
         if found is None:
@@ -1155,7 +1156,8 @@ class ProjectView:
         path, name, _ = found
         target = self.index.outline(path)
         shape = target.class_shapes.get(name) if target is not None else None
-        return str(path), name, shape is not None and any("Optimizer" in base for base in shape[0])
+        return str(path), name, shape is not None and any(
+            base.endswith("Optimizer") and "sched" not in base.lower() for base in shape[0])
 
     def only_inspects_parameter(self, dotted: str, position: Optional[int], keyword: Optional[str],
                                 allowed: Sequence[str]) -> bool:

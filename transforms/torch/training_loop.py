@@ -788,7 +788,9 @@ class _Collector(cst.CSTVisitor):
         for base in node.bases:
             base_name = self.imports.resolve(base.value) or dotted_name(base.value) or ""
             if "Optimizer" in base_name or base_name.startswith("torch.optim"):
-                self.optimizer_subclasses.add(node.name.value)
+                # an optimizer itself, or a scheduler (`_LRScheduler`): no wrapper either way
+                if _is_optimizer_base(base_name):
+                    self.optimizer_subclasses.add(node.name.value)
                 return
         if not isinstance(node.body, cst.IndentedBlock):
             return
@@ -1238,6 +1240,13 @@ def _is_main_guard(node: cst.CSTNode) -> bool:
             and isinstance(test.comparisons[0].operator, cst.Equal)
             and isinstance(test.comparisons[0].comparator, cst.SimpleString)
             and test.comparisons[0].comparator.evaluated_value == "__main__")
+
+
+def _is_optimizer_base(base_name: str) -> bool:
+    """`torch.optim.Optimizer`, `Optimizer`, `optim.Adam`: yes; `torch.optim.lr_scheduler._LRScheduler`: no."""
+    if "sched" in base_name.lower():
+        return False
+    return names.is_optimizer_qualname(base_name) or base_name.rsplit(".", 1)[-1].endswith("Optimizer")
 
 
 def _builds_an_optimizer_subclass(collector: _Collector, value: Optional[cst.BaseExpression]) -> bool:
