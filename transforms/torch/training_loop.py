@@ -1144,9 +1144,9 @@ def _horovod_on_some_paths(structure: TrainingStructure, site: CallSite) -> Opti
     some calls hand a wrapped optimizer): whether `optimizer.synchronize()` exists depends on the
     run."""
     wrap, shown = _horovod_reaching(structure, site)
-    if wrap is None or not shown:
+    if not shown:
         return None
-    return Hazard(HazardKind.HOROVOD, wrap.value if shown.endswith("paths only") else site.call, shown)
+    return Hazard(HazardKind.HOROVOD, wrap.value if wrap is not None and shown.endswith("paths only") else site.call, shown)
 
 
 def _horovod_reaching(structure: TrainingStructure, site: CallSite) -> Tuple[Optional[Binding], str]:
@@ -1162,7 +1162,13 @@ def _horovod_reaching(structure: TrainingStructure, site: CallSite) -> Tuple[Opt
         return wrap, _wrap_shown(wrap, wrap.value, _first_argument(wrap.value)) + " on some paths only"
     elsewhere = next((b for b in structure.bindings
                       if b.qualified_call in _HOROVOD_OPTIMIZERS and isinstance(b.value, cst.Call)), None)
-    if elsewhere is None or _plain_optimizer(structure, receiver, site.scope):
+    if _plain_optimizer(structure, receiver, site.scope):
+        return None, ""
+    if elsewhere is None:
+        # no wrap bound here, but the file trains with horovod: a helper may return the wrapped
+        # optimizer (`optimizer = build_optimizer(model)`), or a caller hand it in
+        if structure.imports.uses("horovod"):
+            return None, f"{receiver} may be wrapped in horovod's DistributedOptimizer (this file uses horovod)"
         return None, ""
     passed = _names_passed_for(structure, receiver, site.scope)
     if passed:
