@@ -250,9 +250,9 @@ RULES: List[Rule] = [
          "Style transfer's Gram matrices sum h*w products of feature maps: beyond 65504 the loss is inf and GradScaler "
          "skips every step, silently. bfloat16 has the range: --dtype bfloat16 converts.",
          "G = torch.mm(f, f.t())", MANUAL, incomplete=True),
-    Rule("AMP239", "warning", "an optimizer wrapped by a class ampify cannot read (`Optimizer(torch.optim.Adam(...))`); its steps left unconverted",
-         "`scaler.step(wrapper)` fails on an object with no param_groups, or skips what the wrapper's step() does; "
-         "a wrapper class of the project is converted through (AMP233), one imported from elsewhere is not.",
+    Rule("AMP239", "warning", "an optimizer handed through code ampify does not follow (`Optimizer(torch.optim.Adam(...))`, `wrap(optimizer)`); its steps left unconverted",
+         "`scaler.step(wrapper)` fails on an object with no param_groups, skips what the wrapper's step() does, or "
+         "races horovod's allreduce; a wrapper class of the project is converted through (AMP233), other code is not.",
          "optimizer = Optimizer(torch.optim.Adam(model.parameters()), max_grad_norm=5)  # from seq2seq.optim", MANUAL,
          incomplete=True),
     Rule("AMP240", "warning", "horovod's `DistributedOptimizer` wraps the optimizer on some paths only (or a parameter that may be it): its steps left unconverted",
@@ -401,7 +401,7 @@ RULES: List[Rule] = [
          "about 8.4 and the `+ 1e-8` is lost, so the log is -inf and every step is skipped while the discriminator "
          "is confident.", "D_loss = -torch.mean(torch.log(D_real + 1e-8) + torch.log(1 - D_fake + 1e-8))", MANUAL,
          incomplete=True),
-    Rule("AMP332", "warning", "apex: an optimizer wrapped by a class ampify cannot read; its steps left unconverted",
+    Rule("AMP332", "warning", "apex: an optimizer handed through code ampify does not follow; its steps left unconverted",
          "amp.initialize accepts torch optimizers (and LARC) only: handed a wrapper of an unread class it raises.",
          "optimizer = Optimizer(torch.optim.Adam(model.parameters()), max_grad_norm=5)  # from seq2seq.optim", MANUAL,
          incomplete=True),

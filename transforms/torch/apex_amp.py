@@ -159,9 +159,9 @@ APEX_RULES = BackendRules(
         ),
         HazardKind.UNSEEN_WRAPPER: HazardRule(
             "AMP332",
-            "{detail}: the name stepped is a wrapper, not the optimizer; amp.initialize accepts torch optimizers "
-            "only; its steps were left unconverted: run ampify where the class can be read, or hand amp.initialize "
-            "the inner optimizer by hand",
+            "{detail}: the name stepped may be a wrapper rather than the optimizer it was given; amp.initialize "
+            "accepts torch optimizers only, and horovod's needs its own recipe; its steps were left unconverted: run "
+            "ampify where that code can be read, or convert by hand",
             in_training_only=True,
         ),
         HazardKind.HOROVOD: HazardRule(

@@ -164,9 +164,10 @@ NATIVE_RULES = BackendRules(
         ),
         HazardKind.UNSEEN_WRAPPER: HazardRule(
             "AMP239",
-            "{detail}: the name stepped is a wrapper, not the optimizer; scaler.step() needs the optimizer itself "
-            "(and would skip what the wrapper's step() does); its steps were left unconverted: run ampify where the "
-            "class can be read, or step the inner optimizer through the scaler inside the class by hand",
+            "{detail}: the name stepped may be a wrapper rather than the optimizer it was given (a class with a "
+            "step() of its own, horovod's DistributedOptimizer); scaler.step() needs the optimizer itself, and would "
+            "skip what a wrapper's step() does or race horovod's allreduce; its steps were left unconverted: run "
+            "ampify where that code can be read, or convert by hand",
             in_training_only=True,
         ),
         HazardKind.HOROVOD: HazardRule(

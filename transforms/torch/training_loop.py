@@ -1128,7 +1128,7 @@ def _opaque_wrapper(structure: TrainingStructure, collector: _Collector, receive
             continue
         shown = _wrap_shown(binding, value, wrapped)
         where = f"{callee}, " if callee != local else ""
-        return Hazard(HazardKind.UNSEEN_WRAPPER, value, f"{shown} ({where}a class ampify cannot read)")
+        return Hazard(HazardKind.UNSEEN_WRAPPER, value, f"{shown} ({where}which ampify does not follow)")
     return None
 
 
