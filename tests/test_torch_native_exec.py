@@ -340,43 +340,32 @@ def test_a_sigmoid_in_the_step_is_not_fused_when_its_probability_is_used_otherwi
     assert fuse_sigmoid_in_step(module, ImportMap.from_module(module)) is None
 
 
-def test_two_headed_discriminator_fused_computes_the_same_fp32_losses_and_probabilities(tmp_path):
-    """ACGAN/SGAN: only the validity head's Sigmoid goes; the unpacked validity feeds
-    BCEWithLogitsLoss, and the logged mean validity reads torch.sigmoid(real_pred). To 1e-6 in fp32."""
+@pytest.mark.parametrize("name, dropped, written", [
+    # ACGAN/SGAN: only the validity head's Sigmoid goes; the unpacked validity feeds BCEWithLogitsLoss,
+    # and the logged mean validity reads torch.sigmoid(real_pred)
+    ("acgan_two_heads", "nn.Sigmoid()", ["BCEWithLogitsLoss()", "torch.sigmoid(real_pred).mean()"]),
+    # infoGAN: forward() applies F.sigmoid to one column and returns it with two code heads; the
+    # sigmoid goes, the head feeds BCEWithLogitsLoss, the logged mean D(x) reads torch.sigmoid(D_real),
+    # and `_, D_cont, D_disc = self.D(G_)` (the head discarded) stays
+    ("infogan_sigmoid_head", "F.sigmoid(x",
+     ["a = x[:, self.output_dim]", "BCEWithLogitsLoss()", "torch.sigmoid(D_real).mean()"]),
+])
+def test_a_sigmoid_head_of_a_tuple_fused_computes_the_same_fp32_losses_and_probabilities(name, dropped, written,
+                                                                                         tmp_path):
+    """A discriminator with several heads, one of them a sigmoid's: fused, the script computes what
+    the original computed, to 1e-6 in fp32."""
     import libcst as cst
 
     from ampify.transforms.kit.imports import ImportMap
     from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
 
-    module = cst.parse_module((script_path("acgan_two_heads")).read_text())
+    module = cst.parse_module((script_path(name)).read_text())
     fused, fusion = fuse_bce_after_sigmoid(module, ImportMap.from_module(module))
-    assert "nn.Sigmoid()" not in fused.code and "BCEWithLogitsLoss()" in fused.code
-    assert "torch.sigmoid(real_pred).mean()" in fused.code and len(fusion.wrapped) == 1
-    script = tmp_path / "fused.py"
-    script.write_text(fused.code)
-    original = run_script(str(script_path("acgan_two_heads"))).script_globals
-    same = run_script(str(script)).script_globals
-    assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
-    assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
-
-
-def test_sigmoid_head_of_a_tuple_fused_computes_the_same_fp32_losses_and_probabilities(tmp_path):
-    """infoGAN: forward() applies F.sigmoid to one column and returns it with two code heads; the
-    sigmoid goes, the head feeds BCEWithLogitsLoss, the logged mean D(x) reads torch.sigmoid(D_real),
-    and `_, D_cont, D_disc = self.D(G_)` (the head discarded) stays. To 1e-6 in fp32."""
-    import libcst as cst
-
-    from ampify.transforms.kit.imports import ImportMap
-    from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid
-
-    module = cst.parse_module((script_path("infogan_sigmoid_head")).read_text())
-    fused, fusion = fuse_bce_after_sigmoid(module, ImportMap.from_module(module))
-    assert "F.sigmoid(x" not in fused.code and "a = x[:, self.output_dim]" in fused.code
-    assert "BCEWithLogitsLoss()" in fused.code and "torch.sigmoid(D_real).mean()" in fused.code
+    assert dropped not in fused.code and all(text in fused.code for text in written), fused.code
     assert len(fusion.wrapped) == 1
     script = tmp_path / "fused.py"
     script.write_text(fused.code)
-    original = run_script(str(script_path("infogan_sigmoid_head"))).script_globals
+    original = run_script(str(script_path(name))).script_globals
     same = run_script(str(script)).script_globals
     assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
     assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)

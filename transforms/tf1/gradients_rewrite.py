@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 import libcst as cst
 
 from ampify.findings import Finding, Severity
+from ampify.transforms.kit.calls import calls_within
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.base import CompanionChange
 from ampify.transforms.kit.arguments import with_keyword
@@ -270,7 +271,7 @@ class _FlowCollector(cst.CSTVisitor):
 
     def visit_IfExp(self, node: cst.IfExp) -> None:
         if _is_helper_fallback(node):
-            for call in _calls_in(node.orelse):
+            for call in calls_within(node.orelse):
                 self.fallbacks.add(id(call))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -972,17 +973,6 @@ def _is_helper_fallback(node: cst.IfExp) -> bool:
             and isinstance(test.comparisons[0].operator, cst.IsNot)
             and isinstance(test.comparisons[0].comparator, cst.Name) and test.comparisons[0].comparator.value == "None"
             and "compute_gradients" in cst.Module(body=[]).code_for_node(node.body))
-
-
-def _calls_in(node: cst.CSTNode) -> List[cst.Call]:
-    found: List[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_Calls())
-    return found
 
 
 class _Hoister:

@@ -21,11 +21,12 @@ caller that passes one needs its Session's config turned on (session_config.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Set
+from typing import List, Optional, Set
 
 import libcst as cst
 from libcst.metadata import PositionProvider
 
+from ampify.transforms.kit.calls import calls_within
 from ampify.transforms.kit.imports import dotted_name
 
 #: Session constructors, as TF1 code spells them
@@ -121,7 +122,7 @@ def _creates_own_session_when_none(statement: cst.CSTNode, parameter: str) -> bo
             and dotted_name(test.left) == parameter
             and isinstance(test.comparisons[0].comparator, cst.Name) and test.comparisons[0].comparator.value == "None"):
         return False
-    return any(_is_session_constructor(call) for call in _calls(statement.body))
+    return any(_is_session_constructor(call) for call in calls_within(statement.body))
 
 
 def _is_session_constructor(call: cst.Call) -> bool:
@@ -136,7 +137,7 @@ def _methods_reached(statement: cst.CSTNode, methods: dict) -> Set[str]:
     pending = [statement]
     while pending:
         node = pending.pop()
-        for call in _calls(node):
+        for call in calls_within(node):
             name = dotted_name(call.func) or ""
             if name.startswith("self.") and name.count(".") == 1:
                 method = name.split(".", 1)[1]
@@ -144,14 +145,3 @@ def _methods_reached(statement: cst.CSTNode, methods: dict) -> Set[str]:
                     reached.add(method)
                     pending.append(methods[method])
     return reached
-
-
-def _calls(node: cst.CSTNode) -> Sequence[cst.Call]:
-    found: List[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_Calls())
-    return found

@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Set
 import libcst as cst
 
 from ampify.transforms.torch import names as names
+from ampify.transforms.kit.calls import calls_within  # noqa: F401  (re-exported: the torch transforms import it here)
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import dotted_name
 
@@ -49,18 +50,6 @@ def renamed_optimizer_path(path: cst.BaseExpression) -> Optional[cst.BaseExpress
 def code_of(node: cst.CSTNode) -> str:
     """The source text of a node."""
     return cst.Module(body=[]).code_for_node(node)
-
-
-def calls_within(node: cst.CSTNode) -> List[cst.Call]:
-    """Every call inside node, outermost first."""
-    found: List[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    walk(node, _Calls())
-    return found
 
 
 class _NameCollector(cst.CSTVisitor):
