@@ -11,6 +11,7 @@ whitespace, comments or parentheses, which no analysis here looks at.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import libcst as cst
@@ -85,7 +86,10 @@ def walk(
 
 
 #: visitor class -> node class -> (visit_X or None, leave_X or None)
-_HOOKS: Dict[type, Dict[type, Tuple[Optional[Callable], Optional[Callable]]]] = {}
+#: visitor class -> node class -> its (visit, leave) hooks; weak, so that a visitor class defined
+#: inside a function (one per call) does not pile up
+_HOOKS: "weakref.WeakKeyDictionary[type, Dict[type, Tuple[Optional[Callable], Optional[Callable]]]]" = (
+    weakref.WeakKeyDictionary())
 
 
 def _hooks_for(visitor_kind: type, node_kind: type):

@@ -35,7 +35,6 @@ import libcst as cst
 
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
-from ampify.transforms.kit.returns import returns_of
 
 
 
@@ -158,6 +157,8 @@ class _Index(cst.CSTVisitor):
         self.without_grad: Set[int] = set()
         #: an nn.Sigmoid layer is built or a sigmoid function called
         self.sigmoid_producers = False
+        #: the return statements of each function (not of the functions inside it)
+        self.returns_by_scope: Dict[object, List[cst.Return]] = {}
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         if len(self.scopes) == 1:
@@ -176,6 +177,9 @@ class _Index(cst.CSTVisitor):
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.scopes.pop()
         self.no_grad_depth.pop()
+
+    def visit_Return(self, node: cst.Return) -> None:
+        self.returns_by_scope.setdefault(self.scopes[-1], []).append(node)
 
     def visit_With(self, node: cst.With) -> None:
         if any(self._is_no_grad(item.item) for item in node.items):
@@ -264,7 +268,7 @@ class _Index(cst.CSTVisitor):
         every return is a tuple with probabilities at those positions; (False, None) otherwise."""
         judge = _Judge(self.imports, models)
         judge.probabilities = _probability_names(self.assignments_by_scope.get(function, []), judge)
-        returns = [r.value for r in returns_of(function)]
+        returns = [r.value for r in self.returns_by_scope.get(function, [])]
         if not returns or any(value is None for value in returns):
             return False, None
         if all(judge.is_probability(value) for value in returns):
@@ -289,13 +293,13 @@ class _Index(cst.CSTVisitor):
     def log_helpers(self) -> Set[str]:
         """Module functions whose every return is a log of an expression of their first parameter."""
         helpers = set()
+        constants = self.module_constants()
         for name, function in self.functions.items():
             params = function.params.params
             if not params:
                 continue
             first = params[0].name.value
-            returns = list(returns_of(function))
-            constants = self.module_constants()
+            returns = self.returns_by_scope.get(function, [])
             if returns and all(r.value is not None and _is_log_of(r.value, first, self.imports, constants)
                                for r in returns):
                 helpers.add(name)
