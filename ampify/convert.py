@@ -19,6 +19,7 @@ from ampify.options import Options
 from ampify.registry import transforms_for
 from ampify.transforms.base import CompanionChange, Transform, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.positions import remembered_sources
 from ampify.transforms.kit.source_facts import SourceFacts
 
 
@@ -50,7 +51,7 @@ def convert_source(
     options = options or Options()
     context = context or UnitContext(filename)
     refuse_unreadable_input(source)
-    transforms, reason, python_error = _transforms_and_python_error(source, options)
+    transforms, reason, python_error, tree = _transforms_and_python_error(source, options)
     if not transforms:
         return Conversion(FileStatus.NOT_APPLICABLE, reason)
     if python_error is not None and _too_deep_for_libcst(python_error):
@@ -65,28 +66,11 @@ def convert_source(
         raise
     imports = _with_project_star_imports(ImportMap.from_module(module), context)
     context = dataclasses.replace(context, source=source if isinstance(source, bytes) else source.encode("utf-8"))
-    results: List[TransformResult] = []
-    for index, transform in enumerate(transforms):
-        if not transform.concerns(imports, options):
-            continue
-        try:
-            result = transform.apply(module, imports, options, context)
-        except Exception as error:
-            # One policy for every target: a bug in a transform never costs a file or the run;
-            # the whole file stays as it was (no half of a conversion) and the finding says why.
-            return internal_error(transform, error)
-        results.append(result)
-        if result.module is not module:
-            module = result.module
-            if index + 1 < len(transforms):
-                # Analyses key nodes by identity (positions, parents), which needs a tree with
-                # no shared nodes: hand the next transform a freshly parsed one.
-                new_bytes = module.bytes
-                module = cst.parse_module(new_bytes)
-                context = dataclasses.replace(context, source=new_bytes)
-            else:
-                context = dataclasses.replace(context, source=b"")  # not generated: unknown
-            imports = _with_project_star_imports(ImportMap.from_module(module), context)
+    with remembered_sources() as remember:  # findings' lines: from the statements' lines of the stdlib parse
+        remember(module, source, tree)
+        results, module = _run_transforms(transforms, module, imports, options, context, remember)
+    if isinstance(results, Conversion):
+        return results  # a transform's internal error: the file stays as it was
 
     findings = sorted(
         (f for r in results for f in r.findings), key=lambda f: (f.line, f.column, f.code)
@@ -120,6 +104,36 @@ def convert_source(
         return Conversion(FileStatus.CHANGED, "", findings, new_source, companions)
     status, reason = _agreeing_with_warnings(*_unchanged_status(results), findings)
     return Conversion(status, reason, findings)
+
+
+def _run_transforms(transforms, module, imports, options, context, remember):
+    """Run each transform in turn: (their results, the last module), or the Conversion of a
+    transform's internal error. A module a transform rewrote is parsed afresh for the next."""
+    results: List[TransformResult] = []
+    for index, transform in enumerate(transforms):
+        if not transform.concerns(imports, options):
+            continue
+        try:
+            result = transform.apply(module, imports, options, context)
+        except Exception as error:
+            # One policy for every target: a bug in a transform never costs a file or the run;
+            # the whole file stays as it was (no half of a conversion) and the finding says why.
+            return internal_error(transform, error), module
+        results.append(result)
+        if result.module is not module:
+            module = result.module
+            if index + 1 < len(transforms):
+                # Analyses key nodes by identity (positions, parents), which needs a tree with
+                # no shared nodes: hand the next transform a freshly parsed one.
+                new_bytes = module.bytes
+                module = cst.parse_module(new_bytes)
+                remember(module, new_bytes)
+                context = dataclasses.replace(context, source=new_bytes)
+            else:
+                context = dataclasses.replace(context, source=b"")  # not generated: unknown
+            imports = _with_project_star_imports(ImportMap.from_module(module), context)
+
+    return results, module
 
 
 def internal_error(transform: Transform, error: Exception) -> Conversion:
@@ -158,22 +172,22 @@ def transforms_to_run(source: Union[str, bytes], options: Options) -> Tuple[List
     `ast` parse, about a fifth of a LibCST parse). The benchmark uses it to know which files
     ampify really has to parse with LibCST.
     """
-    transforms, reason, _ = _transforms_and_python_error(source, options)
+    transforms, reason, _, _ = _transforms_and_python_error(source, options)
     return transforms, reason
 
 
 def _transforms_and_python_error(source, options):
     """`transforms_to_run`, plus the error this interpreter's parser raised when it could not
-    read the file (then nothing is ruled out by the screens)."""
+    read the file (then nothing is ruled out by the screens), and the stdlib tree it read."""
     raw = source if isinstance(source, bytes) else source.encode("utf-8")
     candidates = transforms_that_may_apply(raw, options)
     if not candidates:
-        return [], NO_TRAINING_CODE, None
+        return [], NO_TRAINING_CODE, None, None
     facts, error = SourceFacts.read(source)
     if facts is None:
-        return candidates, "", error
+        return candidates, "", error, None
     selected = [t for t in candidates if t.screen(facts, options)]
-    return selected, "" if selected else candidates[0].screened_out_reason, None
+    return selected, "" if selected else candidates[0].screened_out_reason, None, facts.tree
 
 
 _UTF16_32_BOMS = (

@@ -16,7 +16,7 @@ import pytest
 from libcst.metadata import PositionProvider
 
 from ampify.transforms.kit.fast_walk import iter_tree, walk
-from ampify.transforms.kit.positions import Positions
+from ampify.transforms.kit.positions import Positions, remembered_sources
 from installed_trees import installed_files
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,3 +121,103 @@ def test_positions_asked_in_any_order_are_right(path):
     positions = Positions(module)
     for index in order[:50] + order:
         assert positions[nodes[index]] == expected[nodes[index]]
+
+
+# -- lookups from the statements' lines (the engine hands the stdlib tree it screened with) ------
+
+#: statements of every kind, nested, on one line and over several, in odd layouts
+ODD_LAYOUTS = '''\
+import os, sys; x = 1
+@decorator(
+    arg)
+# a comment between the decorator and the function
+async def f(a,
+            b):
+    async with a as c, b:
+        if a: return b
+        elif b:
+            pass
+        elif c: x = [1,
+                     2]; y = 3
+        else:
+            async for i in c: await i
+    try:
+        y = """two
+lines"""
+    except (A,
+            B) as e:
+        raise
+    except C: pass
+    else:
+        z = \\
+            4
+    finally:
+        del z
+class K(object):
+
+\tdef m(self):
+\t\twhile True:
+\t\t\tbreak
+\t\telse: return 1
+match x:
+    case [1, 2]:
+        pass
+    case {"a": b, **rest} if b:
+        y = b
+def g():
+    global x
+    with (open(a) as f,
+          open(b) as h):
+        lambda q: q
+x: int = 1
+'''
+
+
+def _remembered_lookups_agree(source) -> None:
+    module = cst.parse_module(source)
+    expected = cst.MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    nodes = list(expected)
+    order = sorted(range(len(nodes)), key=lambda i: zlib.crc32(str(i).encode()))
+    code_nodes = [nodes[i] for i in order if not isinstance(nodes[i], LAYOUT_TYPES + (cst.Module,))]
+    with remembered_sources() as remember:
+        remember(module, source)
+        positions = Positions(module)
+        assert positions._shared.knows_statement_lines()
+        wrong = [node for node in code_nodes if positions[node] != expected[node]]
+        assert not wrong, f"{len(wrong)} nodes differ, first: {wrong[0]!r:.200}"
+        # every code node's answer came from its statement's own code, not the module's
+        assert not positions._shared.complete and positions._shared.partial_runs == 0
+        # layout nodes (which no analysis asks about) fall back to the module's code
+        wrong = [nodes[i] for i in order if positions[nodes[i]] != expected[nodes[i]]]
+        assert not wrong, f"{len(wrong)} nodes differ, first: {wrong[0]!r:.200}"
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_lookups_from_statement_lines_in_odd_layouts(newline):
+    _remembered_lookups_agree(ODD_LAYOUTS.replace("\n", newline).encode())
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.name)
+def test_lookups_from_statement_lines_equal_libcst_position_provider(path):
+    """Asked in any order, each lookup generating only the statement that holds its node,
+    started at the line the stdlib parse gives: PositionProvider's answer for every node."""
+    _remembered_lookups_agree(path.read_bytes())
+
+
+def test_positions_of_one_module_share_their_ranges_while_remembered():
+    module = cst.parse_module("a = 1\nb = 2\n")
+    with remembered_sources() as remember:
+        remember(module, module.code)
+        first, second = Positions(module), Positions(module)
+        assert first[module.body[1]].start.line == 2
+        assert second._shared is first._shared
+    assert Positions(module)._shared is not first._shared  # forgotten after the block
+
+
+def test_source_the_stdlib_parser_cannot_read_falls_back_to_the_module_code():
+    module = cst.parse_module("x = 1\ny = 2\n")
+    with remembered_sources() as remember:
+        remember(module, "this is not python (\n")
+        positions = Positions(module)
+        assert not positions._shared.knows_statement_lines()
+        assert positions[module.body[1]].start.line == 2

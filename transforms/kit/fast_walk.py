@@ -66,7 +66,7 @@ def _fields_of(node: cst.CSTNode) -> Tuple[str, ...]:
 
 def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """The code-bearing children of a node, in source order."""
-    return iter(_code_children(node))
+    return iter(code_children(node))
 
 
 def walk(
@@ -109,8 +109,8 @@ def _value_kind(kind: type) -> int:
     return found
 
 
-def _code_children(node: cst.CSTNode):
-    """The code-bearing children of a node, as a list (the walks' inner loop)."""
+def code_children(node: cst.CSTNode) -> list:
+    """The code-bearing children of a node, as a list, in source order (the walks' inner loop)."""
     found = []
     value_kinds = _VALUE_KIND
     for name in _FIELD_ORDER.get(node.__class__) or _fields_of(node):
@@ -137,7 +137,7 @@ def _walk_with_hooks(node, visitor, hooks, parents) -> None:
         pair = hooks[node_kind] = _hooks_for(type(visitor), node_kind)
     visit, leave = pair
     if visit is None or visit(visitor, node) is not False:
-        for child in _code_children(node):
+        for child in code_children(node):
             if parents is not None:
                 parents[child] = node
             _walk_with_hooks(child, visitor, hooks, parents)
@@ -148,7 +148,7 @@ def _walk_with_hooks(node, visitor, hooks, parents) -> None:
 def _walk_generic(node, visitor, parents) -> None:
     """For visitors that override on_visit / on_leave themselves."""
     if visitor.on_visit(node):
-        for child in _code_children(node):
+        for child in code_children(node):
             if parents is not None:
                 parents[child] = node
             _walk_generic(child, visitor, parents)

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from ampify.transforms.kit.parameters import append_with_comma, separator_like, with_parameter
+from ampify.transforms.kit.pruned_visit import visit_only
 
 
 @dataclass
@@ -52,6 +53,14 @@ class StatementEdits:
             float_first_arguments=set(self.float_first_arguments),
             created_scalers=set(self.created_scalers),
         )
+
+    def nodes(self) -> Set[int]:
+        """ids of every node an edit names (the applier changes no other node itself)."""
+        return {
+            *self.before, *self.after, *self.wraps, *(last for last, _ in self.wraps.values()), *self.calls,
+            *self.parameters, *self.keywords, *self.dict_elements, *self.removed, *self.casts,
+            *self.float_first_arguments,
+        }
 
     def remove_statement(self, statement: cst.CSTNode) -> None:
         """Drop `statement` from its block (edits planned before/after it still apply)."""
@@ -100,8 +109,9 @@ class StatementEdits:
 
 
 def apply_edits(module: cst.Module, edits: StatementEdits) -> cst.Module:
-    """The module with every planned edit applied (the input module is not changed)."""
-    return module.visit(_EditApplier(module, edits))
+    """The module with every planned edit applied (the input module is not changed); only the
+    edited nodes and the blocks holding them are rebuilt."""
+    return visit_only(module, _EditApplier(module, edits), edits.nodes())
 
 
 class _EditApplier(cst.CSTTransformer):

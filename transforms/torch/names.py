@@ -129,6 +129,12 @@ MIXED_PRECISION_PREFIXES = (
     "torch.distributed._composable.fsdp.MixedPrecisionPolicy",
     "torch.distributed.fsdp.sharded_grad_scaler",
 )
+_MIXED_PRECISION_PARENTS = tuple(prefix + "." for prefix in MIXED_PRECISION_PREFIXES)
+
+
+def is_mixed_precision(qualified: str) -> bool:
+    """Is this qualified name one of MIXED_PRECISION_PREFIXES or under one?"""
+    return qualified in MIXED_PRECISION_PREFIXES or qualified.startswith(_MIXED_PRECISION_PARENTS)
 
 #: frameworks that own the training loop and their own mixed precision switch
 LOOP_OWNING_FRAMEWORKS = {

@@ -30,6 +30,7 @@ from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.module_names import names_in
+from ampify.transforms.kit.pruned_visit import visit_only
 from ampify.transforms.kit.line_map import LineMap
 
 #: calls that make a statement part of a training step's structure
@@ -148,31 +149,48 @@ def _reduces_a_name(node: cst.BaseExpression) -> bool:
 
 def normalize_training_statements(module: cst.Module) -> cst.Module:
     """The module with its training statements in the shape above; the same object when nothing
-    needed it (the common case: a cheap check, no rebuild)."""
-    if not _needs_reshaping(module):
+    needed it (the common case: a cheap check, no rebuild). Only the statements reshaped and the
+    blocks holding them are rebuilt."""
+    targets = _to_reshape(module)
+    if not targets:
         return module  # a read-only walk (cheap) instead of a transform (about a parse)
     transformer = _Normalize(names_in(module))
-    normalized = module.visit(transformer)
+    normalized = visit_only(module, transformer, targets)
     return normalized if transformer.changed else module
 
 
-def _needs_reshaping(module: cst.Module) -> bool:
-    """Is there a statement the transformer would touch? The same tests, read-only."""
-    found = False
+def _to_reshape(module: cst.Module) -> List[int]:
+    """ids of the statements the transformer would touch: the same tests, read-only."""
+    found: List[int] = []
 
     class _Finder(cst.CSTVisitor):
         def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> Optional[bool]:
-            nonlocal found
             if len(node.body) > 1 and _holds_training_call(node):
-                found = True
+                found.append(id(node))
             elif len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and _backward_of_a_call(node.body[0].value):
-                found = True
-            return not found
+                found.append(id(node))
+            return False  # a line holds no other statement
+
+        def _suite_owner(self, node: cst.CSTNode) -> None:
+            if isinstance(node.body, cst.SimpleStatementSuite) and _holds_training_call(node.body):
+                found.append(id(node))
+
+        def visit_If(self, node: cst.If) -> None:
+            self._suite_owner(node)
+
+        def visit_Else(self, node: cst.Else) -> None:
+            self._suite_owner(node)
+
+        def visit_For(self, node: cst.For) -> None:
+            self._suite_owner(node)
+
+        def visit_While(self, node: cst.While) -> None:
+            self._suite_owner(node)
+
+        def visit_With(self, node: cst.With) -> None:
+            self._suite_owner(node)
 
         def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> Optional[bool]:
-            nonlocal found
-            if _holds_training_call(node):
-                found = True
             return False
 
         def visit_Expr(self, node: cst.Expr) -> Optional[bool]:
@@ -264,7 +282,7 @@ def _converted_in_shape(module: cst.Module, convert: Callable[[cst.Module], Tran
     """The module as it is first; reshaped only when a step was refused and a statement could be
     reshaped, and then kept only when the reshaped module converts with fewer refusals."""
     result = convert(module)
-    if not _refusals(result) or not _needs_reshaping(module):
+    if not _refusals(result):
         return result
     normalized = normalize_training_statements(module)
     if normalized is module:

@@ -772,12 +772,11 @@ class _Collector(cst.CSTVisitor):
         self.in_import = False
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        if node.attr.value == "grad" and self.imports.resolve(node) is None:
-            self.structure.grad_reads.append(GradRead(node, self._current_statement(node), self.scope))
         qualified = self.imports.resolve(node)
-        if qualified and not self.in_import and any(
-            qualified == p or qualified.startswith(p + ".") for p in names.MIXED_PRECISION_PREFIXES
-        ):
+        if qualified is None:
+            if node.attr.value == "grad":
+                self.structure.grad_reads.append(GradRead(node, self._current_statement(node), self.scope))
+        elif not self.in_import and names.is_mixed_precision(qualified):
             self.structure.mixed_precision_uses.append(node)
 
     # classes --------------------------------------------------------------------------
@@ -818,7 +817,7 @@ class _Collector(cst.CSTVisitor):
         receiver = _call_receiver(node)
         site = CallSite(node, statement, receiver, self.scope)
 
-        if qualified and any(qualified == p or qualified.startswith(p + ".") for p in names.MIXED_PRECISION_PREFIXES):
+        if qualified and names.is_mixed_precision(qualified):
             structure.mixed_precision_uses.append(node)
         if qualified == "torch.autograd.backward":
             structure.hazards.append(Hazard(HazardKind.AUTOGRAD_BACKWARD, node))
