@@ -475,3 +475,117 @@ def test_the_log_of_a_sigmoid_probability_is_told_from_other_logs(code, flagged)
     module = cst.parse_module(LOG_HEADER + code + "\n")
     structure = analyze_training(module, ImportMap.from_module(module))
     assert any(h.kind is HazardKind.LOG_OF_PROBABILITY for h in structure.hazards) is flagged
+
+
+def test_a_loss_summed_by_a_helper_from_log_probabilities_kept_during_the_rollout_is_refused_natively():
+    """p-christ's REINFORCE: the policy runs while acting (pick_action stores its log-probability
+    through another method) and actor_learn() gets the loss from a helper method that only sums the
+    kept list. The autocast region around that helper held no model: the file was written
+    "changed" and trained in float32. The native backend now refuses, naming the helper; apex
+    converts (O1 patches the functions the policy calls wherever it runs, no region needed)."""
+    source = textwrap.dedent("""\
+        import torch
+        from torch.distributions import Categorical
+
+        class Agent:
+            def __init__(self):
+                self.device = torch.device("cuda")
+                self.policy = torch.nn.Linear(4, 2).to(self.device)
+                self.optimizer = torch.optim.Adam(self.policy.parameters())
+                self.log_probabilities = []
+
+            def act(self, state):
+                probabilities = torch.softmax(self.policy(state.to(self.device)), -1)
+                distribution = Categorical(probabilities)
+                action = distribution.sample()
+                self.store(distribution.log_prob(action))
+                return action
+
+            def store(self, log_probability):
+                self.log_probabilities.append(log_probability)
+
+            def policy_loss(self, reward):
+                losses = []
+                for log_probability in self.log_probabilities:
+                    losses.append(-log_probability * reward)
+                return torch.cat(losses).sum()
+
+            def learn(self, reward):
+                loss = self.policy_loss(reward)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+        """)
+    apex = convert_source(source, Options(backend="apex"))
+    assert apex.status is FileStatus.CHANGED and "amp.scale_loss(loss, self.optimizer)" in apex.converted
+    for backend, code in (("native", "AMP215"),):
+        conversion = convert_source(source, Options(backend=backend))
+        assert conversion.status is FileStatus.UNCONVERTED and conversion.converted is None, backend
+        (finding,) = [f for f in conversion.findings if f.code == code]
+        assert "the loss of backward() is computed from tensors made elsewhere: line 28, which computes it, calls no " \
+               "model" in finding.message and "policy_loss(), of this file, runs none" in finding.message, finding.message
+    # the same helper reading a model output computed in the step itself still converts
+    converted = convert_source(source.replace(
+        "loss = self.policy_loss(reward)",
+        "self.log_probabilities = [torch.log_softmax(self.policy(reward), -1)]\n        loss = self.policy_loss(reward)"))
+    assert converted.status is FileStatus.CHANGED
+    assert "with torch.autocast(" in converted.converted
+
+
+def test_a_model_written_out_as_a_function_of_raw_tensors_is_still_a_forward_pass():
+    """`def model(x): return x @ w + b` over tensors an optimizer trains calls no module, but its
+    matmul is what autocast runs in float16: the step converts (a helper is taken to run no
+    model only when it also calls none of the ops autocast lowers)."""
+    for body in ("return x @ w + b", "return torch.mm(x, w) + b", "return torch.nn.functional.linear(x, w.t(), b)"):
+        source = textwrap.dedent(f"""\
+            import torch
+            device = torch.device("cuda")
+            w = torch.randn(4, 2, device=device, requires_grad=True)
+            b = torch.zeros(2, device=device, requires_grad=True)
+            optimizer = torch.optim.SGD([w, b], lr=0.1)
+
+            def model(x):
+                {body}
+
+            for x, y in loader:
+                loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            """)
+        conversion = convert_source(source)
+        assert conversion.status is FileStatus.CHANGED, (body, conversion.findings)
+        assert "    with torch.autocast(device_type=device.type, dtype=torch.float16):\n" \
+               "        loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))\n" in conversion.converted
+
+
+def test_a_scheduler_object_called_on_self_before_the_forward_pass_stays_out_of_the_autocast_region():
+    """pytorch-deeplab-xception calls `self.scheduler(self.optimizer, i, epoch, best)` (an object
+    stored on self) before zero_grad() and the forward pass: a dropped self-call that runs a model
+    for its effect (pix2pix's `self.forward()`) starts the region, a stored callable object does not."""
+    source = textwrap.dedent("""\
+        import torch
+
+        class Trainer:
+            def __init__(self, model, scheduler):
+                self.model = model.cuda()
+                self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+                self.scheduler = scheduler
+
+            def training(self, loader, epoch):
+                for i, (image, target) in enumerate(loader):
+                    self.scheduler(self.optimizer, i, epoch)
+                    self.optimizer.zero_grad()
+                    output = self.model(image.cuda())
+                    loss = torch.nn.functional.cross_entropy(output, target.cuda())
+                    loss.backward()
+                    self.optimizer.step()
+        """)
+    converted = convert_source(source).converted
+    assert (
+        "            self.scheduler(self.optimizer, i, epoch)\n"
+        "            self.optimizer.zero_grad()\n"
+        '            with torch.autocast(device_type="cuda", dtype=torch.float16):\n'
+        "                output = self.model(image.cuda())\n"
+    ) in converted, converted
+

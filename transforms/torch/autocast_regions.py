@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.saved_outputs import SavedForward, SavedOutputs
@@ -27,9 +27,11 @@ LOSS_REDUCTIONS = {"mean", "sum", "float", "squeeze", "view", "reshape", "double
 class AutocastPlanner:
     """Autocast regions for the training units of one analysed module."""
 
-    def __init__(self, structure: TrainingStructure, imports: ImportMap) -> None:
+    def __init__(self, structure: TrainingStructure, imports: ImportMap, project=None) -> None:
         self.structure = structure
         self.imports = imports
+        #: ProjectFacts (None for a lone file): calls into the project's own training code are barriers
+        self.project = project
         self.saved_outputs = SavedOutputs(structure)
         self._models: Set[str] = set()
         #: id(block) -> the SavedForward planned in it (a region outside the unit's function)
@@ -37,6 +39,9 @@ class AutocastPlanner:
         #: id of a `loss.backward()` call -> the loss object it runs the backward() of (loss_objects.py)
         self.loss_objects: Dict[int, Any] = {}
         self._data_helper_names: Optional[Set[str]] = None
+        self._model_free_names: Optional[Dict[str, List[cst.FunctionDef]]] = None
+        self._project_training_calls: Optional[List[cst.Call]] = None
+        self._self_attributes: Optional[Set[str]] = None
 
     def _data_helpers(self) -> Set[str]:
         """The module's functions and methods that only prepare data (computed once)."""
@@ -137,14 +142,23 @@ class AutocastPlanner:
                 backward.call,
             )
         saved = self._plan_saved_forwards(needed, backward, by_block)
-        if not saved and not any(self._calls_model(body[index]) for index in range(start, end + 1)) and not self._forward_in_earlier_region(
+        # a helper of this module that runs no model (REINFORCE's loss summed from log-probabilities
+        # kept during the rollout) is no forward pass
+        model_free = self._model_free()
+        if not saved and not any(statements.calls_model(body[index], self.imports, model_free)
+                                 for index in range(start, end + 1)) and not self._forward_in_earlier_region(
                 body, end, barriers, planned, outer_forwards):
             first, last = s.line(body[start]), s.line(body[end])
-            lines = f"line {first}" if first == last else f"lines {first}-{last}"
+            lines = f"line {first}, which computes it, calls" if first == last else \
+                f"lines {first}-{last}, which compute it, call"
+            helpers = sorted({name.split(".")[-1] + "()" for index in range(start, end + 1)
+                              for call in statements.calls_within(body[index])
+                              if (name := dotted_name(call.func)) in model_free})
+            via = f"; {', '.join(helpers)}, of this file, {'runs' if len(helpers) == 1 else 'run'} none" if helpers else ""
             raise LossNotFound(
-                f"the loss of backward() is computed from tensors made elsewhere: {lines}, which compute it, call "
-                "no model ampify recognises (a module built in this file, or one that is called like one), so the "
-                "forward pass runs elsewhere; put torch.autocast around it by hand",
+                f"the loss of backward() is computed from tensors made elsewhere: {lines} "
+                f"no model ampify recognises (a module built in this file, or one that is called like one{via}), "
+                "so the forward pass runs elsewhere; put torch.autocast around it by hand",
                 backward.call, receiver_of(backward),
             )
         start = self._stateful_forward_start(body, start, barriers)
@@ -208,9 +222,18 @@ class AutocastPlanner:
             statement = body[index]
             if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or id(statement) in barriers:
                 break
-            if _is_dropped_self_call(statement) and self._runs_model_directly(statement):
+            if _is_dropped_self_call(statement) and self._runs_model_directly(statement) \
+                    and not self._calls_stored_object(statement):
                 first = index
         return first
+
+    def _calls_stored_object(self, statement: cst.SimpleStatementLine) -> bool:
+        """`self.scheduler(self.optimizer, i, epoch)`: a callable object stored on self (an
+        attribute assigned somewhere in the module), not a method run for its effect."""
+        if self._self_attributes is None:
+            self._self_attributes = statements.assigned_self_attributes(self.structure.module)
+        call = statement.body[0].value
+        return call.func.attr.value in self._self_attributes
 
     def _plan_prelude_region(
         self, site: cst.Call, barriers: Set[int], by_block: Dict[int, Tuple[Block, List[Tuple[int, int]]]]
@@ -265,18 +288,25 @@ class AutocastPlanner:
     def _calls_model(self, statement: cst.CSTNode) -> bool:
         """Does the statement call something other than imported functions, tensor methods and
         builtins: a model, a loss module, a helper that runs them?"""
+        return statements.calls_model(statement, self.imports)
+
+    def _model_free(self) -> Dict[str, List[cst.FunctionDef]]:
+        """The module's functions and methods that run no model, by name (computed once)."""
+        if self._model_free_names is None:
+            self._model_free_names = statements.model_free_helpers(self.structure.module, self.imports)
+        return self._model_free_names
+
+    def _helper_reads(self, statement: cst.CSTNode) -> Set[str]:
+        """The attributes of self (`self.log_probabilities`) read by the model-free methods the
+        statement calls (`loss = self.policy_loss(reward)`): the loss is made from them too."""
+        helpers = self._model_free()
+        read: Set[str] = set()
         for call in statements.calls_within(statement):
-            if self.imports.resolve(call.func) is not None:
-                continue
-            if isinstance(call.func, cst.Attribute):
-                called = call.func.attr.value
-            elif isinstance(call.func, cst.Name):
-                called = call.func.value
-            else:
-                return True
-            if called not in names.TENSOR_ARITHMETIC_CALLS and not statements.fetches_a_batch(call, called):
-                return True
-        return False
+            name = dotted_name(call.func) or ""
+            if name.startswith("self.") and name in helpers:
+                for function in helpers[name]:
+                    read |= {used for used in statements.used_names(function.body) if used.startswith("self.")}
+        return read
 
     def _runs_model_directly(self, statement: cst.CSTNode) -> bool:
         """Does the statement call a model or a method of this object itself (`self.forward()`,
@@ -303,10 +333,34 @@ class AutocastPlanner:
         s = self.structure
         barrier_ids: Set[int] = set()
         calls = [b.call for b in s.backwards] + [st.call for st in s.steps] + list(s.delegated_sites)
+        calls += [call for call in self._calls_into_project_training() if s.contains(unit.owner, call)]
         for call in calls:
             for ancestor in s.ancestors(call):
                 barrier_ids.add(id(ancestor))
         return barrier_ids
+
+    def _calls_into_project_training(self) -> List[cst.Call]:
+        """Calls that run a training step of another project module: a function whose body calls
+        backward(), or a method of an object built from a class with such a method (DARTS's
+        `architect.step(...)`, whose Architect backpropagates the validation loss and steps its own
+        optimizer). Under this file's autocast such a step would run float16 without loss scaling,
+        so an autocast region never spans one (computed once)."""
+        if self._project_training_calls is None:
+            self._project_training_calls = []
+            entries = self.project.training_functions_called() if self.project is not None else ()
+            if entries:
+                s = self.structure
+                functions = {dotted for _, _, dotted, is_class in entries if not is_class}
+                classes = {dotted for _, _, dotted, is_class in entries if is_class}
+                objects = {b.name for b in s.bindings if isinstance(b.value, cst.Call)
+                           and dotted_name(b.value.func) in classes}
+                for call in statements.calls_within(s.module):
+                    func = call.func
+                    if dotted_name(func) in functions or (
+                            isinstance(func, cst.Attribute) and dotted_name(func.value) in objects
+                            and func.attr.value not in _NOT_A_TRAINING_METHOD):
+                        self._project_training_calls.append(call)
+        return self._project_training_calls
 
     def _loss_names(self, backward) -> Set[str]:
         loss = backward.loss
@@ -330,7 +384,7 @@ class AutocastPlanner:
         the names the loss still needs from before the block. `loss_names`: every name the
         backward's loss reads (`(gail_loss + grad_pen).backward()`: body[end] computes grad_pen,
         and gail_loss's own forward pass, further up, belongs to the region too)."""
-        needed = statements.used_names(body[end]) | set(loss_names)
+        needed = statements.used_names(body[end]) | set(loss_names) | self._helper_reads(body[end])
         start = end
         crossed_barrier = False
         before_barrier: Optional[int] = None
@@ -346,7 +400,7 @@ class AutocastPlanner:
             if wanted:
                 # `probs = policy(state_pool[i])` makes probs here: an earlier probs (a rollout's,
                 # in an outer block) is not what the loss reads
-                needed = (needed - _overwritten_names(statement)) | _read_names(statement)
+                needed = (needed - _overwritten_names(statement)) | _read_names(statement) | self._helper_reads(statement)
                 if crossed_barrier:
                     if before_barrier is None and self._calls_model(statement):
                         before_barrier = index
@@ -593,6 +647,13 @@ def index_of(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> int:
 
 #: calls that only prepare a step (no forward pass): they do not make a prelude region
 _BOOKKEEPING_CALLS = names.NOT_GRADIENT_HELPERS | names.DATA_PREPARATION_CALLS
+
+#: methods of an object whose class trains (one of its methods calls backward()) that run no step:
+#: its forward pass (a model class with a backward() of its own), its bookkeeping
+_NOT_A_TRAINING_METHOD = names.DATA_PREPARATION_CALLS | {
+    "forward", "__call__", "parameters", "named_parameters", "state_dict", "load_state_dict", "modules",
+    "children", "apply", "requires_grad_", "half", "double", "backward",
+}
 
 
 def _is_dropped_self_call(statement: cst.CSTNode) -> bool:

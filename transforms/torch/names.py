@@ -188,6 +188,17 @@ TENSOR_ARITHMETIC_CALLS = DATA_PREPARATION_CALLS | {
     "topk", "index_select", "narrow", "select", "unbind", "clamp_min", "clamp_max", "sum_to_size",
 }
 
+#: the ops CUDA autocast runs in float16 (PyTorch's autocast op reference, "CUDA Ops that can
+#: autocast to float16"), by function or method name: code that calls none of them (and no model)
+#: gains nothing under autocast
+AUTOCAST_LOWER_PRECISION_OPS = frozenset({
+    "matmul", "mm", "bmm", "mv", "addmm", "addbmm", "baddbmm", "addmv", "addr", "chain_matmul",
+    "multi_dot", "linear", "bilinear", "einsum", "prelu", "conv1d", "conv2d", "conv3d", "conv_tbc",
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution", "_convolution",
+    "cudnn_convolution", "cudnn_convolution_transpose", "lstm_cell", "gru_cell", "rnn_tanh_cell",
+    "rnn_relu_cell", "scaled_dot_product_attention", "multi_head_attention_forward", "__matmul__",
+})
+
 #: dtypes whose finfo limits overflow float16 (`torch.finfo(torch.float32).min` as a mask value)
 WIDE_FLOAT_DTYPES = {"float32", "float", "float64", "double", "single"}
 

@@ -265,7 +265,7 @@ class NativeConversion(TorchConversion):
         self.module = structure.module
         self.torch = self._torch_name()
         self.edits = StatementEdits()
-        self.regions = AutocastPlanner(structure, imports)
+        self.regions = AutocastPlanner(structure, imports, context.project)
         self.scaler_calls = ScalerCallPlanner(structure, imports)
         self.devices = DeviceChoice(structure, self.torch, self)
         self.scaler_name = "scaler"

@@ -411,11 +411,8 @@ class ScalerCallPlanner:
                 continue
             if (self.imports.resolve(call.func) or "").startswith("torch."):
                 continue
-            if isinstance(call.func, cst.Attribute):
-                called = call.func.attr.value
-            elif isinstance(call.func, cst.Name):
-                called = call.func.value
-            else:
+            called = statements.called_name(call)
+            if called is None:
                 continue
             lowered = called.lower()
             if lowered in names.NOT_GRADIENT_HELPERS or not ("clip" in lowered or "grad" in lowered):

@@ -5,7 +5,7 @@ which argument a call passes for a parameter. Pure functions on LibCST nodes, no
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set
+from typing import Collection, Dict, List, Optional, Set
 
 import libcst as cst
 
@@ -126,6 +126,16 @@ def assigned_names(statement: cst.CSTNode) -> Set[str]:
     return collector.assigned
 
 
+def called_name(call: cst.Call) -> Optional[str]:
+    """The name a call calls: `step` for `opt.step()`, `f` for `f(x)`; None for `fs[0](x)`, `g()(x)`."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    if isinstance(func, cst.Name):
+        return func.value
+    return None
+
+
 def has_forward_call(statement: cst.CSTNode, imports=None, data_helpers: Set[str] = frozenset()) -> bool:
     """Does the statement call something that is not mere data preparation (a model, a loss)?
     With `imports`, calls into numpy and the standard library's math and random count as data
@@ -134,11 +144,8 @@ def has_forward_call(statement: cst.CSTNode, imports=None, data_helpers: Set[str
     for call in calls_within(statement):
         if imports is not None and (imports.resolve(call.func) or "").split(".")[0] in names.HOST_DATA_MODULES:
             continue
-        if isinstance(call.func, cst.Attribute):
-            called = call.func.attr.value
-        elif isinstance(call.func, cst.Name):
-            called = call.func.value
-        else:
+        called = called_name(call)
+        if called is None:
             return True
         if called in names.DATA_PREPARATION_CALLS or fetches_a_batch(call, called):
             continue
@@ -183,6 +190,103 @@ def _only_prepares_data(function: cst.FunctionDef, imports) -> bool:
     finder = _Disqualifiers()
     walk(function.body, finder)
     return not finder.found and not has_forward_call(function.body, imports)
+
+
+def calls_model(node: cst.CSTNode, imports, model_free: Collection[str] = frozenset()) -> bool:
+    """Does the node call something other than imported functions, tensor methods and builtins:
+    a model, a loss module, a helper that runs them? `model_free`: the module's own functions and
+    methods known to run no model (model_free_helpers), called by their name or as `self.<name>`."""
+    for call in calls_within(node):
+        if imports.resolve(call.func) is not None:
+            continue
+        called = called_name(call)
+        if called is None:
+            return True
+        if called in names.TENSOR_ARITHMETIC_CALLS or fetches_a_batch(call, called):
+            continue
+        if model_free and dotted_name(call.func) in model_free:
+            continue
+        return True
+    return False
+
+
+def model_free_helpers(module: cst.Module, imports) -> Dict[str, List[cst.FunctionDef]]:
+    """Functions of the module and methods of its classes (as `self.<name>`) that run no model:
+    every call in them is an imported function, tensor arithmetic, a batch fetch or another such
+    helper (REINFORCE's `self.calculate_policy_loss_on_episode()`, which sums log-probabilities kept
+    from the rollout), and none of the ops autocast runs in float16 (a model written out as
+    `torch.mm(x, self.weight.T)` or `x @ w + b` is a forward pass). A helper calling itself, directly or not, does not qualify; a name defined
+    more than once qualifies only when every definition does; nested definitions, lambdas and
+    yields disqualify. A call to one is no forward pass: an autocast region around it alone
+    puts no model under autocast."""
+    definitions: Dict[str, List[cst.FunctionDef]] = {}
+    for statement in module.body:
+        if isinstance(statement, cst.FunctionDef):
+            definitions.setdefault(statement.name.value, []).append(statement)
+        elif isinstance(statement, cst.ClassDef):
+            for member in statement.body.body:
+                if isinstance(member, cst.FunctionDef):
+                    definitions.setdefault(f"self.{member.name.value}", []).append(member)
+
+    class _Disqualifiers(cst.CSTVisitor):
+        found = False
+
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.Yield, cst.Await)) or (
+                    isinstance(node, (cst.BinaryOperation, cst.AugAssign))
+                    and isinstance(node.operator, (cst.MatrixMultiply, cst.MatrixMultiplyAssign))):
+                self.found = True
+            elif isinstance(node, cst.Call):
+                # a model written out (`torch.mm(x, self.weight.T)`, `x @ w + b`) is a forward pass
+                if called_name(node) in names.AUTOCAST_LOWER_PRECISION_OPS:
+                    self.found = True
+            return not self.found
+
+    candidates: Dict[str, List[cst.FunctionDef]] = {}
+    for name, functions in definitions.items():
+        plain = True
+        for function in functions:
+            finder = _Disqualifiers()
+            walk(function.body, finder)
+            plain = plain and not finder.found
+        if plain:
+            candidates[name] = functions
+    # least fixed point: a helper qualifies once every helper it calls has
+    free: Dict[str, List[cst.FunctionDef]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for name, functions in candidates.items():
+            if name not in free and not any(calls_model(f.body, imports, free.keys()) for f in functions):
+                free[name] = functions
+                changed = True
+    return free
+
+
+def assigned_self_attributes(module: cst.Module) -> Set[str]:
+    """Names X of the module's `self.X = ...` (also annotated and augmented) assignments."""
+    found: Set[str] = set()
+
+    def note(target: cst.BaseExpression) -> None:
+        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+            found.add(target.attr.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                note(element.value)
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                note(target.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            note(node.target)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            note(node.target)
+
+    walk(module, _Collector())
+    return found
 
 
 def fetches_a_batch(call: cst.Call, method: str) -> bool:
