@@ -589,3 +589,25 @@ def test_a_scheduler_object_called_on_self_before_the_forward_pass_stays_out_of_
         "                output = self.model(image.cuda())\n"
     ) in converted, converted
 
+
+def test_the_backward_of_an_lbfgs_closure_is_not_reported_as_a_hidden_optimizer():
+    """pytorch/examples' time_sequence_prediction steps LBFGS with a closure that runs backward():
+    the file is refused for the closure (AMP211 / AMP311), and that is the only warning (it used to
+    add AMP220, "no optimizer step ... wrapped or hidden optimizer?", for the closure's backward)."""
+    source = textwrap.dedent("""\
+        import torch
+        model = torch.nn.Linear(3, 1).cuda()
+        optimizer = torch.optim.LBFGS(model.parameters(), lr=0.8)
+        for i in range(10):
+            def closure():
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+            optimizer.step(closure)
+        """)
+    for backend, code in (("native", "AMP211"), ("apex", "AMP311")):
+        conversion = convert_source(source, Options(backend=backend))
+        assert conversion.status is FileStatus.UNCONVERTED and conversion.converted is None
+        assert [f.code for f in conversion.findings if f.severity is Severity.WARNING] == [code], conversion.findings
+

@@ -234,8 +234,14 @@ class TorchConversion(abc.ABC):
         by_callers = self.loss_classes_converted_by_callers()
         if by_callers and not s.units and not s.steps and len(by_callers) == len(s.unpaired_backwards):
             return self.result(Verdict.NOTHING_TO_DO, self.loss_classes_reason(by_callers))
+        closures = _closures_passed_to_step(s)
         for backward in s.unpaired_backwards:
             if id(backward.call) in by_callers:
+                continue
+            if _runs_in(s, backward.call, closures):
+                # LBFGS's `def closure(): ... loss.backward()` passed to optimizer.step(closure): the
+                # closure warning (AMP211 / AMP311) already says why, and it is no hidden optimizer
+                left_out.append(backward.call)
                 continue
             if id(backward.call) not in claimed:
                 self.warn(code, message.format(followed=helper_refusal_note(s, backward)), backward.call)
@@ -562,3 +568,20 @@ def _alias_or_instance(binding, loss_classes) -> bool:
     if isinstance(value, (cst.Name, cst.Attribute)):
         return True
     return _called_name(value) in loss_classes
+
+
+def _closures_passed_to_step(structure) -> Set[str]:
+    """Names of the functions handed to `optimizer.step(closure)` in the file."""
+    found: Set[str] = set()
+    for hazard in structure.hazards:
+        if hazard.kind is HazardKind.CLOSURE and isinstance(hazard.node, cst.Call):
+            for arg in hazard.node.args:
+                if isinstance(arg.value, cst.Name) and (arg.keyword is None or arg.keyword.value == "closure"):
+                    found.add(arg.value.value)
+    return found
+
+
+def _runs_in(structure, node: cst.CSTNode, functions: Set[str]) -> bool:
+    """Is node inside a function named in `functions`?"""
+    scope = structure.scope_of(node)
+    return isinstance(scope, cst.FunctionDef) and scope.name.value in functions
