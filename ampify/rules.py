@@ -181,8 +181,10 @@ RULES: List[Rule] = [
     Rule("AMP211", "warning", "`optimizer.step(closure)`: GradScaler does not support closures",
          "GradScaler.step cannot re-run a closure with a scaled loss (LBFGS and the like).",
          "optimizer.step(closure)", MANUAL, incomplete=True),
-    Rule("AMP212", "warning", "`torch.autograd.grad(..., create_graph=True)` needs manual loss scaling",
-         "A gradient penalty computed from unscaled outputs underflows; PyTorch's AMP examples scale it by hand.",
+    Rule("AMP212", "warning", "`torch.autograd.grad` in a training step (gradient penalty, MAML inner loop, adversarial examples) needs manual loss scaling",
+         "A gradient penalty computed from unscaled outputs underflows; PyTorch's AMP examples scale it by hand. So do "
+         "the plain `torch.autograd.grad(loss, params)` of a MAML inner loop and the input gradients of FGSM/PGD "
+         "examples computed in the step: ampify scales them when the gradients are assigned, and refuses otherwise.",
          "grads = torch.autograd.grad(out, inputs, create_graph=True)", MANUAL, incomplete=True),
     Rule("AMP213", "warning", "`masked_fill` with a constant that overflows float16",
          "-1e9 is -inf in float16: attention masks then produce NaN.",
@@ -278,8 +280,11 @@ RULES: List[Rule] = [
          "discriminator is confident, silently (bfloat16 rounds at 6.3). autocast refuses BCELoss for this reason; "
          "the written-out form raises nothing. An epsilon of 1e-4 or more keeps the log finite and is not flagged.",
          "D_loss = -torch.mean(torch.log(D_real + 1e-8) + torch.log(1 - D_fake + 1e-8))", MANUAL, incomplete=True),
-    Rule("AMP230", "info", "gradient penalty scaled: `autograd.grad` of `scaler.scale(outputs)`, gradients divided by `scaler.get_scale()`",
-         "A penalty's float16 gradients underflow unscaled; PyTorch's AMP examples scale the outputs and unscale the gradients.",
+    Rule("AMP230", "info", "gradient penalty (or a step's own `autograd.grad`) scaled: `autograd.grad` of `scaler.scale(outputs)`, gradients divided by `scaler.get_scale()`",
+         "A penalty's float16 gradients underflow unscaled; PyTorch's AMP examples scale the outputs and unscale the "
+         "gradients. The same recipe serves a MAML inner loop's `grads = torch.autograd.grad(loss, params)` and "
+         "adversarial examples' input gradients: an overflow there makes the step's loss inf, so the step is skipped "
+         "and the scale lowered.",
          "g = torch.autograd.grad(outputs=d_out, inputs=x, create_graph=True)[0]\n"
          "  -> g = torch.autograd.grad(outputs=scaler.scale(d_out), inputs=x, create_graph=True)[0]\n"
          "     g = g / scaler.get_scale()", REVIEW),
@@ -334,7 +339,7 @@ RULES: List[Rule] = [
          "apex O1 raises on BCELoss: use BCEWithLogitsLoss.", "criterion = nn.BCELoss()", MANUAL),
     Rule("AMP311", "warning", "`optimizer.step(closure)`: apex does not support closures; file not converted",
          "apex cannot scale a loss computed inside a closure.", "optimizer.step(closure)", MANUAL, incomplete=True),
-    Rule("AMP312", "warning", "gradient penalty (`create_graph=True`) not scaled by `amp.scale_loss`",
+    Rule("AMP312", "warning", "gradient penalty (`create_graph=True`), or a step's own `autograd.grad`, not scaled by `amp.scale_loss`",
          "The penalty's gradients are computed unscaled in float16. Reported where ampify cannot scale them itself "
          "(AMP328): several outputs differentiated at once, a shape the native backend does not follow either.",
          "torch.autograd.grad([d_out_a, d_out_b], x, create_graph=True)", MANUAL, incomplete=True),

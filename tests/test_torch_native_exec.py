@@ -671,3 +671,27 @@ def test_premise_gradients_one_optimizer_unscaled_are_unscaled_again_by_another(
         scaler.update()
         steps[scaled] = model.weight.detach().clone() - torch.ones(1, 4)
     assert not torch.allclose(steps[True], steps[False], atol=1e-3), steps
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["maml_first_order", "fgsm_adversarial"])
+def test_gradients_a_step_takes_with_autograd_grad_are_scaled_and_equal_the_fp32_ones(name, dtype, tmp_path):
+    """A training step's own `torch.autograd.grad(loss, ...)` (a MAML inner loop's parameter
+    gradients, FGSM's input gradient) differentiates scaler.scale(loss) and is divided by the scale
+    with float16 (AMP230; before, it ran under autocast unscaled, where float16 gradients underflow):
+    the gradients the step uses equal the fp32 ones within the reduced dtype's tolerance, and the
+    converted step trains."""
+    converted = _convert(name, dtype, tmp_path)
+    text = converted.read_text()
+    if dtype == "float16":
+        assert "torch.autograd.grad(scaler.scale(" in text and "/ scaler.get_scale()" in text, text
+    else:
+        assert "scaler" not in text, text
+    fp32 = run_script(str(script_path(name))).script_globals
+    mixed = run_script(str(converted)).script_globals
+    assert len(mixed["INNER_NORMS"]) == len(fp32["INNER_NORMS"]) == 4
+    finite = [(m, f) for m, f in zip(mixed["INNER_NORMS"], fp32["INNER_NORMS"]) if math.isfinite(m)]
+    assert len(finite) >= 3, mixed["INNER_NORMS"]
+    for converted_norm, original in finite:
+        assert converted_norm == pytest.approx(original, rel=5e-2), (mixed["INNER_NORMS"], fp32["INNER_NORMS"])
+    assert all(math.isfinite(loss) for loss in mixed["LOSSES"][1:]), mixed["LOSSES"]

@@ -611,3 +611,53 @@ def test_the_backward_of_an_lbfgs_closure_is_not_reported_as_a_hidden_optimizer(
         assert conversion.status is FileStatus.UNCONVERTED and conversion.converted is None
         assert [f.code for f in conversion.findings if f.severity is Severity.WARNING] == [code], conversion.findings
 
+
+_STEP_WITH_INPUT_GRADIENTS = textwrap.dedent("""\
+    import torch
+    import torch.nn.functional as F
+    device = torch.device("cuda")
+    model = torch.nn.Linear(8, 4).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+    def saliency(x, y):
+        x = x.to(device).requires_grad_(True)
+        return torch.autograd.grad(F.cross_entropy(model(x), y.to(device)), x)[0].abs()
+
+
+    for x, y in loader:
+        x, y = x.to(device).requires_grad_(True), y.to(device)
+        clean_loss = F.cross_entropy(model(x), y)
+        GRADIENT
+        loss = clean_loss + F.cross_entropy(model((x + 0.1 * x_grad.sign()).detach()), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    """)
+
+
+@pytest.mark.parametrize("gradient, native_status", [
+    ("x_grad = torch.autograd.grad(clean_loss, x, retain_graph=True)[0]", FileStatus.CHANGED),
+    ("x_grad = torch.autograd.grad(clean_loss, x, retain_graph=True, allow_unused=True)[0]", FileStatus.UNCONVERTED),
+    ("x_grad, = torch.autograd.grad(clean_loss, x, retain_graph=True)", FileStatus.UNCONVERTED),
+])
+def test_an_autograd_grad_in_the_step_is_scaled_where_it_can_be_and_refused_elsewhere(gradient, native_status):
+    """FGSM in the step: an assigned `torch.autograd.grad(loss, x)[0]` is scaled (AMP230); gradients
+    that may be None (allow_unused) or a form not followed are refused (AMP212); apex refuses every
+    one (AMP312). The saliency function outside the training loop is not flagged."""
+    source = _STEP_WITH_INPUT_GRADIENTS.replace("GRADIENT", gradient)
+    native = convert_source(source)
+    assert native.status is native_status, native.findings
+    codes = [f.code for f in native.findings if f.severity is Severity.WARNING]
+    if native_status is FileStatus.CHANGED:
+        assert "torch.autograd.grad(scaler.scale(clean_loss), x, retain_graph=True)[0]" in native.converted
+        assert "x_grad = x_grad / scaler.get_scale()" in native.converted
+        assert "torch.autograd.grad(F.cross_entropy(model(x), y.to(device)), x)[0].abs()" in native.converted
+        assert codes == []
+    else:
+        assert codes == ["AMP212"], native.findings
+    bfloat16 = convert_source(source, Options(dtype="bfloat16"))
+    assert bfloat16.status is FileStatus.CHANGED and "scaler" not in bfloat16.converted
+    apex = convert_source(source, Options(backend="apex"))
+    assert apex.status is FileStatus.UNCONVERTED
+    assert [f.code for f in apex.findings if f.severity is Severity.WARNING] == ["AMP312"], apex.findings

@@ -128,6 +128,14 @@ APEX_RULES = BackendRules(
             "amp.state_dict()[\"loss_scaler0\"][\"loss_scale\"] and divide the gradients by it, by hand",
             in_training_only=True,
         ),
+        HazardKind.AUTOGRAD_GRAD: HazardRule(
+            "AMP312",
+            "torch.autograd.grad here differentiates a loss of the training step (a MAML inner loop, adversarial "
+            "examples) that amp.scale_loss never scales: under O1 its float16 gradients can underflow; differentiate "
+            "the loss times amp.state_dict()[\"loss_scaler0\"][\"loss_scale\"] and divide the gradients by it, by "
+            "hand; this file is left unconverted",
+            blocks_file=True, in_training_only=True,
+        ),
         HazardKind.MASKED_FILL: HazardRule(
             "AMP313",
             "masked_fill with {detail} overflows float16 under apex O1 (apex does not patch masked_fill: it raises "

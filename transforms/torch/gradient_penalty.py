@@ -38,16 +38,22 @@ class PenaltySite:
     #: the module-level helper holding it, or None when it sits in the step's own function
     helper: Optional[cst.FunctionDef] = None
     helper_calls: List[cst.Call] = field(default_factory=list)
+    #: create_graph=True (a gradient penalty); False: a plain autograd.grad of a loss (MAML, FGSM)
+    penalty: bool = True
 
 
-def penalty_sites(s: TrainingStructure, scaler_name: str) -> Dict[int, PenaltySite]:
-    """The create_graph hazards that can be scaled, by id of their call."""
+def penalty_sites(s: TrainingStructure, scaler_name: str,
+                  kinds=(HazardKind.CREATE_GRAPH,)) -> Dict[int, PenaltySite]:
+    """The hazards of `kinds` that can be scaled, by id of their call: gradient penalties
+    (create_graph), and for native AMP also the plain `torch.autograd.grad(loss, ...)` of a
+    training step (AUTOGRAD_GRAD: a MAML inner loop, adversarial examples), scaled the same way."""
     sites = {}
     for hazard in s.hazards:
-        if hazard.kind is not HazardKind.CREATE_GRAPH:
+        if hazard.kind not in kinds:
             continue
         site = _site(s, hazard.node, scaler_name)
         if site is not None:
+            site.penalty = hazard.kind is HazardKind.CREATE_GRAPH
             sites[id(hazard.node)] = site
     return sites
 
@@ -91,6 +97,9 @@ def _assigned_site(s: TrainingStructure, call: cst.Call) -> Optional[PenaltySite
     )
     if value is not call and not indexed:
         return None
+    if any(a.keyword is not None and a.keyword.value == "allow_unused" and not (
+            isinstance(a.value, cst.Name) and a.value.value == "False") for a in call.args):
+        return None  # gradients that may be None cannot be divided by the scale
     outputs = next((a for a in call.args if a.keyword is not None and a.keyword.value == "outputs"), None)
     if outputs is None and call.args and call.args[0].keyword is None and not call.args[0].star:
         outputs = call.args[0]

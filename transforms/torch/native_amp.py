@@ -134,6 +134,15 @@ NATIVE_RULES = BackendRules(
             "PyTorch AMP examples); this file was left unconverted (or use --dtype bfloat16)",
             blocks_file=True, float16_only=True, in_training_only=True,
         ),
+        HazardKind.AUTOGRAD_GRAD: HazardRule(
+            "AMP212",
+            "torch.autograd.grad here differentiates a loss of the training step (a MAML inner loop, adversarial "
+            "examples) that the GradScaler never scales: its float16 gradients can underflow; ampify scales it when "
+            "the gradients are assigned (`g = torch.autograd.grad(loss, x)[0]`, `grads = torch.autograd.grad(loss, "
+            "params)`), which it could not follow here: compute it from scaler.scale(loss) and divide the gradients "
+            "by scaler.get_scale() by hand; this file was left unconverted (or use --dtype bfloat16)",
+            blocks_file=True, float16_only=True, in_training_only=True,
+        ),
         HazardKind.MASKED_FILL: HazardRule(
             "AMP213",
             "masked_fill with {detail} overflows float16 under autocast: use torch.finfo(scores.dtype).min "
@@ -322,7 +331,8 @@ class NativeConversion(TorchConversion):
         if not self.scaling:
             return set()
         if self.penalties is None:
-            self.penalties = penalty_sites(self.structure, self.structure.fresh_name("scaler", "grad_scaler", "amp_scaler"))
+            self.penalties = penalty_sites(self.structure, self.structure.fresh_name("scaler", "grad_scaler", "amp_scaler"),
+                                           kinds=(HazardKind.CREATE_GRAPH, HazardKind.AUTOGRAD_GRAD))
         return set(self.penalties) | {id(wrap.node) for wrap in self._fsdp_wraps()}
 
     def _fsdp_wraps(self):
@@ -614,7 +624,8 @@ class NativeConversion(TorchConversion):
             where = f" in {site.helper.name.value}()" if site.helper is not None else ""
             self.info(
                 "AMP230",
-                f"gradient penalty{where}: torch.autograd.grad now differentiates {reference}.scale(...) and "
+                f"{'gradient penalty' if site.penalty else 'gradients of a loss of the step'}{where}: "
+                f"torch.autograd.grad now differentiates {reference}.scale(...) and "
                 f"{site.target} is divided by {reference}.get_scale() (the PyTorch AMP recipe)",
                 site.call,
             )

@@ -235,6 +235,10 @@ class HazardKind(str, enum.Enum):
     SIGMOID = "sigmoid"  # an nn.Sigmoid layer (a model ending in Sigmoid usually feeds BCELoss)
     CLOSURE = "closure"  # optimizer.step(closure), which GradScaler does not support
     CREATE_GRAPH = "create_graph"  # torch.autograd.grad(..., create_graph=True): manual loss scaling
+    #: torch.autograd.grad(loss, inputs) without create_graph in a training iteration (a MAML inner
+    #: loop's fast weights, FGSM/PGD adversarial examples): float16 gradients the GradScaler never
+    #: scaled; kept only when the call runs in a training unit or a helper called there
+    AUTOGRAD_GRAD = "autograd_grad"
     MASKED_FILL = "masked_fill"  # masked_fill with a constant beyond the float16 range
     #: torch.mm(f, f.t()): a Gram matrix of feature maps (style transfer) sums h*w products, which
     #: overflow float16 under autocast: the loss is inf and every step is skipped
@@ -499,6 +503,30 @@ def _position_in(body: Sequence[cst.CSTNode], statement: cst.CSTNode) -> Optiona
     return None
 
 
+def _keep_gradients_taken_in_training(structure: TrainingStructure) -> None:
+    """Drop the AUTOGRAD_GRAD hazards outside training: a `torch.autograd.grad(out, x)` counts when
+    it runs in a training unit's iteration, or in a function of the file called there by name
+    (`fgsm(model, x, y)`, `self.inner_update(...)`); a saliency map in an evaluation function
+    does not."""
+    hazards = [h for h in structure.hazards if h.kind is HazardKind.AUTOGRAD_GRAD]
+    if not hazards:
+        return
+    called: Set[str] = set()
+    for unit in structure.units:
+        for call in calls_within(unit.owner):
+            name = dotted_name(call.func) or ""
+            called.add(name[len("self."):] if name.startswith("self.") else name)
+
+    def in_training(node: cst.CSTNode) -> bool:
+        if any(structure.contains(unit.owner, node) for unit in structure.units):
+            return True
+        scope = structure.scope_of(node)
+        return isinstance(scope, cst.FunctionDef) and scope.name.value in called
+
+    dropped = {id(h) for h in hazards if not in_training(h.node)}
+    structure.hazards = [h for h in structure.hazards if id(h) not in dropped]
+
+
 def analyze_training(module: cst.Module, imports: ImportMap,
                      wrapper_steps: Optional[Dict[str, WrapperUse]] = None,
                      project_class: Optional[ProjectClass] = None) -> TrainingStructure:
@@ -517,6 +545,7 @@ def analyze_training(module: cst.Module, imports: ImportMap,
     structure._positions = Positions(module)
     _identify_optimizers(structure, collector)
     _group_units(structure)
+    _keep_gradients_taken_in_training(structure)
     if structure.all_names & {"sigmoid", "Sigmoid", "expit"}:
         structure.hazards.extend(Hazard(HazardKind.LOG_OF_PROBABILITY, call, code_of(call))
                                  for call, _ in log_of_probability_calls(module, imports))
@@ -888,6 +917,8 @@ class _Collector(cst.CSTVisitor):
         if qualified == "torch.autograd.grad":
             if any(a.keyword is not None and a.keyword.value == "create_graph" and _is_true(a.value) for a in node.args):
                 structure.hazards.append(Hazard(HazardKind.CREATE_GRAPH, node))
+            else:
+                structure.hazards.append(Hazard(HazardKind.AUTOGRAD_GRAD, node))
             return
         gram = _gram_matrix_operand(node, qualified, method)
         if gram is not None and self._flattened_feature_map(gram, statement):
