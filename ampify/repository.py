@@ -1210,6 +1210,23 @@ class ProjectView:
                 return self.where(path, 0).rsplit(":", 1)[0]
         return None
 
+    def attribute_calls_elsewhere(self, class_name: str, attribute: str, method: str) -> List[str]:
+        """"worker.py:49" for every `<name>.attribute.method(` in a project module that may use this
+        module's class `class_name`, `<name>` not `self` (a subclass using what it inherits);
+        "worker.py:0" for such a module that cannot be read."""
+        pattern = re.compile(rb"(\w+)\s*\.\s*" + re.escape(attribute.encode()) + rb"\s*\.\s*"
+                             + re.escape(method.encode()) + rb"\s*\(")
+        found = []
+        for path in self.index.users_of(self.path, class_name, []):
+            try:
+                data = current_bytes(path)
+            except OSError:
+                found.append(self.where(path, 0))
+                continue
+            found += [self.where(path, data.count(b"\n", 0, match.start()) + 1) for match in pattern.finditer(data)
+                      if match.group(1) != b"self"]
+        return found
+
     def class_users_elsewhere(self, key: str, name: str) -> List[str]:
         """"test.py" for every project module besides this one and `key` that may use the class."""
         return [self.where(path, 0).rsplit(":", 1)[0] for path in self.index.users_of(Path(key), name, [self.path])]

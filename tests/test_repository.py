@@ -879,3 +879,39 @@ def test_apex_refuses_a_wrapper_that_clips_before_it_steps_under_o2(tmp_path):
     assert any("seq2seq_trainer.py" in line and "master copies" in line for line in refusals), refusals
     assert "model, optimizer._optimizer = amp.initialize(model, optimizer._optimizer, opt_level=\"O2\")" \
         in completed.stdout
+
+
+def test_an_optimizer_another_module_applies_foreign_gradients_through_is_left_unwrapped(tmp_path):
+    """tf1_a3c_global_optimizer: worker.py applies a local estimator's gradients with the global
+    estimator's `.optimizer`, so estimators.py's optimizer is not wrapped (AMP115 there names
+    worker.py's line). When the other module computes the gradients it applies with that same
+    optimizer (`.optimizer.compute_gradients(...)`), the optimizer is wrapped as usual."""
+    tree = tmp_path / "repo"
+    shutil.copytree(ROOT / "fixtures" / "repositories" / "tf1_a3c_global_optimizer" / "input", tree)
+    refused = subprocess.run([sys.executable, "-m", "ampify", "--diff", str(tree)], capture_output=True, text=True,
+                             cwd=tmp_path)
+    assert "tf.train.RMSPropOptimizer not wrapped: worker.py:11 applies gradients through ValueEstimator's " \
+           ".optimizer" in refused.stderr, refused.stderr
+    assert refused.stdout == ""
+    worker = tree / "worker.py"
+    worker.write_text(worker.read_text().replace(
+        "    local_grads, _ = zip(*local_estimator.grads_and_vars)\n",
+        "    local_grads, _ = zip(*global_estimator.optimizer.compute_gradients(local_estimator.loss))\n"))
+    converted = subprocess.run([sys.executable, "-m", "ampify", "--diff", str(tree)], capture_output=True,
+                               text=True, cwd=tmp_path)
+    assert "enable_mixed_precision_graph_rewrite(tf.train.RMSPropOptimizer(0.00025, 0.99, 0.0, 1e-6))" \
+           in converted.stdout, converted.stderr
+    assert "not wrapped: worker.py" not in converted.stderr
+    # a subclass in another module applying gradients through what it inherits (baselines' MicrobatchedModel:
+    # `self.trainer.apply_gradients(...)` of gradients the same optimizer computed) is no other object's optimizer
+    (tree / "microbatched.py").write_text(
+        "import tensorflow as tf\n"
+        "from estimators import ValueEstimator\n\n\n"
+        "class MicrobatchedEstimator(ValueEstimator):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.grads_ph = [tf.placeholder(tf.float32, v.shape) for _, v in self.grads_and_vars]\n"
+        "        self.apply_op = self.optimizer.apply_gradients(zip(self.grads_ph, [v for _, v in self.grads_and_vars]))\n")
+    subclass = subprocess.run([sys.executable, "-m", "ampify", "--diff", str(tree / "estimators.py")],
+                              capture_output=True, text=True, cwd=tmp_path)
+    assert "enable_mixed_precision_graph_rewrite(" in subclass.stdout, subclass.stderr

@@ -112,6 +112,10 @@ class ProjectFacts(Protocol):
     def attribute_spelled_elsewhere(self, class_name: str, attribute: str) -> Optional[str]:
         """"main.py" when a module that may use this module's class spells `.attribute`."""
 
+    def attribute_calls_elsewhere(self, class_name: str, attribute: str, method: str) -> Sequence[str]:
+        """"worker.py:49" for every `<name>.attribute.method(` (`<name>` not `self`) in the project
+        modules that may use this module's class `class_name` (`global_estimator.optimizer.apply_gradients(...)`)."""
+
     def class_users_elsewhere(self, key: str, name: str) -> Sequence[str]:
         """"test.py" for every other project module (not this one, not `key`) that may use that class."""
 

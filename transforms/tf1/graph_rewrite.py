@@ -27,7 +27,7 @@ from ampify.transforms.kit.log_of_sigmoid import TENSORFLOW, log_of_probability_
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.kit.parameters import with_parameter
-from ampify.transforms.tf1.gradients_rewrite import GradientsPlan, plan_gradients_rewrites
+from ampify.transforms.tf1.gradients_rewrite import CODE_UNTRACEABLE_APPLY, GradientsPlan, plan_gradients_rewrites
 from ampify.transforms.tf1.module_header import (
     add_header_statements,
     choose_wrapper_spelling,
@@ -328,7 +328,8 @@ class _GraphRewrite:
 
     def _convert(self) -> TransformResult:
         to_wrap = [
-            s for s in self._tf1_sites() if not s.already_wrapped and not self._reads_unforwarded(s)
+            s for s in self._tf1_sites()
+            if not s.already_wrapped and not self._reads_unforwarded(s) and not self._applied_from_elsewhere(s)
         ]
         reports = SiteReports(self.module, self.positions, self.survey, self.findings)
         reports.optimizer_sites(to_wrap)
@@ -546,6 +547,52 @@ class _GraphRewrite:
                 )
                 return True
         return False
+
+    def _applied_from_elsewhere(self, site: OptimizerSite) -> bool:
+        """Does another project module apply gradients through this optimizer, kept on an object of
+        this file's class (`self.optimizer`), without computing them with it? dennybritz's A3C:
+        worker.py runs `global_estimator.optimizer.apply_gradients(zip(local_grads, global_vars))`
+        with a local estimator's gradients. Wrapped, each estimator's optimizer would have its own
+        loss scale: the gradients come scaled and unscaled by the local one, which nothing ever
+        updates, while the global one checks them and skips; after an overflow every step would be
+        skipped. The site is left alone and reported (AMP115), naming the other module's line."""
+        if self.project is None or not site.enclosing_class:
+            return False
+        ask = getattr(self.project, "attribute_calls_elsewhere", None)
+        klass = self._class_names().get(site.enclosing_class)
+        if ask is None or klass is None:
+            return False
+        for name in site.assigned_to:
+            if not name.startswith("self.") or name.count(".") != 1:
+                continue
+            attribute = name.split(".", 1)[1]
+            applied = ask(klass, attribute, "apply_gradients")
+            computing = {where.rsplit(":", 1)[0] for method in ("compute_gradients", "minimize")
+                         for where in ask(klass, attribute, method)}
+            foreign = [where for where in applied if where.rsplit(":", 1)[0] not in computing]
+            if not foreign:
+                continue
+            self.findings.append(_warning(
+                CODE_UNTRACEABLE_APPLY,
+                f"{site.display} not wrapped: {', '.join(foreign)} applies gradients through {klass}'s "
+                f".{attribute} (`.{attribute}.apply_gradients(...)`) with gradients computed elsewhere (an A3C "
+                "worker applying a local network's gradients with the global optimizer?); wrapped, the loss "
+                "scale that computed them would not be the one that checks them, and after an overflow every "
+                "step would be skipped: compute them with that optimizer's compute_gradients, or convert by hand",
+                site.line, site.column))
+            return True
+        return False
+
+    def _class_names(self) -> Dict[int, str]:
+        """Names of the module's classes, by id of their ClassDef (any depth)."""
+        names: Dict[int, str] = {}
+
+        class _Classes(cst.CSTVisitor):
+            def visit_ClassDef(self, node: cst.ClassDef) -> None:
+                names[id(node)] = node.name.value
+
+        self.module.visit(_Classes())
+        return names
 
     def _wrapper_callees(self, to_wrap: List[OptimizerSite]):
         """The wrapper's spelling for each site, and the module-level import to add, if any.
