@@ -195,11 +195,7 @@ def _idle_optimizer_call(
 ) -> Optional[Tuple[cst.Call, str]]:
     """(the call, the class) when the call at `site` passes, for every optimizer parameter, a new
     instance of a class of this module whose step() does nothing (`DummyOptimizer()`)."""
-    call = next(
-        (c for c in statements.calls_within(s.module)
-         if (dotted_name(c.func) or "").split(".")[-1] == function_name and s.line(c) == site.line),
-        None,
-    )
+    call = call_at_site(s, site, function_name)
     if call is None:
         return None
     idle = [no_op_optimizer_class(s, statements.argument_for(call, receiver, positions), s.scope_of(call))
@@ -309,17 +305,22 @@ HOROVOD_ELSEWHERE = (": its allreduce runs asynchronously until the optimizer's 
                      "file; convert by hand")
 
 
+def call_at_site(s, site: CallSite, function_name: str) -> Optional[cst.Call]:
+    """The call at `site` in the parsed module: on its line, calling `function_name` by that name
+    or, imported under another (`from helper.loops import train_vanilla as train`), starting at the
+    site's column."""
+    on_line = [c for c in statements.calls_within(s.module) if s.line(c) == site.line]
+    named = next((c for c in on_line if (dotted_name(c.func) or "").split(".")[-1] == function_name), None)
+    return named or next((c for c in on_line if s.position(c).column == site.column), None)
+
+
 def call_and_passed_optimizers(
     s, site: CallSite, function_name: str, positions: Dict[str, int], receivers: Sequence[str]
 ) -> Tuple[cst.Call, List[str]]:
     """The call of the step function at `site`, found again in the parsed module, and the plain
     variable it passes for each optimizer parameter; Unconvertible when either is not there."""
     display = site.display
-    call = next(
-        (c for c in statements.calls_within(s.module)
-         if (dotted_name(c.func) or "").split(".")[-1] == function_name and s.line(c) == site.line),
-        None,
-    )
+    call = call_at_site(s, site, function_name)
     if call is None:
         raise Unconvertible(f"the call of {function_name}() at {display}:{site.line} could not be found again")
     passed = []
