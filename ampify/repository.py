@@ -116,6 +116,10 @@ class ModuleOutline:
     #: every module-level class: name -> (its bases by their last name, its method names), to
     #: follow a loss class's subclasses across the project
     class_shapes: Dict[str, Tuple[Tuple[str, ...], FrozenSet[str]]] = field(default_factory=dict)
+    #: folders the module puts on sys.path at import time (`_init_paths.py`:
+    #: `sys.path.insert(0, osp.join(osp.dirname(__file__), '..', 'lib'))`), as far as they can be
+    #: computed without running it
+    sys_path_additions: List[Path] = field(default_factory=list)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -152,18 +156,44 @@ class RepositoryIndex:
         self._all_modules: Optional[List[Path]] = None
         self._wrapper_steps: Optional[List[WrapperStep]] = None
         self._definitions: Dict[str, int] = {}
+        self._search_roots: Dict[Path, List[Path]] = {}
 
     # ---- where modules are -------------------------------------------------------------------
 
     def search_roots(self, importer: Path) -> List[Path]:
         """What `sys.path` holds for the project's own modules when `python importer` runs:
-        the script's folder first, then the root and a `src/` layout."""
-        roots = [importer.resolve().parent, self.root, self.root / "src"]
+        the folders the importer, or a module of its own folder it imports first (the
+        `import _init_paths` of detection and pose repositories), puts there; the script's
+        folder; then the root and a `src/` layout."""
+        importer = importer.resolve()
+        cached = self._search_roots.get(importer)
+        if cached is not None:
+            return cached
+        folder = importer.parent
+        roots = self._sys_path_additions(importer) + [folder, self.root, self.root / "src"]
         unique: List[Path] = []
         for root in roots:
-            if root not in unique and root.is_dir():
+            if root not in unique and root.is_dir() and self._inside(root):
                 unique.append(root)
+        self._search_roots[importer] = unique
         return unique
+
+    def _sys_path_additions(self, importer: Path) -> List[Path]:
+        """The folders `importer` adds to sys.path itself, or through a module of its own folder
+        that it imports by a plain `import name` (`import _init_paths`)."""
+        outline = self.outline(importer)
+        if outline is None:
+            return []
+        added = list(outline.sys_path_additions)
+        for local, (module, name, level) in outline.imports.items():
+            if name is not None or level or "." in module:
+                continue
+            sibling = (importer.parent / f"{module}.py").resolve()
+            if sibling != importer and sibling.is_file():
+                helper = self.outline(sibling)
+                if helper is not None:
+                    added += helper.sys_path_additions
+        return added
 
     def resolve_module(self, importer: Path, module: str, level: int = 0) -> Optional[Path]:
         """The project file `import module` (or `from .module import`) means in `importer`;
@@ -609,7 +639,86 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
                             tuple(k.arg for k in node.keywords if k.arg), sum(1 for a in node.args if not isinstance(a, ast.Starred)))
                 outline.calls.setdefault(name, []).append(call)
     _registry_calls(tree, path, outline)
+    if b"sys.path" in data:
+        outline.sys_path_additions = _sys_path_additions(tree, path)
     return outline
+
+
+def _sys_path_additions(tree: ast.Module, path: Path) -> List[Path]:
+    """Folders the module's top level puts on sys.path (`sys.path.insert(0, p)`,
+    `sys.path.append(p)`, or a module-level helper doing so with its parameter, `add_path(p)`),
+    where p can be computed statically from `__file__`, string constants, names bound to such
+    values, os.path's dirname/join/abspath/realpath/normpath and pathlib's `Path(...)`, `.parent`,
+    `.resolve()` and `/`. A relative result is taken from the module's folder."""
+    folder = path.resolve().parent
+    values: Dict[str, str] = {}
+    helpers: Dict[str, int] = {}
+    found: List[Path] = []
+
+    def value(node: Optional[ast.AST]) -> Optional[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.Name):
+            return str(path.resolve()) if node.id == "__file__" else values.get(node.id)
+        if isinstance(node, ast.Attribute) and node.attr == "parent":
+            inner = value(node.value)
+            return None if inner is None else os.path.dirname(inner)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            left, right = value(node.left), value(node.right)
+            return None if left is None or right is None else os.path.join(left, right)
+        if not isinstance(node, ast.Call):
+            return None
+        function = (_dotted(node.func) or "").split(".")[-1]
+        if isinstance(node.func, ast.Attribute) and node.func.attr in ("resolve", "absolute") and not node.args:
+            return value(node.func.value)
+        arguments = [value(argument) for argument in node.args]
+        if node.keywords or any(argument is None for argument in arguments):
+            return None
+        if function == "dirname" and len(arguments) == 1:
+            return os.path.dirname(arguments[0])
+        if function in ("abspath", "realpath", "normpath", "str", "Path", "PurePath") and len(arguments) == 1:
+            return arguments[0]
+        if function == "join" and arguments:
+            return os.path.join(*arguments)
+        return None
+
+    def add(node: ast.AST) -> None:
+        computed = value(node)
+        if computed is not None:
+            candidate = Path(os.path.normpath(os.path.join(folder, computed)))
+            if candidate not in found:
+                found.append(candidate)
+
+    def sys_path_argument(call: ast.Call) -> Optional[ast.AST]:
+        name = _dotted(call.func) or ""
+        if name == "sys.path.insert" and len(call.args) == 2:
+            return call.args[1]
+        if name == "sys.path.append" and len(call.args) == 1:
+            return call.args[0]
+        return None
+
+    for statement in _module_level(tree.body):
+        if isinstance(statement, ast.FunctionDef):
+            parameters = [argument.arg for argument in statement.args.args]
+            for node in ast.walk(statement):
+                if isinstance(node, ast.Call):
+                    argument = sys_path_argument(node)
+                    if isinstance(argument, ast.Name) and argument.id in parameters:
+                        helpers[statement.name] = parameters.index(argument.id)
+        elif isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+            computed = value(statement.value)
+            if computed is not None:
+                values[statement.targets[0].id] = computed
+            else:
+                values.pop(statement.targets[0].id, None)
+        elif isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+            call = statement.value
+            argument = sys_path_argument(call)
+            if argument is not None:
+                add(argument)
+            elif isinstance(call.func, ast.Name) and call.func.id in helpers and len(call.args) > helpers[call.func.id]:
+                add(call.args[helpers[call.func.id]])
+    return found
 
 
 def _registry_calls(tree: ast.Module, path: Path, outline: ModuleOutline) -> None:

@@ -915,3 +915,26 @@ def test_an_optimizer_another_module_applies_foreign_gradients_through_is_left_u
     subclass = subprocess.run([sys.executable, "-m", "ampify", "--diff", str(tree / "estimators.py")],
                               capture_output=True, text=True, cwd=tmp_path)
     assert "enable_mixed_precision_graph_rewrite(" in subclass.stdout, subclass.stderr
+
+
+@pytest.mark.parametrize("setup", [
+    "sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'lib'))",
+    "sys.path.append(os.path.abspath(os.path.join(os.path.dirname(os.path.realpath(__file__)), '..', 'lib')))",
+    "sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'lib'))",
+    "HERE = Path(__file__).parent\nsys.path.insert(0, str(HERE.parent / 'lib'))",
+    "sys.path.insert(0, '../lib')",
+])
+def test_folders_a_script_puts_on_sys_path_are_searched_for_its_imports(setup, tmp_path):
+    """`python tools/train.py` with lib/ put on sys.path by the script itself (the forms below) finds
+    `core.engine` in lib/; without such a line it is not found (nothing there on the default path)."""
+    (tmp_path / "lib" / "core").mkdir(parents=True)
+    (tmp_path / "lib" / "core" / "__init__.py").write_text("")
+    (tmp_path / "lib" / "core" / "engine.py").write_text("def train_one_epoch(model, optimizer):\n    pass\n")
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "setup.py").write_text("")
+    script = tmp_path / "tools" / "train.py"
+    script.write_text(f"import os\nimport sys\nfrom pathlib import Path\n{setup}\nfrom core.engine import train_one_epoch\n")
+    index = RepositoryIndex(tmp_path)
+    assert index.resolve_module(script, "core.engine") == (tmp_path / "lib" / "core" / "engine.py").resolve()
+    script.write_text("import os\nimport sys\nfrom core.engine import train_one_epoch\n")
+    assert RepositoryIndex(tmp_path).resolve_module(script, "core.engine") is None
