@@ -52,6 +52,9 @@ EXPECTED_CALLS = {
     # 4 iterations; the masked write of target values is cast back to float32
     "dqn_target_values": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
     "critic_every_step_generator_every_other": {"step": 9, "update": 6, "scale": 9, "load_state_dict": 0},
+    # 4 learn() calls of an agent whose networks own their optimizers (self.critic.optimizer,
+    # self.actor.optimizer): two steps, one update each, the agent's self.scaler
+    "agent_with_networks_owning_optimizers": {"step": 8, "update": 4, "scale": 8, "load_state_dict": 0},
     # 4 iterations of optimize_parameters(): G and D steps, three backward() calls in helper
     # methods (backward_G, backward_D_basic twice), one update per iteration
     "gan_helper_methods": {"step": 8, "update": 4, "scale": 12, "load_state_dict": 0},

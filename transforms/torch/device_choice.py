@@ -141,6 +141,8 @@ class DeviceChoice:
         if name is None or not names.looks_like_device_name(name):
             return None  # `.to(dtype)`, `.to(other_tensor)`: not a device
         base = name.split(".")[0]
+        if base == "self" and self._device_of_held_object(name, scope, before_line):
+            return f"{name}.type"
         if base == "self":
             if not any(self._set_before(b, scope, before_line) for b in s.bindings_visible(name, scope)):
                 return None
@@ -164,6 +166,32 @@ class DeviceChoice:
             # torch.device(None) raises where autocast runs unguarded
             return '"cuda"'
         return f"{self.torch}.device({name}).type"
+
+
+    def _device_of_held_object(self, name: str, scope: Scope, before_line: int) -> bool:
+        """`self.Q_eval.device`: is `self.Q_eval` set (before `before_line`, seen from `scope`) only
+        to instances of one class of this file whose __init__ sets `self.device` to a device? (phil
+        tabor's networks build their optimizer and device themselves; the agent holds them.)"""
+        s = self.structure
+        parts = name.split(".")
+        if len(parts) != 3:
+            return False
+        owner = f"self.{parts[1]}"
+        bindings = s.bindings_visible(owner, scope)
+        if not bindings or not all(isinstance(b.value, cst.Call) and isinstance(b.value.func, cst.Name) for b in bindings):
+            return False
+        if not any(self._set_before(b, scope, before_line) for b in bindings):
+            return False
+        classes = {b.value.func.value for b in bindings}
+        if len(classes) != 1:
+            return False
+        klass = next((node for node in s.module.body if isinstance(node, cst.ClassDef)
+                      and node.name.value == next(iter(classes))), None)
+        if klass is None:
+            return False
+        devices = [b for b in s.device_bindings if b.klass is klass and b.name == f"self.{parts[2]}"]
+        return bool(devices) and all(isinstance(b.scope, cst.FunctionDef) and b.scope.name.value == "__init__"
+                                     for b in devices)
 
 
 def _defaults_to_none(param: cst.Param) -> bool:

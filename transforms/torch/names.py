@@ -154,6 +154,8 @@ DATA_PREPARATION_CALLS = {
     "tensor", "as_tensor", "from_numpy", "Variable", "zero_grad", "train", "eval", "print",
     "isinstance", "type", "get", "items", "keys", "values", "append", "time", "perf_counter",
     "update", "format", "str", "dict", "list", "tuple", "split", "chunk", "cat", "stack",
+    # Python's own arithmetic on sizes and counters (`max_mem = min(self.mem_cntr, self.mem_size)`)
+    "min", "max", "abs", "round",
     # legacy tensor constructors (also the usual aliases, `Tensor = torch.cuda.FloatTensor if cuda
     # else torch.FloatTensor`) and numpy's random draws: `valid = Variable(Tensor(n, 1).fill_(1.0))`
     "FloatTensor", "LongTensor", "DoubleTensor", "HalfTensor", "ByteTensor", "BoolTensor", "IntTensor", "Tensor",

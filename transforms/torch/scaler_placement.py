@@ -15,6 +15,7 @@ import libcst as cst
 
 from ampify.transforms.base import CallSite, ProjectFacts
 from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.training_loop import (
     Block,
@@ -167,6 +168,16 @@ class ScalerPlacement:
         s = self.structure
         unit = plan.unit
         receivers = unit.optimizers
+        owners = _owners_of_owned_optimizers(s, unit, receivers)
+        if owners:
+            # `self.Q_eval.optimizer`: the networks the agent holds build their own optimizers; the
+            # agent's scaler is created after it builds them (one scaler for the unit, as for its
+            # own optimizers)
+            plan.reference = f"self.{self.scaler_name}"
+            plan.home = self._class_home(unit.klass, unit.scope, owners, unit.steps[0].call)
+            plan.home.optimizers = list(dict.fromkeys(list(receivers) + [o for o in plan.home.optimizers
+                                                                         if o not in owners]))
+            return
         if all(r.startswith("self.") for r in receivers):
             plan.reference = f"self.{self.scaler_name}"
             if unit.klass is None:
@@ -560,6 +571,40 @@ class ScalerPlacement:
                 raise type(problem)(f"{function.name.value}() is called from {where}: {problem}", node) from None
             plan.companions.append(caller)
             plan.replan_companions.append(replan)
+
+
+def _owners_of_owned_optimizers(s: TrainingStructure, unit: TrainingUnit, receivers: List[str]) -> List[str]:
+    """["self.Q_eval"] when every optimizer the unit steps is `self.<owner>.<attribute>`, each
+    owner is set in the unit's class only to instances of one class of this module (phil tabor's
+    `self.Q_eval = DeepQNetwork(...)`), and that class sets `self.<attribute>` only to optimizer
+    constructions (`self.optimizer = optim.Adam(self.parameters(), lr=lr)` in its __init__).
+    Empty otherwise: the step is not followed that way."""
+    if unit.klass is None or not receivers:
+        return []
+    classes = {statement.name.value: statement for statement in s.module.body if isinstance(statement, cst.ClassDef)}
+    owners: List[str] = []
+    for receiver in receivers:
+        parts = receiver.split(".")
+        if len(parts) != 3 or parts[0] != "self":
+            return []
+        owner = f"self.{parts[1]}"
+        bindings = s.bindings_visible(owner, unit.scope)
+        if not bindings or any(b.kind not in ("assign", "attribute") or not isinstance(b.value, cst.Call)
+                               or not isinstance(b.value.func, cst.Name) for b in bindings):
+            return []
+        owner_classes = {b.value.func.value for b in bindings}
+        if len(owner_classes) != 1 or next(iter(owner_classes)) not in classes:
+            return []
+        owner_class = classes[next(iter(owner_classes))]
+        if owner_class is unit.klass or any(b.name == next(iter(owner_classes)) for b in s.bindings):
+            return []
+        made = [b for b in s.bindings if b.klass is owner_class and b.name == f"self.{parts[2]}"]
+        if not made or any(b.kind not in ("assign", "attribute") or not b.qualified_call or not names.is_optimizer_qualname(b.qualified_call)
+                           for b in made):
+            return []
+        if owner not in owners:
+            owners.append(owner)
+    return owners
 
 
 def _calls_of_function(structure: TrainingStructure, function: cst.FunctionDef) -> Tuple[List[cst.Call], List[cst.CSTNode]]:
