@@ -183,6 +183,10 @@ class AutocastPlanner:
             optimizer = self.structure.optimizers.get(name)
             if optimizer is not None:
                 models.update(optimizer.model_names)
+            parts = name.split(".")
+            if len(parts) == 3 and parts[0] == "self" and (optimizer is None or not optimizer.model_names):
+                # `self.actor.optimizer`: a network that builds its own optimizer over its parameters
+                models.add(f"self.{parts[1]}")
         return models
 
     def scope_of_region(self, block: Block, unit_scope):

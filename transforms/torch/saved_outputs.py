@@ -30,14 +30,15 @@ from ampify.transforms.torch.training_loop import Block, Scope, TrainingStructur
 @dataclass
 class SavedForward:
     """Statements body[start..end] of `block`, in the function `scope`, run the model for a value
-    that `call` adds to the list `container`, which the loss reads."""
+    that `call` adds to the list `container` (or an assignment keeps as the attribute
+    `container`), which the loss reads."""
 
     block: Block
     start: int
     end: int
     scope: Scope
     container: str
-    call: cst.Call
+    call: cst.CSTNode
 
 
 class SavedOutputs:
@@ -45,7 +46,7 @@ class SavedOutputs:
 
     def __init__(self, structure: TrainingStructure) -> None:
         self.structure = structure
-        self._filling_calls: Optional[Dict[str, List[cst.Call]]] = None
+        self._filling_calls: Optional[Dict[str, List[cst.CSTNode]]] = None
 
     def forwards_for(self, needed: Set[str], loss_scope: Scope, models: Set[str]) -> List[SavedForward]:
         """The forward passes, in other functions of this file, whose outputs were added to a
@@ -58,21 +59,46 @@ class SavedOutputs:
                 scope = self.structure.scope_of(call)
                 if scope is loss_scope or not self._same_object(container, scope, loss_scope):
                     continue
+                if isinstance(call, cst.Assign) and not self._kept_between_steps(scope):
+                    continue
                 here = {m for m in models if self._same_object(m, scope, loss_scope)}
                 forward = self._forward_before(call, scope, container, here)
                 if forward is not None:
                     found.append(forward)
         return found
 
-    def _fillers(self) -> Dict[str, List[cst.Call]]:
-        """Every `<chain>.append(...)` (and extend, insert ...) of the module, by chain."""
+    def _fillers(self) -> Dict[str, List[cst.CSTNode]]:
+        """Every `<chain>.append(...)` (and extend, insert ...) of the module, and every plain
+        assignment to an attribute chain (actor-critic agents keep `self.log_probs =
+        dist.log_prob(action)` from choose_action() for learn()), by chain."""
         if self._filling_calls is None:
             self._filling_calls = {}
             for call in statements.nodes_of_type(self.structure.module, cst.Call):
                 container = statements.filled_container(call)
                 if container and "." in container:
                     self._filling_calls.setdefault(container, []).append(call)
+            for assign in statements.nodes_of_type(self.structure.module, cst.Assign):
+                if len(assign.targets) == 1:
+                    container = dotted_name(assign.targets[0].target)
+                    if container and "." in container:
+                        self._filling_calls.setdefault(container, []).append(assign)
         return self._filling_calls
+
+    def _kept_between_steps(self, scope: Scope) -> bool:
+        """Does a function that keeps a value on an attribute run outside every training
+        iteration (choose_action(), called from the environment loop)? One that an iteration calls
+        (pix2pix's `self.forward()` in optimize_parameters()) is put under autocast at that call."""
+        if not isinstance(scope, cst.FunctionDef):
+            return False
+        name = scope.name.value
+        for unit in self.structure.units:
+            bodies = [unit.owner] + [helper for backward in unit.backwards if backward.delegation is not None
+                                     for helper in backward.delegation.helpers]
+            for body in bodies:
+                for call in statements.calls_within(body):
+                    if (dotted_name(call.func) or "").split(".")[-1] == name:
+                        return False
+        return True
 
     def _same_object(self, container: str, filler_scope: Scope, loss_scope: Scope) -> bool:
         """Does `container` name the same object in both functions? `self.x`: methods of one
@@ -90,9 +116,9 @@ class SavedOutputs:
             b.scope is s.module for b in bindings_here
         )
 
-    def _forward_before(self, call: cst.Call, scope: Scope, container: str, models: Set[str]) -> Optional[SavedForward]:
-        """The statements before the filling call, in its block, that run a model for the value
-        it adds (traced back through the names that value is computed from)."""
+    def _forward_before(self, call: cst.CSTNode, scope: Scope, container: str, models: Set[str]) -> Optional[SavedForward]:
+        """The statements before the filling call (or assignment), in its block, that run a model
+        for the value it adds (traced back through the names that value is computed from)."""
         s = self.structure
         statement = s.statement_of(call)
         block = s.block_of(statement) if statement is not None else None
@@ -101,9 +127,11 @@ class SavedOutputs:
         body: Sequence[cst.CSTNode] = list(block.body)
         index = next(i for i, candidate in enumerate(body) if candidate is statement)
         needed = set()
-        for argument in call.args:
-            needed |= statements.used_names(argument.value)
+        for value in ([call.value] if isinstance(call, cst.Assign) else [argument.value for argument in call.args]):
+            needed |= statements.used_names(value)
         forwards: List[int] = []
+        if isinstance(call, cst.Assign) and _calls_one_of(statement, models):
+            forwards.append(index)  # `self.values = self.critic(obs)`
         for candidate in range(index - 1, -1, -1):
             earlier = body[candidate]
             if isinstance(earlier, (cst.FunctionDef, cst.ClassDef)):
@@ -115,6 +143,11 @@ class SavedOutputs:
         if not forwards:
             return None
         start, end = min(forwards), max(forwards)
+        if isinstance(call, cst.Assign):
+            # the kept value is computed from the model's outputs by the statements in between
+            # (`sigma = T.exp(sigma)`, `dist.log_prob(action)`): under autocast with them, as the
+            # loss computed from it would be in the step itself
+            end = index
         stepping = {id(c) for c in self._backward_and_step_calls()}
         for held in body[start:end + 1]:
             if any(id(c) in stepping for c in statements.calls_within(held)):
