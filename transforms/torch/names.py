@@ -174,9 +174,11 @@ HOST_DATA_MODULES = ("numpy", "math", "random")
 #: `train_dataset.get_batch()`, `data_iter.next()`): data preparation, not a forward pass. Only
 #: with a receiver named like a data source (DATA_SOURCE_WORDS): `generator.sample(z)` runs a model
 DATA_SOURCE_METHODS = {"sample", "get_batch", "next_batch", "get_next", "load_batch", "next", "__next__",
-                       "sample_batch"}
+                       "sample_batch", "sample_buffer"}
 DATA_SOURCE_WORDS = ("buffer", "memory", "replay", "dataset", "loader", "data", "iter", "batch", "queue", "storage",
                      "rollout", "sampler", "mem")
+#: receivers named exactly so are data sources too (cleanrl's replay buffer `rb.sample(n)`)
+DATA_SOURCE_NAMES = {"rb", "rbuf", "per"}
 
 #: tensor methods and builtins that compute on tensors already made: a region whose calls are
 #: all of these (or of imported functions such as torch.cat) holds no model forward pass

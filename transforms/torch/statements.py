@@ -298,7 +298,7 @@ def fetches_a_batch(call: cst.Call, method: str) -> bool:
             and receiver.func.attr.value == "__iter__":
         receiver = receiver.func.value  # `loader.__iter__().next()`
     last = receiver.attr.value if isinstance(receiver, cst.Attribute) else receiver.value if isinstance(receiver, cst.Name) else ""
-    return any(word in last.lower() for word in names.DATA_SOURCE_WORDS)
+    return any(word in last.lower() for word in names.DATA_SOURCE_WORDS) or last.lower() in names.DATA_SOURCE_NAMES
 
 
 class _JumpFinder(cst.CSTVisitor):
