@@ -167,7 +167,6 @@ class DeviceChoice:
             return '"cuda"'
         return f"{self.torch}.device({name}).type"
 
-
     def _device_of_held_object(self, name: str, scope: Scope, before_line: int) -> bool:
         """`self.Q_eval.device`: is `self.Q_eval` set (before `before_line`, seen from `scope`) only
         to instances of one class of this file whose __init__ sets `self.device` to a device? (phil

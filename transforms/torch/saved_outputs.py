@@ -59,7 +59,7 @@ class SavedOutputs:
                 scope = self.structure.scope_of(call)
                 if scope is loss_scope or not self._same_object(container, scope, loss_scope):
                     continue
-                if isinstance(call, cst.Assign) and not self._kept_between_steps(scope):
+                if isinstance(call, cst.Assign) and not self._runs_outside_training_iterations(scope):
                     continue
                 here = {m for m in models if self._same_object(m, scope, loss_scope)}
                 forward = self._forward_before(call, scope, container, here)
@@ -84,7 +84,7 @@ class SavedOutputs:
                         self._filling_calls.setdefault(container, []).append(assign)
         return self._filling_calls
 
-    def _kept_between_steps(self, scope: Scope) -> bool:
+    def _runs_outside_training_iterations(self, scope: Scope) -> bool:
         """Does a function that keeps a value on an attribute run outside every training
         iteration (choose_action(), called from the environment loop)? One that an iteration calls
         (pix2pix's `self.forward()` in optimize_parameters()) is put under autocast at that call."""

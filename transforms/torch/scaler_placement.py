@@ -599,8 +599,8 @@ def _owners_of_owned_optimizers(s: TrainingStructure, unit: TrainingUnit, receiv
         if owner_class is unit.klass or any(b.name == next(iter(owner_classes)) for b in s.bindings):
             return []
         made = [b for b in s.bindings if b.klass is owner_class and b.name == f"self.{parts[2]}"]
-        if not made or any(b.kind not in ("assign", "attribute") or not b.qualified_call or not names.is_optimizer_qualname(b.qualified_call)
-                           for b in made):
+        if not made or any(b.kind not in ("assign", "attribute") or not b.qualified_call
+                           or not names.is_optimizer_qualname(b.qualified_call) for b in made):
             return []
         if owner not in owners:
             owners.append(owner)
