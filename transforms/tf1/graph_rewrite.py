@@ -22,6 +22,7 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.tf1 import screen as tf1_screen
 from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
+from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.log_of_sigmoid import TENSORFLOW, log_of_probability_calls
 from ampify.transforms.kit.positions import Positions
@@ -203,6 +204,7 @@ class _GraphRewrite:
         self.sessions_turned_on = sessions_turned_on
         #: the rest of the project (a caller that creates the Session), and this module's name
         self.project = context.project
+        self._classes_by_id: Optional[Dict[int, str]] = None
         self.display = context.display
         self.imports = imports
         self.module = module
@@ -584,15 +586,17 @@ class _GraphRewrite:
         return False
 
     def _class_names(self) -> Dict[int, str]:
-        """Names of the module's classes, by id of their ClassDef (any depth)."""
-        names: Dict[int, str] = {}
+        """Names of the module's classes, by id of their ClassDef (any depth; read-only walk, once)."""
+        if self._classes_by_id is None:
+            names: Dict[int, str] = {}
 
-        class _Classes(cst.CSTVisitor):
-            def visit_ClassDef(self, node: cst.ClassDef) -> None:
-                names[id(node)] = node.name.value
+            class _Classes(cst.CSTVisitor):
+                def visit_ClassDef(self, node: cst.ClassDef) -> None:
+                    names[id(node)] = node.name.value
 
-        self.module.visit(_Classes())
-        return names
+            walk(self.module, _Classes())
+            self._classes_by_id = names
+        return self._classes_by_id
 
     def _wrapper_callees(self, to_wrap: List[OptimizerSite]):
         """The wrapper's spelling for each site, and the module-level import to add, if any.

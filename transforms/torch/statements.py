@@ -215,9 +215,9 @@ def model_free_helpers(module: cst.Module, imports) -> Dict[str, List[cst.Functi
     every call in them is an imported function, tensor arithmetic, a batch fetch or another such
     helper (REINFORCE's `self.calculate_policy_loss_on_episode()`, which sums log-probabilities kept
     from the rollout), and none of the ops autocast runs in float16 (a model written out as
-    `torch.mm(x, self.weight.T)` or `x @ w + b` is a forward pass). A helper calling itself, directly or not, does not qualify; a name defined
-    more than once qualifies only when every definition does; nested definitions, lambdas and
-    yields disqualify. A call to one is no forward pass: an autocast region around it alone
+    `torch.mm(x, self.weight.T)` or `x @ w + b` is a forward pass). A helper calling itself,
+    directly or not, does not qualify; a name defined more than once qualifies only when every
+    definition does; nested definitions, lambdas and yields disqualify. A call to one is no forward pass: an autocast region around it alone
     puts no model under autocast."""
     definitions: Dict[str, List[cst.FunctionDef]] = {}
     for statement in module.body:
