@@ -290,9 +290,10 @@ class AutocastPlanner:
         return found
 
     def _calls_model(self, statement: cst.CSTNode) -> bool:
-        """Does the statement call something other than imported functions, tensor methods and
-        builtins: a model, a loss module, a helper that runs them?"""
-        return statements.calls_model(statement, self.imports)
+        """Does the statement call something other than imported functions, tensor methods,
+        builtins and this module's model-free helpers (StarGAN's `self.label2onehot(labels, dim)`):
+        a model, a loss module, a helper that runs them?"""
+        return statements.calls_model(statement, self.imports, self._model_free())
 
     def _model_free(self) -> Dict[str, List[cst.FunctionDef]]:
         """The module's functions and methods that run no model, by name (computed once)."""
