@@ -16,6 +16,7 @@ import libcst as cst
 
 from ampify.findings import FileStatus, Finding, Severity, incomplete_codes
 from ampify.options import Options
+from ampify.legacy_syntax import legacy_syntax_hint
 from ampify.registry import transforms_for
 from ampify.transforms.base import CompanionChange, Transform, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import ImportMap
@@ -54,6 +55,10 @@ def convert_source(
     transforms, reason, python_error, tree = _transforms_and_python_error(source, options)
     if not transforms:
         return Conversion(FileStatus.NOT_APPLICABLE, reason)
+    if isinstance(python_error, SyntaxError) and legacy_syntax_hint(python_error.text):
+        # Python 2 (`except IOError, e:`) or pre-3.7 code (`x.cuda(async=True)`) that LibCST may
+        # still read: it does not run on this Python, so it is not converted; the reason says why
+        raise ConversionError(describe_python_error(python_error))
     if python_error is not None and _too_deep_for_libcst(python_error):
         # LibCST's native parser may crash (a segfault) or run for minutes on input that CPython
         # already refuses for its depth: report CPython's reason without trying.
@@ -236,7 +241,8 @@ def describe_python_error(error: Exception) -> str:
         where = f"line {error.lineno}: " if error.lineno else ""
         if isinstance(error, UnicodeError) or "codec" in str(error.msg):
             return f"cannot decode the file ({where}{error.msg})"
-        return f"not valid {version} ({where}{error.msg})"
+        hint = legacy_syntax_hint(error.text)
+        return f"not valid {version} ({where}{error.msg}{'; ' + hint if hint else ''})"
     if isinstance(error, RecursionError):
         return f"{version} cannot compile it: too deeply nested ({error}); file left untouched"
     if isinstance(error, MemoryError):
