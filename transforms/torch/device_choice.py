@@ -116,11 +116,12 @@ class DeviceChoice:
                 for param in statements.all_params(candidate_scope):
                     if param.name.value == "device" and not _defaults_to_none(param):
                         return f"{torch}.device(device).type"
-        for argument, arg_scope in s.to_device_arguments:
-            text = self._visible_device_argument(argument, scope, before_line)
-            if text is not None:
-                return text
-        return None
+        # `.to("cpu")` mostly brings a result back to the host (`.to("cpu").numpy()`, StyleGAN2's
+        # projector saving images while it trains on `device = "cuda"`): the training device only
+        # when no other device is named
+        found = [self._visible_device_argument(argument, scope, before_line) for argument, _ in s.to_device_arguments]
+        found = [text for text in found if text is not None]
+        return next((text for text in found if text != '"cpu"'), found[0] if found else None)
 
     def _set_before(self, binding, scope: Scope, before_line: int) -> bool:
         """Is the attribute `binding` sets (`self.device = ...`) already set when code at
