@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
+from ampify.transforms.torch.autograd_functions import unsafe_autograd_functions
 from ampify.dependency_pins import dependency_pins
 from ampify.optimizer_wrappers import WrapperStep, wrapper_steps
 from ampify.source_io import current_bytes, planned_content
@@ -120,6 +121,9 @@ class ModuleOutline:
     #: `sys.path.insert(0, osp.join(osp.dirname(__file__), '..', 'lib'))`), as far as they can be
     #: computed without running it
     sys_path_additions: List[Path] = field(default_factory=list)
+    #: (line, class, why) of torch.autograd.Function subclasses that fail or compute wrong values
+    #: under autocast (autograd_functions.py)
+    unsafe_autograd_functions: List[Tuple[int, str, str]] = field(default_factory=list)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -629,6 +633,8 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
                 outline.exported = tuple(item.value for item in statement.value.elts)
     if b"masked_fill" in data:
         outline.float16_overflows = _model_code_overflows(tree)
+    if b"Function" in data:
+        outline.unsafe_autograd_functions = unsafe_autograd_functions(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             if isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
@@ -1120,6 +1126,17 @@ class ProjectView:
             if outline is None or path == self.path.resolve():
                 continue
             found += [f"{self.where(path, line)} masked_fill(..., {value})" for line, value in outline.float16_overflows]
+        return found
+
+    def unsafe_autograd_functions(self) -> List[str]:
+        """"op/conv2d_gradfix.py:134 Conv2d: its backward() runs ..." for the custom autograd
+        Functions of this module and of the project modules it imports (directly or through each
+        other) that fail or compute wrong values under autocast (autograd_functions.py)."""
+        found = []
+        for path in [self.path.resolve(), *self.index.imported_closure(self.path)]:
+            outline = self.index.outline(path)
+            if outline is not None:
+                found += [f"{self.where(path, line)} {name}: {why}" for line, name, why in outline.unsafe_autograd_functions]
         return found
 
     def float16_overflow_modules(self) -> List[Tuple[str, str, bool]]:

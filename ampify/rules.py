@@ -263,6 +263,15 @@ RULES: List[Rule] = [
          "ampify writes horovod's recipe (synchronize(), then the step under `skip_synchronize()`); where it is not, "
          "it refuses.", "if args.horovod:\n    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=...)",
          MANUAL, incomplete=True),
+    Rule("AMP241", "warning", "a custom autograd Function breaks under autocast (backward() mixes dtypes, or compiled code); file not converted",
+         "Autocast casts the ops a Function's forward() runs, never its backward(): StyleGAN2's conv2d_gradfix "
+         "convolves the float16 gradient with the float32 weight it saved and raises at the first step; a compiled "
+         "extension (`fused = load(...)`, `import DCN_cuda`) gets float16 activations beside float32 weights. "
+         "`@torch.amp.custom_fwd(device_type=..., cast_inputs=torch.float32)` on forward() and "
+         "`@torch.amp.custom_bwd(device_type=...)` on backward() run it in float32; ampify then converts. "
+         "Dtype-agnostic Functions (gradient reversal, straight-through estimators) are not flagged.",
+         "class Conv2d(autograd.Function):\n    @staticmethod\n    def backward(ctx, grad_output):\n"
+         "        return F.conv_transpose2d(grad_output, weight), ...", MANUAL, incomplete=True),
     Rule("AMP236", "info", "ShardedGradScaler for a FullyShardedDataParallel model",
          "A file that wraps its model in FullyShardedDataParallel (FSDP1) gets "
          "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler, imported, in place of torch.amp.GradScaler: "
@@ -415,6 +424,9 @@ RULES: List[Rule] = [
          "amp.initialize must patch the optimizer horovod wraps; horovod's recipe calls `optimizer.synchronize()` "
          "inside the block and steps under `skip_synchronize()`. The native backend writes its recipe.",
          "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=...)", MANUAL, incomplete=True),
+    Rule("AMP334", "warning", "apex: a custom autograd Function breaks under O1 (backward() mixes dtypes, or compiled code); file not converted",
+         "O1 patches the torch functions a Function's forward() calls; its backward() and compiled extensions get "
+         "float16 tensors beside float32 ones.", "class Conv2d(autograd.Function): ...", MANUAL, incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

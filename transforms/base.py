@@ -61,6 +61,11 @@ class ProjectFacts(Protocol):
         """"transformer/Modules.py:25 masked_fill(..., -1e9)" for model code of the project modules
         this module imports (directly or through each other) that raises on float16 tensors."""
 
+    def unsafe_autograd_functions(self) -> Sequence[str]:
+        """"op/conv2d_gradfix.py:134 Conv2d: its backward() runs ..." for the custom autograd
+        Functions of this module and of the project modules it imports that fail or compute wrong
+        values under autocast."""
+
     def float16_overflow_modules(self) -> Sequence[Tuple[str, str, bool]]:
         """(key, display, has a training step of its own) of the project modules this module
         imports whose model code has a masked_fill constant beyond float16."""

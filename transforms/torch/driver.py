@@ -18,6 +18,7 @@ A backend supplies its rule codes and messages (`BackendRules`) and three steps:
 from __future__ import annotations
 
 import abc
+import ast
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Set, Tuple
 
@@ -27,6 +28,7 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import CompanionChange, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.torch.autograd_functions import unsafe_autograd_functions
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.bce_logits import criterion_never_applied
@@ -104,6 +106,8 @@ class TorchConversion(abc.ABC):
         #: the rest of the project (model code this module imports, callers in other files)
         self.project = context.project
         self.display = context.display
+        #: the module's own bytes (for checks that read it when no project is known)
+        self.source = context.source
         self.scaling = options.dtype == "float16"
         self.findings: List[Finding] = []
         #: edits of other modules that belong to this module's change (one change set)
@@ -460,7 +464,34 @@ class TorchConversion(abc.ABC):
             if rule.blocks_file and not blocked and rule.file_reason:
                 self.blocked_reason = rule.file_reason
             blocked = blocked or rule.blocks_file
-        return self._report_imported_overflows(has_training) or blocked
+        return self._report_unsafe_autograd_functions(has_training) or self._report_imported_overflows(has_training) \
+            or blocked
+
+    def _report_unsafe_autograd_functions(self, has_training: bool) -> bool:
+        """A custom autograd Function in this module or the model code it imports that breaks under
+        autocast / apex O1 (its backward() mixes the float16 gradient with float32 tensors, or it
+        runs a compiled extension): the file's training is left unconverted, naming each Function."""
+        if not has_training:
+            return False
+        if self.project is not None:
+            found = list(self.project.unsafe_autograd_functions())
+        elif b"Function" in self.source:
+            try:
+                tree = ast.parse(self.source)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                return False
+            found = [f"line {line} {name}: {why}" for line, name, why in unsafe_autograd_functions(tree)]
+        else:
+            return False
+        if not found:
+            return False
+        rule = self.rules.hazards[HazardKind.AUTOGRAD_FUNCTION]
+        shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        self.warn(rule.code, rule.message.format(detail=shown), node)
+        if not self.blocked_reason and rule.file_reason:
+            self.blocked_reason = rule.file_reason
+        return True
 
     def _report_imported_overflows(self, has_training: bool) -> bool:
         """masked_fill(..., -1e9) in the model code of a project module this file imports raises

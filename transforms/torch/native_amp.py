@@ -156,6 +156,15 @@ NATIVE_RULES = BackendRules(
             "`torch.autocast(..., enabled=False)`, on `.float()` features){left_unconverted} (or use --dtype bfloat16)",
             blocks_file=True, float16_only=True, in_training_only=True,
         ),
+        HazardKind.AUTOGRAD_FUNCTION: HazardRule(
+            "AMP241",
+            "{detail}: autocast casts the ops a custom autograd Function's forward() runs, but not its backward() "
+            "nor compiled code; decorate its forward() with `@torch.amp.custom_fwd(device_type=\"cuda\", "
+            "cast_inputs=torch.float32)` and its backward() with `@torch.amp.custom_bwd(device_type=\"cuda\")` "
+            "(it then runs in float32), then rerun ampify; the training steps of this file were left unconverted",
+            blocks_file=True, in_training_only=True,
+            file_reason="a custom autograd Function breaks under autocast; see the warning",
+        ),
         HazardKind.LOG_OF_PROBABILITY: HazardRule(
             "AMP229",
             "{detail}: the log of a sigmoid's probability, written out; under autocast the sigmoid runs in "

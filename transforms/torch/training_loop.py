@@ -243,6 +243,10 @@ class HazardKind(str, enum.Enum):
     #: torch.mm(f, f.t()): a Gram matrix of feature maps (style transfer) sums h*w products, which
     #: overflow float16 under autocast: the loss is inf and every step is skipped
     GRAM_MATRIX = "gram_matrix"
+    #: a custom torch.autograd.Function of the model code whose backward() mixes the float16
+    #: gradient with float32 tensors, or that calls a compiled extension (ampify/autograd_functions.py);
+    #: found through the project, reported by the driver
+    AUTOGRAD_FUNCTION = "autograd_function"
     #: torch.log(1 - D(x)) of a model ending in a sigmoid: in float16 the probability rounds to 1 (or
     #: 0), the log is -inf, the loss inf, and every step is skipped (log_of_sigmoid.py)
     LOG_OF_PROBABILITY = "log_of_probability"

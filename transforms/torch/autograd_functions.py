@@ -1,0 +1,116 @@
+"""Custom autograd Functions that break under autocast (or apex O1), found in a module's syntax tree.
+
+Autocast casts the ops a Function's forward() runs, but its backward() runs with autocast off: a
+backward that convolves or multiplies the float16 gradient with a float32 tensor it saved (StyleGAN2's
+`conv2d_gradfix`, hand-written conv/linear layers) raises "Input type (Half) and weight type (Float)
+should be the same" at the first step. A compiled extension (`fused = load("fused", sources=[...])`,
+`import DCN_cuda`) is handed float16 activations it was not written for, and an extension that reads
+its arguments by the first one's dtype computes garbage silently. PyTorch's fix is
+`@torch.amp.custom_fwd(device_type=..., cast_inputs=torch.float32)` on forward() and
+`@torch.amp.custom_bwd(device_type=...)` on backward(): the Function then runs in float32. A Function
+whose forward() already has custom_fwd is safe; so is one whose code is dtype-agnostic (a gradient
+reversal layer's `grad_output.neg() * alpha`, a straight-through estimator's `grad_output.clone()`).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import List, Optional, Set, Tuple
+
+from ampify.transforms.torch.names import AUTOCAST_LOWER_PRECISION_OPS
+
+#: torch.nn.grad's hand-written convolution gradients, which backward() implementations call
+_GRADIENT_OPS = frozenset({"conv1d_input", "conv1d_weight", "conv2d_input", "conv2d_weight", "conv3d_input",
+                           "conv3d_weight"})
+#: the last part of a module name that says it is compiled code (`DCN_cuda`, `_C`, `correlation_ext`)
+_EXTENSION_SUFFIXES = ("_cuda", "_C", "_ext", "_cpp", "_kernel", "_kernels", "_backend")
+#: what builds an extension at import time (torch.utils.cpp_extension)
+_EXTENSION_LOADERS = frozenset({"load", "load_inline"})
+
+
+def unsafe_autograd_functions(tree: ast.Module) -> List[Tuple[int, str, str]]:
+    """(line, class name, why) for each torch.autograd.Function subclass of the module that fails
+    or computes wrong values under autocast: see the module docstring."""
+    extensions = _extension_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ClassDef) and any(_last(base) == "Function" for base in node.bases)):
+            continue
+        methods = {item.name: item for item in node.body if isinstance(item, ast.FunctionDef)}
+        forward, backward = methods.get("forward"), methods.get("backward")
+        if forward is None or any(_last(_decorator_target(d)) == "custom_fwd" for d in forward.decorator_list):
+            continue
+        why = _extension_call(forward, extensions, "forward")
+        if why is None and backward is not None:
+            why = _extension_call(backward, extensions, "backward") or _backward_mixing_dtypes(backward)
+        if why is not None:
+            found.append((node.lineno, node.name, why))
+    return sorted(found)
+
+
+def _backward_mixing_dtypes(backward: ast.FunctionDef) -> Optional[str]:
+    for node in ast.walk(backward):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _dotted(node.func) or ""
+        last = name.rsplit(".", 1)[-1]
+        if last in AUTOCAST_LOWER_PRECISION_OPS or last in _GRADIENT_OPS:
+            return (f"its backward() runs {last}() with autocast off, on the float16 gradient and the float32 "
+                    "tensors it saved (a dtype mismatch that raises)")
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "apply":
+            return (f"its backward() runs {name or 'another Function.apply'}() with autocast off, on the float16 "
+                    "gradient and the float32 tensors it saved")
+        if name.startswith("torch.ops."):
+            return f"its backward() calls {name}() with autocast off, on the float16 gradient and float32 tensors"
+    for node in ast.walk(backward):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            return "its backward() multiplies matrices (`@`) with autocast off, on the float16 gradient and float32 tensors"
+    return None
+
+
+def _extension_call(method: ast.FunctionDef, extensions: Set[str], which: str) -> Optional[str]:
+    for node in ast.walk(method):
+        if isinstance(node, ast.Call):
+            name = _dotted(node.func) or ""
+            if name.split(".")[0] in extensions:
+                return (f"its {which}() calls the compiled extension {name}(), which autocast does not cast for: it "
+                        "gets float16 activations beside float32 weights")
+    return None
+
+
+def _extension_names(tree: ast.Module) -> Set[str]:
+    """Module-level names bound to compiled code: `fused = load("fused", sources=[...])`,
+    `import DCN_cuda`, `from . import _C`, `import correlation_cuda as corr`."""
+    names: Set[str] = set()
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Call) \
+                and _last(statement.value.func) in _EXTENSION_LOADERS:
+            names |= {target.id for target in statement.targets if isinstance(target, ast.Name)}
+        elif isinstance(statement, ast.Import):
+            for alias in statement.names:
+                if alias.name.rsplit(".", 1)[-1].endswith(_EXTENSION_SUFFIXES):
+                    names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(statement, ast.ImportFrom):
+            compiled_module = (statement.module or "").rsplit(".", 1)[-1].endswith(_EXTENSION_SUFFIXES)
+            for alias in statement.names:
+                if compiled_module or alias.name.endswith(_EXTENSION_SUFFIXES):
+                    names.add(alias.asname or alias.name)
+    return names
+
+
+def _decorator_target(decorator: ast.expr) -> ast.expr:
+    return decorator.func if isinstance(decorator, ast.Call) else decorator
+
+
+def _last(node: ast.expr) -> str:
+    name = _dotted(node)
+    return name.rsplit(".", 1)[-1] if name else ""
+
+
+def _dotted(node: ast.AST) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else None
+    return None
