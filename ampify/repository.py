@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
+from ampify.transforms.tf1.names import is_tf1_optimizer_class
 from ampify.transforms.torch.autograd_functions import unsafe_autograd_functions
 from ampify.dependency_pins import dependency_pins
 from ampify.optimizer_wrappers import WrapperStep, wrapper_steps
@@ -365,6 +366,23 @@ class RepositoryIndex:
             return path, outline.functions[function_name]
         if trainer_classes and function_name in outline.training_classes:
             return path, outline.training_classes[function_name]
+        return None
+
+    def tf1_optimizer_class_line(self, path: Path, name: str, depth: int = 0) -> Optional[int]:
+        """The line of class `name` of the module at `path` when it subclasses a TF1 optimizer
+        (`class MpiAdamOptimizer(tf.train.AdamOptimizer)`, also through classes of its module) in
+        a module that imports tensorflow and not torch; else None."""
+        outline = self.outline(path)
+        if outline is None or name not in outline.class_shapes or depth > 5:
+            return None
+        modules = {module.split(".")[0] for module, _, _ in outline.imports.values()}
+        if "tensorflow" not in modules or "torch" in modules:
+            return None
+        bases, _ = outline.class_shapes[name]
+        for base in bases:
+            if is_tf1_optimizer_class(f"tensorflow.train.{base}") or (
+                    base != name and self.tf1_optimizer_class_line(path, base, depth + 1) is not None):
+                return outline.classes[name]
         return None
 
     def defining_function(self, importer: Path, dotted: str,
@@ -1062,6 +1080,24 @@ class ProjectView:
             entry = (str(path), self.where(path, function.line), dotted, function.is_class)
             if entry not in found:
                 found.append(entry)
+        return found
+
+    def tf1_optimizer_classes(self) -> Dict[str, str]:
+        """{"MpiAdamOptimizer": "spinup/utils/mpi_tf.py:36"}: the names this module calls (as it
+        calls them) that reach a class of another project module subclassing a TF1 optimizer."""
+        outline = self._own_outline()
+        found: Dict[str, str] = {}
+        if outline is None:
+            return found
+        for dotted in outline.calls:
+            if not dotted.rsplit(".", 1)[-1].endswith("Optimizer"):
+                continue
+            target = self.index._module_and_name(self.path, dotted, outline.imports)
+            if target is None or target[0] is None or target[0] == self.path.resolve():
+                continue
+            line = self.index.tf1_optimizer_class_line(target[0], target[1])
+            if line is not None:
+                found[dotted] = self.where(target[0], line)
         return found
 
     def tf1_optimizer_builders(self) -> List[Tuple[str, str, str]]:

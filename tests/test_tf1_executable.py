@@ -548,3 +548,69 @@ def test_ddpg_actor_gradients_with_the_optimizer_in_a_later_scope_are_loss_scale
     original = _run(tmp_path, "original.py", source)
     _assert_trains(_losses(original.stdout))
     assert "AMPIFY_RUNNER loss-scale compute_gradients" not in original.stderr
+
+
+PROJECT_OPTIMIZER = '''
+import sys
+import tensorflow.compat.v1 as tf
+
+
+class AveragingAdamOptimizer(tf.train.AdamOptimizer):
+    """spinningup's MpiAdamOptimizer in miniature: compute_gradients takes var_list positionally."""
+
+    def __init__(self, num_workers=1, **kwargs):
+        self.num_workers = num_workers
+        tf.train.AdamOptimizer.__init__(self, **kwargs)
+
+    def compute_gradients(self, loss, var_list, **kwargs):
+        print("PROJECT compute_gradients", file=sys.stderr, flush=True)
+        grads_and_vars = super().compute_gradients(loss, var_list, **kwargs)
+        return [(g / float(self.num_workers), v) for g, v in grads_and_vars if g is not None]
+'''
+
+PROJECT_TRAINING = '''
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from mpi_tf import AveragingAdamOptimizer
+
+tf.disable_v2_behavior()
+tf.set_random_seed(0)
+rng = np.random.RandomState(0)
+x = tf.placeholder(tf.float32, [None, 8])
+y = tf.placeholder(tf.float32, [None, 1])
+hidden = tf.layers.dense(x, 32, activation=tf.nn.relu)
+loss = tf.reduce_mean(tf.square(tf.layers.dense(hidden, 1) - y))
+train_op = AveragingAdamOptimizer(learning_rate=1e-2).minimize(loss)
+features = rng.randn(64, 8).astype("float32")
+targets = features.sum(axis=1, keepdims=True)
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    for step in range(12):
+        _, value = sess.run([train_op, loss], {x: features, y: targets})
+        print("step", step, "loss", value)
+'''
+
+
+def test_an_optimizer_subclass_of_another_module_is_wrapped_and_trains(tmp_path):
+    """spinningup's `MpiAdamOptimizer(learning_rate=lr).minimize(loss)`, the class in utils: the
+    training module wraps it (AMP101), the wrapper's compute_gradients scales the loss and calls
+    the subclass's own compute_gradients, and the converted script trains with the rewrite on."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'rl'\n")
+    (project / "mpi_tf.py").write_text(PROJECT_OPTIMIZER)
+    (project / "ppo.py").write_text(PROJECT_TRAINING)
+    run = subprocess.run([sys.executable, "-m", "ampify", "--diff", str(project / "ppo.py")],
+                         capture_output=True, text=True, timeout=300)
+    assert "AMP101 would wrap AveragingAdamOptimizer" in run.stdout + run.stderr, run.stdout + run.stderr
+    subprocess.run([sys.executable, "-m", "ampify", str(project / "ppo.py")], check=True, capture_output=True,
+                   timeout=300)
+    converted_source = (project / "ppo.py").read_text()
+    assert "enable_mixed_precision_graph_rewrite(AveragingAdamOptimizer(" in converted_source, converted_source
+    shutil.copy(project / "mpi_tf.py", tmp_path / "mpi_tf.py")
+    converted = _run(tmp_path, "converted.py", converted_source)
+    _assert_trains(_losses(converted.stdout))
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" in converted.stderr
+    assert "PROJECT compute_gradients" in converted.stderr
+    assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]

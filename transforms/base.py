@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import libcst as cst
 
@@ -77,6 +77,10 @@ class ProjectFacts(Protocol):
     def training_functions_called(self) -> Sequence[Tuple[str, str, str, bool]]:
         """(key, "engine.py:12", "engine.train_one_epoch" as called here, is a class) for each function of
         another project module this module calls that runs a training step, or class with a method that does."""
+
+    def tf1_optimizer_classes(self) -> Mapping[str, str]:
+        """{"MpiAdamOptimizer": "spinup/utils/mpi_tf.py:36"}: the names this module calls that reach
+        a class of another project module subclassing a TF1 optimizer (as this module calls them)."""
 
     def tf1_optimizer_builders(self) -> Sequence[Tuple[str, str, str]]:
         """(key, "optimization.py:59", "optimization.create_optimizer" as called here) for each

@@ -211,7 +211,9 @@ class _GraphRewrite:
         self.original = module
         # computed on first use: a module with nothing to report never pays for it
         self.positions = Positions(module)
-        self.classifier = OptimizerClassifier(self.module, self.resolve)
+        #: optimizer classes of other project modules this module instantiates, by the name it uses
+        self.project_optimizer_classes = dict(self.project.tf1_optimizer_classes()) if self.project is not None else {}
+        self.classifier = OptimizerClassifier(self.module, self.resolve, self.project_optimizer_classes)
         self.survey: ModuleSurvey = survey_module(
             self.module, self.positions, self.resolve, self.classifier, ignored_markers)
         self.findings: List[Finding] = []

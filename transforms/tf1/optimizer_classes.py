@@ -9,7 +9,7 @@ those bindings once per module, then classifies any callee expression.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Collection, Dict, Iterable, Optional
 
 import libcst as cst
 
@@ -149,8 +149,11 @@ class _BindingCollector(cst.CSTVisitor):
 class OptimizerClassifier:
     """Classifies callees of one module as TF1 optimizer classes, Keras ones, or neither."""
 
-    def __init__(self, module: cst.Module, resolve: Resolver) -> None:
+    def __init__(self, module: cst.Module, resolve: Resolver, project_classes: Collection[str] = ()) -> None:
         self._resolve = resolve
+        #: names this module calls that reach a TF1 optimizer class of another project module
+        #: (`MpiAdamOptimizer`, from spinup.utils.mpi_tf)
+        self.project_classes = frozenset(project_classes)
         #: dotted local name -> kind, for names bound to optimizer classes (or dicts of them)
         self.class_names: Dict[str, str] = {}
         #: classes this file defines that subclass a TF1 optimizer
@@ -207,7 +210,7 @@ class OptimizerClassifier:
             if is_keras_optimizer(resolved) and resolved.rsplit(".", 1)[-1][:1].isupper():
                 return KERAS
             name = dotted_name(node)
-            if name in self.local_optimizer_classes:
+            if name in self.local_optimizer_classes or name in self.project_classes:
                 return TF1
             return self.class_names.get(name) if name else None
         if isinstance(node, cst.BooleanOperation):
