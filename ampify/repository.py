@@ -1132,6 +1132,11 @@ class ProjectView:
             return None
         return str(found[0]), self.where(found[0], 0).rsplit(":", 1)[0], found[1].name
 
+    def calls_tf_gradients_functions(self) -> bool:
+        """Does this module call a function of another project module that runs tf.gradients?"""
+        outline = self._own_outline()
+        return outline is not None and any(self.tf_gradients_function(dotted) is not None for dotted in outline.calls)
+
     def gradient_penalty_function(self, dotted: str) -> Optional[Tuple[str, str, str]]:
         """(key, display, function name) of the project function `dotted` (as this module calls
         it, also through re-exporting packages) when it runs a gradient penalty; else None."""

@@ -41,6 +41,7 @@ _CONTAINER_MUTATORS = {"append", "extend", "insert", "add", "update"}
 CODE_REWROTE = "AMP103"
 CODE_NOT_REWRITABLE = "AMP110"
 CODE_UNTRACEABLE_APPLY = "AMP115"
+CODE_GRADIENTS_OUTSIDE_OPTIMIZER = "AMP124"
 
 
 @dataclass
@@ -100,6 +101,8 @@ class _ScopeFlow:
     return_values: List[cst.BaseExpression] = field(default_factory=list)
     #: the FunctionDef, when this body is a module-level function (a helper callers may reach)
     helper: Optional[cst.FunctionDef] = None
+    #: the losses handed to an optimizer's minimize() / compute_gradients() in this body
+    minimized: List[cst.BaseExpression] = field(default_factory=list)
 
 
 class _References(cst.CSTVisitor):
@@ -367,7 +370,11 @@ class _FlowCollector(cst.CSTVisitor):
             container = dotted_name(func.value)
             if container:
                 self._edge({container}, *[arg.value for arg in node.args])
-        elif method == "apply_gradients":
+        elif method in ("minimize", "compute_gradients"):
+            loss = _argument(node, 0, "loss")
+            if loss is not None:
+                self._flow.minimized.append(loss)
+        if method == "apply_gradients":
             grads = None
             for index, arg in enumerate(node.args):
                 if (arg.keyword is None and index == 0 and not arg.star) or (
@@ -535,9 +542,52 @@ def plan_gradients_rewrites(
         _plan_scope(flow, resolve, plan, rewrite, why_not_rewritten, keras_optimizer_names, hoister, helper_rewrite)
         _warn_other_gradients(flow, resolve, collector.other_gradients, plan, keras_optimizer_names)
         _warn_gradients_handed_on(flow, resolve, plan, optimizer_names)
+        _warn_foreign_gradients_used_by_hand(flow, resolve, plan, helper_rewrite)
     helper_rewrite.write_companions()
     plan.findings.sort(key=lambda f: (f.line, f.column, f.code))
     return plan
+
+
+def _warn_foreign_gradients_used_by_hand(flow: _ScopeFlow, resolve: Resolver, plan: GradientsPlan,
+                                         helper_rewrite: "_HelperRewrite") -> None:
+    """Gradients a helper of another project module computes with tf.gradients (spinningup's TRPO:
+    `gradient = core.flat_grad(pi_loss, pi_params)`, fetched by sess.run for a conjugate-gradient
+    step) that this body neither applies with an optimizer nor adds to a loss it minimizes (a
+    gradient penalty): under the graph rewrite they are float16 and no optimizer scales their loss,
+    so they can underflow silently. The file is not converted (graph_rewrite reads the code)."""
+    taint = _taint(flow)
+    held: Set[object] = set()
+    for labels in taint.values():
+        held |= labels
+    applied: Set[object] = set()
+    for apply in flow.apply_calls:
+        applied |= _labels_of(apply.grads, taint, resolve)
+    for loss in flow.minimized:
+        applied |= _labels_of(loss, taint, resolve)
+    reported: Set[str] = set()
+    for label in sorted((label for label in held if isinstance(label, tuple) and label[0] == "helper call"),
+                        key=lambda label: (label[1], label[2])):
+        if label in applied or label[1] in reported:
+            continue
+        foreign = helper_rewrite.foreign(label[1])
+        if foreign is None:
+            continue
+        reported.add(label[1])
+        call, line = helper_rewrite.collector.helper_calls[label[2]]
+        position = helper_rewrite.collector.positions[call].start
+        plan.findings.append(
+            Finding(
+                CODE_GRADIENTS_OUTSIDE_OPTIMIZER,
+                f"{label[1]}() ({foreign[1]}) computes gradients with tf.gradients that this code uses without an "
+                "optimizer (neither applied with apply_gradients nor part of a loss it minimizes: a natural-gradient "
+                "or TRPO step, a saliency map); under the mixed precision graph rewrite they are float16 and no "
+                "loss scaling reaches them, so they can underflow silently; the file was left unconverted: compute "
+                "them in float32 (outside the rewrite) by hand, or keep this script in float32",
+                position.line,
+                position.column,
+                Severity.WARNING,
+            )
+        )
 
 
 def _warn_gradients_handed_on(flow: _ScopeFlow, resolve: Resolver, plan: GradientsPlan, optimizer_names) -> None:

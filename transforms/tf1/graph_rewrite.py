@@ -28,7 +28,12 @@ from ampify.transforms.kit.log_of_sigmoid import TENSORFLOW, log_of_probability_
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.kit.parameters import with_parameter
-from ampify.transforms.tf1.gradients_rewrite import CODE_UNTRACEABLE_APPLY, GradientsPlan, plan_gradients_rewrites
+from ampify.transforms.tf1.gradients_rewrite import (
+    CODE_GRADIENTS_OUTSIDE_OPTIMIZER,
+    CODE_UNTRACEABLE_APPLY,
+    GradientsPlan,
+    plan_gradients_rewrites,
+)
 from ampify.transforms.tf1.module_header import (
     add_header_statements,
     choose_wrapper_spelling,
@@ -313,7 +318,8 @@ class _GraphRewrite:
         )
 
     def _plan_gradients(self, **kwargs) -> GradientsPlan:
-        if not self.survey.has_apply_gradients and not self.survey.has_tf_gradients:
+        if not self.survey.has_apply_gradients and not self.survey.has_tf_gradients and not (
+                self.project is not None and self.project.calls_tf_gradients_functions()):
             return GradientsPlan()  # nothing is applied or handed on, so nothing can bypass loss scaling
         optimizer_names = frozenset(name for site in self._tf1_sites() for name in site.assigned_to)
         return plan_gradients_rewrites(
@@ -353,6 +359,10 @@ class _GraphRewrite:
             wrapped_calls=frozenset(id(site.call) for site in to_wrap),
         )
         self.findings.extend(plan.findings)
+        if to_wrap and any(f.code == CODE_GRADIENTS_OUTSIDE_OPTIMIZER for f in plan.findings):
+            # nothing is written: the wraps and rewrites it would have made are not reported as made
+            self.findings = [f for f in self.findings if f.severity is not Severity.INFO]
+            return self._unconverted()
         if not to_wrap:
             return self._unconverted()
 
