@@ -68,6 +68,8 @@ class FunctionOutline:
     #: in a module that imports tensorflow, the line of a `tf.gradients(...)` in its body (0 if none):
     #: per-tower gradients a caller of another module may apply
     tf_gradients: int = 0
+    #: it calls `.apply_gradients(...)` or `.minimize(...)` itself: what it returns is a train op, not gradients
+    applies_gradients: bool = False
 
 
 @dataclass(frozen=True)
@@ -915,6 +917,7 @@ def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
     returns = []
     builds_optimizer = calls_backward = False
     grad_with_graph = tf_gradients = 0
+    applies_gradients = False
     local_calls = set()
     for node in ast.walk(function):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
@@ -929,6 +932,7 @@ def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
             builds_optimizer = builds_optimizer or called.rsplit(".", 1)[-1].endswith("Optimizer")
             if not tf_gradients and called.split(".")[0] in ("tf", "tensorflow") and called.endswith(".gradients"):
                 tf_gradients = node.lineno
+            applies_gradients = applies_gradients or called.rsplit(".", 1)[-1] in ("apply_gradients", "minimize")
         if isinstance(node, ast.Assign) and _is_device_move(node.value):
             moved |= {t.id for t in node.targets if isinstance(t, ast.Name)}
         elif isinstance(node, ast.Expr) and _is_device_move(node.value):
@@ -940,7 +944,7 @@ def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
     returns_moved = any(_is_device_move(value) or (isinstance(value, ast.Name) and value.id in moved) for value in returns)
     return FunctionOutline(function.name, function.lineno, params, returns_moved, builds_optimizer, calls_backward,
                            grad_with_graph=grad_with_graph, local_calls=tuple(sorted(local_calls)),
-                           tf_gradients=tf_gradients)
+                           tf_gradients=tf_gradients, applies_gradients=applies_gradients)
 
 
 def _is_grad_with_graph(call: ast.Call) -> bool:
@@ -1132,10 +1136,23 @@ class ProjectView:
             return None
         return str(found[0]), self.where(found[0], 0).rsplit(":", 1)[0], found[1].name
 
-    def calls_tf_gradients_functions(self) -> bool:
-        """Does this module call a function of another project module that runs tf.gradients?"""
+    def gradients_function(self, dotted: str) -> Optional[Tuple[str, str, str]]:
+        """As tf_gradients_function, for a function that hands its gradients back rather than
+        applying them itself (no apply_gradients or minimize, no optimizer built: spinningup's
+        `core.flat_grad`, not BERT's `optimization.create_optimizer`)."""
         outline = self._own_outline()
-        return outline is not None and any(self.tf_gradients_function(dotted) is not None for dotted in outline.calls)
+        if outline is None:
+            return None
+        found = self.index.defining_function(self.path, dotted, outline.imports)
+        if found is None or found[0] == self.path or not found[1].tf_gradients or found[1].applies_gradients \
+                or found[1].builds_tf1_optimizer:
+            return None
+        return str(found[0]), self.where(found[0], 0).rsplit(":", 1)[0], found[1].name
+
+    def calls_gradients_functions(self) -> bool:
+        """Does this module call a function of another project module that hands back tf.gradients?"""
+        outline = self._own_outline()
+        return outline is not None and any(self.gradients_function(dotted) is not None for dotted in outline.calls)
 
     def gradient_penalty_function(self, dotted: str) -> Optional[Tuple[str, str, str]]:
         """(key, display, function name) of the project function `dotted` (as this module calls

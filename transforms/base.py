@@ -78,8 +78,12 @@ class ProjectFacts(Protocol):
         """(key, "engine.py:12", "engine.train_one_epoch" as called here, is a class) for each function of
         another project module this module calls that runs a training step, or class with a method that does."""
 
-    def calls_tf_gradients_functions(self) -> bool:
-        """Does this module call a function of another project module that runs tf.gradients?"""
+    def gradients_function(self, dotted: str) -> Optional[Tuple[str, str, str]]:
+        """(key, display, function name) of the project function `dotted` of another module when it
+        computes tf.gradients and hands them back (applies none, builds no optimizer); else None."""
+
+    def calls_gradients_functions(self) -> bool:
+        """Does this module call a function of another project module that hands back tf.gradients?"""
 
     def tf1_optimizer_classes(self) -> Mapping[str, str]:
         """{"MpiAdamOptimizer": "spinup/utils/mpi_tf.py:36"}: the names this module calls that reach

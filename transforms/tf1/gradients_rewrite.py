@@ -569,7 +569,8 @@ def _warn_foreign_gradients_used_by_hand(flow: _ScopeFlow, resolve: Resolver, pl
                         key=lambda label: (label[1], label[2])):
         if label in applied or label[1] in reported:
             continue
-        foreign = helper_rewrite.foreign(label[1])
+        ask = getattr(helper_rewrite.project, "gradients_function", None)
+        foreign = ask(label[1]) if ask is not None and label[1] not in helper_rewrite.helpers else None
         if foreign is None:
             continue
         reported.add(label[1])

@@ -319,7 +319,7 @@ class _GraphRewrite:
 
     def _plan_gradients(self, **kwargs) -> GradientsPlan:
         if not self.survey.has_apply_gradients and not self.survey.has_tf_gradients and not (
-                self.project is not None and self.project.calls_tf_gradients_functions()):
+                self.project is not None and self.project.calls_gradients_functions()):
             return GradientsPlan()  # nothing is applied or handed on, so nothing can bypass loss scaling
         optimizer_names = frozenset(name for site in self._tf1_sites() for name in site.assigned_to)
         return plan_gradients_rewrites(
