@@ -139,11 +139,12 @@ RULES: List[Rule] = [
          "mixed precision wrapper goes into that module, and this file needs no change. Named together (or with the "
          "repository), the helper's module is converted and this file reports nothing to do.",
          "train_op = optimization.create_optimizer(loss, lr, steps, warmup)  # in run_classifier.py", MANUAL, incomplete=True),
-    Rule("AMP124", "warning", "gradients a helper of another module computes with tf.gradients are used without an optimizer; not converted",
-         "Under the graph rewrite only the wrapped optimizer scales the loss: gradients a project helper computes "
-         "(spinningup's TRPO: `core.flat_grad(pi_loss, pi_params)`, fetched for a conjugate-gradient step) are float16 "
-         "and unscaled, and can underflow silently. Gradients the file applies with apply_gradients, or adds to a loss "
-         "it minimizes (a gradient penalty), are not flagged.",
+    Rule("AMP124", "warning", "parameter gradients from tf.gradients (here, or from a helper of another module) are used without an optimizer; not converted",
+         "Under the graph rewrite only the wrapped optimizer scales the loss: gradients with respect to variables that "
+         "the file uses by hand (`tf.assign_sub(w, lr * g)`, a TRPO or natural-gradient step; spinningup's "
+         "`core.flat_grad(pi_loss, pi_params)`) are float16 and unscaled, and can underflow silently. Gradients the "
+         "file applies with apply_gradients, adds to a loss it minimizes (a gradient penalty), returns to a caller, or "
+         "takes with respect to inputs (a saliency map) are not flagged.",
          "gradient = core.flat_grad(pi_loss, pi_params)\ng = sess.run(gradient, feed_dict=inputs)", MANUAL,
          incomplete=True),
     Rule("AMP200", "error", "error: internal error in the PyTorch native transform; the file is left unchanged",

@@ -13,6 +13,7 @@ to rewrite safely get a warning with the line instead.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
@@ -543,6 +544,7 @@ def plan_gradients_rewrites(
         _warn_other_gradients(flow, resolve, collector.other_gradients, plan, keras_optimizer_names)
         _warn_gradients_handed_on(flow, resolve, plan, optimizer_names)
         _warn_foreign_gradients_used_by_hand(flow, resolve, plan, helper_rewrite)
+        _warn_parameter_gradients_used_by_hand(flow, resolve, plan)
     helper_rewrite.write_companions()
     plan.findings.sort(key=lambda f: (f.line, f.column, f.code))
     return plan
@@ -589,6 +591,94 @@ def _warn_foreign_gradients_used_by_hand(flow: _ScopeFlow, resolve: Resolver, pl
                 Severity.WARNING,
             )
         )
+
+
+#: calls that return variables (`tf.trainable_variables()`, spinningup's `get_vars('pi')`)
+_VARIABLE_GETTERS = frozenset({"trainable_variables", "global_variables", "local_variables", "model_variables",
+                               "get_collection", "get_variable", "Variable", "get_variables", "get_vars",
+                               "get_trainable_variables"})
+#: Python's builtins (`zip(params, grads)` hands the gradients to no one)
+_BUILTIN_NAMES = frozenset(dir(builtins))
+#: names that hold the variables of a model by convention
+_VARIABLE_NAMES = frozenset({"tvars", "var_list", "params", "variables", "trainable_vars", "train_vars",
+                             "trainable_variables", "t_vars"})
+
+
+def _warn_parameter_gradients_used_by_hand(flow: _ScopeFlow, resolve: Resolver, plan: GradientsPlan) -> None:
+    """`tf.gradients(loss, params)` with respect to variables, whose result this body neither applies
+    with an optimizer nor adds to a loss it minimizes: a parameter update written by hand (TRPO's
+    conjugate-gradient step, `tf.assign_sub(w, lr * g)`); under the graph rewrite those gradients are
+    float16 and unscaled. Gradients with respect to inputs (a gradient penalty's interpolates, a
+    saliency map) are not flagged. The file is not converted (graph_rewrite reads the code)."""
+    if not flow.gradients_calls:
+        return
+    taint = _taint(flow)
+    used: Set[object] = set()
+    for apply in flow.apply_calls:
+        used |= _labels_of(apply.grads, taint, resolve)
+    for loss in flow.minimized:
+        used |= _labels_of(loss, taint, resolve)
+    # returned to a caller (a tower helper, see _HelperRewrite) or handed to other code: judged there
+    for value in flow.return_values:
+        used |= _labels_of(value, taint, resolve)
+    for call, _, _, _ in flow.handoffs:
+        callee = resolve(call.func) or dotted_name(call.func) or ""
+        if not callee.startswith(("tensorflow", "numpy")) and callee not in _BUILTIN_NAMES \
+                and callee.rsplit(".", 1)[-1] not in ("run", "eval"):  # a Session fetch applies nothing
+            for arg in call.args:
+                used |= _labels_of(arg.value, taint, resolve)
+    for gradients in flow.gradients_calls:
+        if id(gradients.call) in used:
+            continue
+        xs = _argument(gradients.call, 1, "xs")
+        if xs is None or not _holds_variables(xs, flow, resolve, 0):
+            continue
+        plan.findings.append(
+            Finding(
+                CODE_GRADIENTS_OUTSIDE_OPTIMIZER,
+                f"tf.gradients here differentiates with respect to variables ({cst.Module(body=[]).code_for_node(xs)}) "
+                "and its result is used without an optimizer (neither applied with apply_gradients nor part of a loss "
+                "minimized here: a parameter update written by hand, a TRPO or natural-gradient step); under the mixed "
+                "precision graph rewrite these gradients are float16 and no loss scaling reaches them, so they can "
+                "underflow silently; the file was left unconverted: apply them with an optimizer's "
+                "compute_gradients/apply_gradients, or keep this script in float32",
+                gradients.line,
+                gradients.column,
+                Severity.WARNING,
+            )
+        )
+
+
+def _holds_variables(node: cst.CSTNode, flow: _ScopeFlow, resolve: Resolver, depth: int) -> bool:
+    """Does the expression (or the statements binding the names it reads, a few levels back) get
+    variables: a variable getter, `.trainable_variables` / `.trainable_weights`, or a name that
+    holds them by convention (`tvars`, `var_list`, `params`)?"""
+
+    class _Finder(cst.CSTVisitor):
+        found = False
+        names: Set[str] = set()
+
+        def visit_Call(self, call: cst.Call) -> None:
+            name = dotted_name(call.func) or ""
+            if name.rsplit(".", 1)[-1] in _VARIABLE_GETTERS:
+                self.found = True
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> None:
+            if attribute.attr.value in ("trainable_variables", "trainable_weights"):
+                self.found = True
+
+        def visit_Name(self, name: cst.Name) -> None:
+            self.names = self.names | {name.value}
+
+    finder = _Finder()
+    walk(node, finder)
+    if finder.found or finder.names & _VARIABLE_NAMES:
+        return True
+    if depth >= 3:
+        return False
+    return any(_holds_variables(statement, flow, resolve, depth + 1)
+               for name in finder.names for statement in flow.assignment_statements.get(name, [])
+               if statement is not node)
 
 
 def _warn_gradients_handed_on(flow: _ScopeFlow, resolve: Resolver, plan: GradientsPlan, optimizer_names) -> None:
