@@ -202,16 +202,19 @@ class RepositoryIndex:
                     added += helper.sys_path_additions
         return added
 
-    def resolve_module(self, importer: Path, module: str, level: int = 0) -> Optional[Path]:
+    def resolve_module(self, importer: Path, module: str, level: int = 0,
+                       entry_roots: Sequence[Path] = ()) -> Optional[Path]:
         """The project file `import module` (or `from .module import`) means in `importer`;
-        None for anything outside the project (torch, numpy) or not found."""
+        None for anything outside the project (torch, numpy) or not found. `entry_roots`: the
+        sys.path folders of the script that imports `importer`, searched after its own."""
         if level > 0:
             base = importer.resolve().parent
             for _ in range(level - 1):
                 base = base.parent
             bases = [base]
         else:
-            bases = self.search_roots(importer)
+            own = self.search_roots(importer)
+            bases = own + [root for root in entry_roots if root not in own]
         parts = [part for part in module.split(".") if part]
         for base in bases:
             candidate = base.joinpath(*parts) if parts else base
@@ -268,12 +271,16 @@ class RepositoryIndex:
         seen = {key}
         order: List[Path] = []
         queue = [key]
+        # what the entry module puts on sys.path (`import _init_paths` adding lib/) holds for every
+        # module it imports afterwards: faster-rcnn's lib/model/faster_rcnn/vgg16.py imports
+        # `model.faster_rcnn.faster_rcnn` from lib/
+        entry_roots = tuple(self.search_roots(key))
         while queue and len(order) < MAX_IMPORTED_MODULES:
             path = queue.pop(0)
             outline = self.outline(path)
             if outline is None:
                 continue
-            for target in self.import_targets(path, outline):
+            for target in self.import_targets(path, outline, entry_roots):
                 if target is not None and target not in seen:
                     seen.add(target)
                     order.append(target)
@@ -281,15 +288,17 @@ class RepositoryIndex:
         self._closures[key] = order
         return order
 
-    def import_targets(self, path: Path, outline: ModuleOutline) -> List[Optional[Path]]:
+    def import_targets(self, path: Path, outline: ModuleOutline,
+                       entry_roots: Sequence[Path] = ()) -> List[Optional[Path]]:
         """The project modules the module at `path` imports by name (None where an import is not
-        a project module), in the order its imports are written."""
+        a project module), in the order its imports are written. `entry_roots`: what the script
+        that imported it put on sys.path, searched after the module's own roots."""
         targets: List[Optional[Path]] = []
         for local, (module, name, level) in outline.imports.items():
-            targets.append(self.resolve_module(path, module, level))
+            targets.append(self.resolve_module(path, module, level, entry_roots))
             if name is not None:  # `from pkg import module`
-                targets.append(self.resolve_module(path, f"{module}.{name}" if module else name, level))
-        targets += [self.resolve_module(path, module, level) for module, level in outline.star_imports]
+                targets.append(self.resolve_module(path, f"{module}.{name}" if module else name, level, entry_roots))
+        targets += [self.resolve_module(path, module, level, entry_roots) for module, level in outline.star_imports]
         return targets
 
     def wrapper_steps(self) -> List[WrapperStep]:

@@ -213,3 +213,59 @@ def test_the_premise_on_cpu_autocast(tmp_path, fixed):
         assert run.returncode == 0 and "finite True" in run.stdout, run.stderr
     else:
         assert run.returncode != 0 and "should be the same" in run.stderr, run.stderr
+
+
+def test_functions_are_found_through_folders_the_entry_script_puts_on_sys_path(tmp_path):
+    """faster-rcnn.pytorch: trainval_net.py does `import _init_paths` (lib/ on sys.path), imports
+    model.faster_rcnn.vgg16, which imports model.faster_rcnn.faster_rcnn from lib/ too (only the
+    entry script put it there), which runs RoIPoolFunction over a compiled extension."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'detector'\n")
+    (tmp_path / "_init_paths.py").write_text(
+        "import os.path as osp\nimport sys\n\nsys.path.insert(0, osp.join(osp.dirname(__file__), 'lib'))\n")
+    lib = tmp_path / "lib" / "model"
+    (lib / "faster_rcnn").mkdir(parents=True)
+    (lib / "roi_pooling").mkdir()
+    for folder in (lib, lib / "faster_rcnn", lib / "roi_pooling"):
+        (folder / "__init__.py").write_text("")
+    (lib / "roi_pooling" / "roi_pool.py").write_text(textwrap.dedent('''
+        import torch
+        from torch.autograd import Function
+        from ._ext import roi_pooling
+
+
+        class RoIPoolFunction(Function):
+            @staticmethod
+            def forward(ctx, features, rois):
+                output = features.new_zeros(rois.size(0), features.size(1), 7, 7)
+                roi_pooling.roi_pooling_forward_cuda(7, 7, 0.0625, features, rois, output)
+                return output
+        '''))
+    (lib / "faster_rcnn" / "faster_rcnn.py").write_text(textwrap.dedent('''
+        import torch.nn as nn
+        from model.roi_pooling.roi_pool import RoIPoolFunction
+
+
+        class FasterRCNN(nn.Module):
+            def forward(self, features, rois):
+                return RoIPoolFunction.apply(features, rois).mean()
+        '''))
+    (lib / "faster_rcnn" / "vgg16.py").write_text("from model.faster_rcnn.faster_rcnn import FasterRCNN\n\n\n"
+                                                  "class vgg16(FasterRCNN):\n    pass\n")
+    (tmp_path / "trainval_net.py").write_text(textwrap.dedent('''
+        import _init_paths
+        import torch
+        from model.faster_rcnn.vgg16 import vgg16
+
+        model = vgg16().cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for features, rois in loader:
+            loss = model(features.cuda(), rois.cuda())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        '''))
+    run = run_ampify("--diff", tmp_path / "trainval_net.py")
+    output = run.stdout + run.stderr
+    assert run.returncode == 1, output
+    assert "AMP241 warning: lib/model/roi_pooling/roi_pool.py:7 RoIPoolFunction: its forward() calls the compiled " \
+           "extension roi_pooling.roi_pooling_forward_cuda()" in output, output
