@@ -62,12 +62,13 @@ def append_with_comma(items: list, new):
         # bracket), the old last item gets the separator the earlier items use
         separator = separator_like(items, len(items) - 1)
         return items[:-1] + [last.with_changes(comma=separator), new.with_changes(comma=last.comma)]
-    after = getattr(last, "whitespace_after_param", None)
+    field = "whitespace_after_param" if isinstance(last, cst.Param) else "whitespace_after_arg"
+    after = getattr(last, field, None)
     if isinstance(after, cst.ParenthesizedWhitespace):
         # `device\n):` -> `device, scaler\n):`: the closing bracket keeps its own line
         separator = separator_like(items, len(items) - 1)
         return items[:-1] + [
-            last.with_changes(comma=separator, whitespace_after_param=cst.SimpleWhitespace("")),
-            new.with_changes(whitespace_after_param=after),
+            last.with_changes(comma=separator, **{field: cst.SimpleWhitespace("")}),
+            new.with_changes(**{field: after}),
         ]
     return items + [new]
