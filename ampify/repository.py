@@ -38,6 +38,8 @@ MAX_MODULES_SCANNED = 2000
 MAX_OUTLINE_BYTES = 2_000_000
 #: star imports followed through at most this many modules
 MAX_STAR_DEPTH = 4
+#: a module naming any of these may put what it builds on a GPU
+_NAMES_A_DEVICE = re.compile(rb"cuda|device|\.to\(|set_default_|DataParallel")
 #: project modules followed through imports when looking for model code a training file runs
 MAX_IMPORTED_MODULES = 200
 
@@ -360,6 +362,29 @@ class RepositoryIndex:
                 if import_level == 0 and outline.exports(local) and local not in bound:
                     bound[local] = f"{imported}.{name}" if name else imported
             self._collect_star_imports(path, outline.star_imports, bound, seen, depth + 1)
+
+    def star_imported_class(self, importer: Path, star_imports: Sequence[Tuple[str, int]],
+                            name: str) -> Optional[Tuple[Path, str, int]]:
+        """(module, class name, line) for the class `name` that the star imports of `importer`
+        (`from model import *`) bind, defined in one of the project's own modules; None otherwise."""
+        seen: Set[Path] = set()
+        pending = [(importer, list(star_imports), 0)]
+        while pending:
+            here, stars, depth = pending.pop(0)
+            if depth >= MAX_STAR_DEPTH:
+                continue
+            for module, level in stars:
+                path = self.resolve_module(here, module, level)
+                if path is None or path in seen:
+                    continue
+                seen.add(path)
+                outline = self.outline(path)
+                if outline is None or not outline.exports(name):
+                    continue
+                if name in outline.classes:
+                    return path, name, outline.classes[name]
+                pending.append((path, list(outline.star_imports), depth + 1))
+        return None
 
     def function(self, importer: Path, dotted: str, imports: Dict[str, Tuple[str, Optional[str], int]],
                  trainer_classes: bool = False) -> Optional[Tuple[Path, FunctionOutline]]:
@@ -1336,6 +1361,25 @@ class ProjectView:
         path, name, line = found
         target = self.index.outline(path)
         return str(path), self.where(path, 0).rsplit(":", 1)[0], name, line, bool(target is not None and target.trains)
+
+    def host_model_class(self, local: str) -> Optional[str]:
+        """"model.py:12" for a class of another project module bound here as `local` (imported by
+        name or through `from model import *`) whose module never names a device or CUDA
+        (`.cuda()`, `.to(...)`, `device`, `set_default_...`): what it builds stays on the CPU.
+        None otherwise."""
+        outline = self._own_outline()
+        if outline is None:
+            return None
+        found = self.index.project_class(self.path, local, outline.imports)
+        if found is None and local not in outline.imports and outline.star_imports:
+            found = self.index.star_imported_class(self.path, outline.star_imports, local)
+        if found is None:
+            return None
+        path, _, line = found
+        source = self.source_of(str(path))
+        if source is None or _NAMES_A_DEVICE.search(source):
+            return None
+        return self.where(path, line)
 
     def project_class(self, local: str) -> Optional[Tuple[str, str, bool]]:
         """(key, class name, it subclasses an optimizer) for the class of another project module

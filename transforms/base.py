@@ -120,6 +120,10 @@ class ProjectFacts(Protocol):
         """(key, "models.py", class name, line, its module trains) for a class of another project
         module that this module binds as `local` (`from models import Discriminator`)."""
 
+    def host_model_class(self, local: str) -> Optional[str]:
+        """"model.py:12" for a class of another project module bound here as `local` (by name or a
+        star import) whose module names no device or CUDA: what it builds stays on the CPU."""
+
     def only_inspects_parameter(self, dotted: str, position: Optional[int], keyword: Optional[str],
                                 allowed: Sequence[str]) -> bool:
         """Does the project function `dotted` use that argument only through the attributes

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from typing import Optional
+from typing import List, Optional
 
 import libcst as cst
 
@@ -24,11 +24,13 @@ _DEFAULT_DEVICE_SETTERS = {"set_default_device", "set_default_tensor_type", "dev
 class DeviceChoice:
     """Finds the script's device expression; says once per file when it had to assume "cuda"."""
 
-    def __init__(self, structure: TrainingStructure, torch: str, report) -> None:
+    def __init__(self, structure: TrainingStructure, torch: str, report, project=None) -> None:
         self.structure = structure
         self.torch = torch
         #: where findings go (the conversion: `info`, `warn`, `findings`)
         self.report = report
+        #: the repository around the file (ProjectFacts), when ampify reads one
+        self.project = project
 
     def device_for(self, scope: Scope, before_line: int, node: cst.CSTNode) -> str:
         """The script's own device, as a string expression valid in `scope` at `before_line`;
@@ -46,13 +48,15 @@ class DeviceChoice:
             return '"cuda"'
         if any(f.code in ("AMP207", "AMP216", "AMP228") for f in self.report.findings):
             return '"cuda"'  # said once per file is enough
-        if not self.structure.all_names & _DEFAULT_DEVICE_SETTERS and self._models_built_here():
+        host_modules = self._models_built_here()
+        if not self.structure.all_names & _DEFAULT_DEVICE_SETTERS and host_modules is not None:
             # no .cuda(), no .to(...), no torch.device, no default device: the tensors stay on the
             # CPU, where autocast("cuda") and GradScaler("cuda") switch themselves off
+            neither = f" (nor does {', '.join(host_modules)}, where its model class is defined)" if host_modules else ""
             self.report.warn(
                 "AMP228",
-                'nothing in this file moves the model or the data to a device (no .cuda(), .to(device), '
-                'torch.device(...)): it trains on the CPU, where autocast("cuda") and GradScaler("cuda") switch '
+                f'nothing in this file moves the model or the data to a device (no .cuda(), .to(device), '
+                f'torch.device(...)){neither}: it trains on the CPU, where autocast("cuda") and GradScaler("cuda") switch '
                 'themselves off and every op stays float32; move the model and the batches to the GPU (the '
                 'converted step then runs in float16), or pass --dtype bfloat16 and use the CPU by hand',
                 node,
@@ -66,10 +70,11 @@ class DeviceChoice:
         )
         return '"cuda"'
 
-    def _models_built_here(self) -> bool:
+    def _models_built_here(self) -> Optional[List[str]]:
         """Are the models this file's optimizers train all built here, on the CPU, from torch.nn /
-        torchvision or a class of this file? (A model from another module's factory, such as
-        CUT's `networks.define_G(opt)`, may come back on the GPU.)"""
+        torchvision, a class of this file, or a class of another project module that names no
+        device? (A model from another module's factory, such as CUT's `networks.define_G(opt)`,
+        may come back on the GPU.) The places of those other modules' classes when so, else None."""
         s = self.structure
         local_classes = {node.name.value for node in s.module.body if isinstance(node, cst.ClassDef)}
         models = set()
@@ -79,19 +84,25 @@ class DeviceChoice:
                     if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("parameters", "named_parameters"):
                         models.add((dotted_name(call.func.value) or "").split(".")[0])
         if not models or "" in models:
-            return False
+            return None
+        elsewhere: List[str] = []
         for model in models:
             built = [b for b in s.bindings if b.name == model and b.statement is not None]
             if not built:
-                return False
+                return None
             for binding in built:
                 value = binding.value
                 if not isinstance(value, cst.Call):
-                    return False
+                    return None
                 called = binding.qualified_call or dotted_name(value.func) or ""
-                if not (called.startswith(("torch.nn.", "torchvision.models.")) or called in local_classes):
-                    return False
-        return True
+                if called.startswith(("torch.nn.", "torchvision.models.")) or called in local_classes:
+                    continue
+                place = self.project.host_model_class(called) if self.project is not None and "." not in called else None
+                if place is None:
+                    return None
+                if place not in elsewhere:
+                    elsewhere.append(place)
+        return elsewhere
 
     def expression(self, scope: Scope, before_line: int) -> Optional[str]:
         """The device expression the script itself makes visible in `scope` at `before_line`, or None."""

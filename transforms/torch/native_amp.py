@@ -285,7 +285,7 @@ class NativeConversion(TorchConversion):
         self.edits = StatementEdits()
         self.regions = AutocastPlanner(structure, imports, context.project)
         self.scaler_calls = ScalerCallPlanner(structure, imports)
-        self.devices = DeviceChoice(structure, self.torch, self)
+        self.devices = DeviceChoice(structure, self.torch, self, self.project)
         self.scaler_name = "scaler"
         self.placement = ScalerPlacement(structure, self.scaler_name, context.project, context.display)
         #: the device expression each created GradScaler got, by the statement it follows
