@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ampify.transforms.tf1.names import is_tf1_optimizer_class
-from ampify.transforms.torch.autograd_functions import unsafe_autograd_functions
+from ampify.transforms.torch.autograd_functions import (
+    gradient_dropping_functions,
+    gradient_dropping_imports,
+    unsafe_autograd_functions,
+)
 from ampify.dependency_pins import dependency_pins
 from ampify.optimizer_wrappers import WrapperStep, wrapper_steps
 from ampify.source_io import current_bytes, planned_content
@@ -129,6 +133,10 @@ class ModuleOutline:
     #: (line, class, why) of torch.autograd.Function subclasses that fail or compute wrong values
     #: under autocast (autograd_functions.py)
     unsafe_autograd_functions: List[Tuple[int, str, str]] = field(default_factory=list)
+    #: (line, class, why) of Functions whose backward() drops the incoming gradient, and (line,
+    #: package) of imports of bindings that did so in some releases (autograd_functions.py)
+    gradient_dropping_functions: List[Tuple[int, str, str]] = field(default_factory=list)
+    gradient_dropping_imports: List[Tuple[int, str]] = field(default_factory=list)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -689,6 +697,9 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
         outline.float16_overflows = _model_code_overflows(tree)
     if b"Function" in data:
         outline.unsafe_autograd_functions = unsafe_autograd_functions(tree)
+        outline.gradient_dropping_functions = gradient_dropping_functions(tree)
+    if b"warp" in data:
+        outline.gradient_dropping_imports = gradient_dropping_imports(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             if isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
@@ -1229,6 +1240,28 @@ class ProjectView:
             outline = self.index.outline(path)
             if outline is not None:
                 found += [f"{self.where(path, line)} {name}: {why}" for line, name, why in outline.unsafe_autograd_functions]
+        return found
+
+    def gradient_dropping_functions(self) -> List[str]:
+        """"ctc/ctc.py:11 _CTC: its backward() never reads ..." for the custom autograd Functions
+        of this module and of the project modules it imports whose backward() drops the incoming
+        gradient (autograd_functions.py)."""
+        found = []
+        for path in [self.path.resolve(), *self.index.imported_closure(self.path)]:
+            outline = self.index.outline(path)
+            if outline is not None:
+                found += [f"{self.where(path, line)} {name}: {why}" for line, name, why in outline.gradient_dropping_functions]
+        return found
+
+    def gradient_dropping_imports(self) -> List[Tuple[str, str]]:
+        """("train.py:94", "warpctc_pytorch") for each import, in this module or the project
+        modules it imports, of a binding whose backward() dropped the incoming gradient in some
+        releases."""
+        found = []
+        for path in [self.path.resolve(), *self.index.imported_closure(self.path)]:
+            outline = self.index.outline(path)
+            if outline is not None:
+                found += [(self.where(path, line), package) for line, package in outline.gradient_dropping_imports]
         return found
 
     def float16_overflow_modules(self) -> List[Tuple[str, str, bool]]:

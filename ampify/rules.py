@@ -280,6 +280,18 @@ RULES: List[Rule] = [
          "Dtype-agnostic Functions (gradient reversal, straight-through estimators) are not flagged.",
          "class Conv2d(autograd.Function):\n    @staticmethod\n    def backward(ctx, grad_output):\n"
          "        return F.conv_transpose2d(grad_output, weight), ...", MANUAL, incomplete=True),
+    Rule("AMP242", "warning", "a custom autograd Function's backward() ignores the gradient it receives: the loss scale stops there; file not converted (float16)",
+         "GradScaler multiplies the loss by 65536 and divides the gradients by it before the step: every backward() "
+         "must pass the factor on. warp-ctc-style losses compute the gradient in forward() and `return ctx.grads, "
+         "None, ...`: the layers before them get unscaled gradients, divided by the scale anyway, and training "
+         "silently stalls. Multiplying by grad_output fixes it; --dtype bfloat16 needs no scaling and converts.",
+         "class _CTC(Function):\n    @staticmethod\n    def backward(ctx, grad_output):\n"
+         "        return ctx.grads, None, None", MANUAL, incomplete=True),
+    Rule("AMP243", "warning", "warpctc_pytorch / warprnnt_pytorch: builds whose backward() ignores the incoming gradient lose the loss scale; check yours",
+         "SeanNaren's warp-ctc binding returned the gradient its forward() computed without multiplying by "
+         "grad_output until August 2020 (commit 11ecadd); later builds multiply. The file is converted, and "
+         "reported incomplete until the user has checked the installed build, or switched to torch.nn.CTCLoss.",
+         "from warpctc_pytorch import CTCLoss", MANUAL, incomplete=True),
     Rule("AMP236", "info", "ShardedGradScaler for a FullyShardedDataParallel model",
          "A file that wraps its model in FullyShardedDataParallel (FSDP1) gets "
          "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler, imported, in place of torch.amp.GradScaler: "
@@ -435,6 +447,12 @@ RULES: List[Rule] = [
     Rule("AMP334", "warning", "apex: a custom autograd Function breaks under O1 (backward() mixes dtypes, or compiled code); file not converted",
          "O1 patches the torch functions a Function's forward() calls; its backward() and compiled extensions get "
          "float16 tensors beside float32 ones.", "class Conv2d(autograd.Function): ...", MANUAL, incomplete=True),
+    Rule("AMP335", "warning", "apex: a custom autograd Function's backward() ignores the gradient it receives: the loss scale stops there; file not converted",
+         "amp.scale_loss multiplies the loss and unscales the gradients afterwards: a backward() returning the "
+         "gradient its forward() computed (warp-ctc's `return ctx.grads, None, ...`) leaves the layers before it "
+         "unscaled.", "class _CTC(Function): ...  return ctx.grads, None, None", MANUAL, incomplete=True),
+    Rule("AMP336", "warning", "apex: warpctc_pytorch / warprnnt_pytorch: builds whose backward() ignores the incoming gradient lose the loss scale; check yours",
+         "As AMP243, under amp.scale_loss.", "from warpctc_pytorch import CTCLoss", MANUAL, incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

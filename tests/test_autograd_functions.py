@@ -2,7 +2,9 @@
 file and in the model code it imports, refused naming each one; dtype-agnostic Functions and
 Functions already decorated with custom_fwd convert. The premise is shown on CPU autocast: a
 backward() convolving the reduced-precision gradient with the float32 weight it saved raises, and
-custom_fwd(cast_inputs=torch.float32) / custom_bwd, the fix the warning names, makes it train."""
+custom_fwd(cast_inputs=torch.float32) / custom_bwd, the fix the warning names, makes it train. A Function
+whose backward() ignores the gradient it receives drops the loss scale (AMP242 / apex AMP335, float16
+only): shown with GradScaler on CPU."""
 
 from __future__ import annotations
 
@@ -269,3 +271,98 @@ def test_functions_are_found_through_folders_the_entry_script_puts_on_sys_path(t
     assert run.returncode == 1, output
     assert "AMP241 warning: lib/model/roi_pooling/roi_pool.py:7 RoIPoolFunction: its forward() calls the compiled " \
            "extension roi_pooling.roi_pooling_forward_cuda()" in output, output
+
+
+GRADIENT_DROPPING = '''
+class SquaredError(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, acts, targets):
+        ctx.grads = 2 * (acts - targets) / acts.numel()
+        return ((acts - targets) ** 2).mean()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return {returned}, None
+'''
+
+
+@pytest.mark.parametrize("returned,dropped", [
+    ("ctx.grads", True),  # warp-ctc before August 2020
+    ("ctx.grads * grad_output", False),
+    ("ctx.grads.mul_(grad_output.to(ctx.grads.device))", False),
+])
+def test_which_functions_drop_the_incoming_gradient(returned, dropped):
+    from ampify.transforms.torch.autograd_functions import gradient_dropping_functions
+    tree = ast.parse(textwrap.dedent(GRADIENT_DROPPING.format(returned=returned)) + GRADIENT_REVERSAL
+                     + "\nclass NotDifferentiable(Function):\n    @staticmethod\n    def backward(ctx, *grads):\n"
+                       "        return None, None\n")
+    found = gradient_dropping_functions(tree)
+    assert [name for _, name, _ in found] == (["SquaredError"] if dropped else []), found
+
+
+def test_binding_imports_are_found_anywhere_in_the_module():
+    from ampify.transforms.torch.autograd_functions import gradient_dropping_imports
+    tree = ast.parse("import torch\nif opt.baiduCTC:\n    from warpctc_pytorch import CTCLoss\n"
+                     "def f():\n    import warprnnt_pytorch as rnnt\nfrom warp_rnnt_other import x\n")
+    assert gradient_dropping_imports(tree) == [(3, "warpctc_pytorch"), (5, "warprnnt_pytorch")]
+
+
+@pytest.mark.parametrize("backend,dtype,code,converted", [
+    ("native", "float16", "AMP242", False), ("apex", "float16", "AMP335", False), ("native", "bfloat16", None, True)])
+def test_a_gradient_dropping_function_in_the_imported_code_blocks_float16_only(tmp_path, backend, dtype, code, converted):
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'ocr'\n")
+    (tmp_path / "losses.py").write_text("import torch\n" + textwrap.dedent(GRADIENT_DROPPING.format(returned="ctx.grads")))
+    (tmp_path / "train.py").write_text(textwrap.dedent('''
+        import torch
+        from losses import SquaredError
+
+        device = torch.device("cuda")
+        model = torch.nn.Linear(8, 4).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(10):
+            x = torch.randn(4, 8, device=device)
+            loss = SquaredError.apply(model(x).float(), torch.zeros(4, 4, device=device))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        '''))
+    run = run_ampify("--diff", "--backend", backend, "--dtype", dtype, tmp_path / "train.py")
+    output = run.stdout + run.stderr
+    if converted:
+        assert run.returncode == 0 and "AMP242" not in output and "torch.autocast" in run.stdout, output
+    else:
+        assert run.returncode == 1, output
+        assert f"{code} warning: losses.py:3 SquaredError: its backward() never reads the incoming gradient" in output
+        assert "train.py: not converted: a custom autograd Function drops" in output
+
+
+@pytest.mark.parametrize("multiplies", [False, True])
+def test_the_premise_a_dropped_gradient_loses_the_scale(multiplies):
+    """GradScaler on CPU: through a Function that returns its precomputed gradient, the parameters'
+    gradients after unscale_ are the fp32 ones divided by the scale (65536); multiplying by grad_output
+    gives the fp32 gradients back."""
+    namespace = {"torch": torch_module()}
+    exec(textwrap.dedent(GRADIENT_DROPPING.format(returned="ctx.grads * grad_output" if multiplies else "ctx.grads")),
+         namespace)
+    torch = namespace["torch"]
+    function = namespace["SquaredError"]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    x, y = torch.randn(16, 8), torch.randn(16, 4)
+    function.apply(model(x), y).backward()
+    reference = model.weight.grad.clone()
+    model.zero_grad()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(function.apply(model(x), y)).backward()
+    scaler.unscale_(optimizer)
+    ratio = (reference.norm() / model.weight.grad.norm()).item()
+    if multiplies:
+        assert torch.allclose(model.weight.grad, reference, rtol=1e-5, atol=1e-7)
+    else:
+        assert ratio == pytest.approx(65536.0, rel=1e-4)
+
+
+def torch_module():
+    import torch
+    return torch

@@ -61,6 +61,14 @@ class ProjectFacts(Protocol):
         """"transformer/Modules.py:25 masked_fill(..., -1e9)" for model code of the project modules
         this module imports (directly or through each other) that raises on float16 tensors."""
 
+    def gradient_dropping_functions(self) -> Sequence[str]:
+        """"ctc/ctc.py:11 _CTC: why" for the custom autograd Functions of this module and the project
+        modules it imports whose backward() drops the incoming gradient (and so the loss scale)."""
+
+    def gradient_dropping_imports(self) -> Sequence[Tuple[str, str]]:
+        """("train.py:94", "warpctc_pytorch") for imports of bindings whose backward() dropped the
+        incoming gradient in some releases, here or in the project modules this module imports."""
+
     def unsafe_autograd_functions(self) -> Sequence[str]:
         """"op/conv2d_gradfix.py:134 Conv2d: its backward() runs ..." for the custom autograd
         Functions of this module and of the project modules it imports that fail or compute wrong

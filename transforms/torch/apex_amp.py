@@ -160,6 +160,22 @@ APEX_RULES = BackendRules(
             blocks_file=True, in_training_only=True,
             file_reason="a custom autograd Function breaks under apex O1; see the warning",
         ),
+        HazardKind.GRADIENT_DROPPED: HazardRule(
+            "AMP335",
+            "{detail}; amp.scale_loss multiplies the loss and needs every backward() to multiply by the gradient "
+            "it receives: multiply the returned gradient by it (`return ctx.grads * grad_output, None, ...`); the "
+            "training steps of this file were left unconverted",
+            blocks_file=True, in_training_only=True,
+            file_reason="a custom autograd Function drops apex's loss scale; see the warning",
+        ),
+        HazardKind.GRADIENT_DROPPING_BINDING: HazardRule(
+            "AMP336",
+            "{detail}: amp.scale_loss multiplies the loss and needs every backward() to multiply by the gradient "
+            "it receives; a build whose backward() returns the gradient its forward() computed leaves the model's "
+            "gradients unscaled, and apex then divides them by the scale, silently: check that yours multiplies "
+            "by grad_output, or use torch.nn.CTCLoss (on log_softmax outputs)",
+            in_training_only=True,
+        ),
         HazardKind.LOG_OF_PROBABILITY: HazardRule(
             "AMP331",
             "{detail}: the log of a sigmoid's probability, written out; under apex O1 the sigmoid runs in "

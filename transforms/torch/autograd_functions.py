@@ -10,6 +10,14 @@ its arguments by the first one's dtype computes garbage silently. PyTorch's fix 
 `@torch.amp.custom_bwd(device_type=...)` on backward(): the Function then runs in float32. A Function
 whose forward() already has custom_fwd is safe; so is one whose code is dtype-agnostic (a gradient
 reversal layer's `grad_output.neg() * alpha`, a straight-through estimator's `grad_output.clone()`).
+
+Loss scaling (GradScaler, apex) multiplies the loss and relies on every backward() multiplying by the
+gradient it receives. A backward() that never reads it, returning the gradient its forward() computed
+(warp-ctc's `return ctx.grads, None, ...`, vendored CTC and RNN-T losses), drops the scale: the layers
+before it get unscaled gradients, which the scaler then divides by the scale, silently. Such a
+Function is certain to break float16 training; the binding packages that did so in some releases
+(SeanNaren's warpctc_pytorch before August 2020, warprnnt_pytorch) can only be named for the user to
+check.
 """
 
 from __future__ import annotations
@@ -46,6 +54,70 @@ def unsafe_autograd_functions(tree: ast.Module) -> List[Tuple[int, str, str]]:
         if why is not None:
             found.append((node.lineno, node.name, why))
     return sorted(found)
+
+
+def gradient_dropping_functions(tree: ast.Module) -> List[Tuple[int, str, str]]:
+    """(line, class name, why) for each torch.autograd.Function subclass of the module whose
+    backward() never reads the gradient it receives but returns one: the loss scale stops there."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ClassDef) and any(_last(base) == "Function" for base in node.bases)):
+            continue
+        backward = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "backward"),
+                        None)
+        if backward is None:
+            continue
+        positional = [*backward.args.posonlyargs, *backward.args.args]
+        incoming = [arg.arg for arg in positional[1:]]  # after ctx
+        if backward.args.vararg is not None:
+            incoming.append(backward.args.vararg.arg)
+        if not incoming:
+            continue
+        read = {n.id for n in ast.walk(backward) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        if read & set(incoming) or not _returns_a_gradient(backward):
+            continue
+        found.append((node.lineno, node.name,
+                      f"its backward() never reads the incoming gradient ({', '.join(incoming)}) and returns the one "
+                      "its forward() computed, so the loss scale stops there: the layers before it get unscaled "
+                      "gradients, which the scaler then divides by the scale"))
+    return sorted(found)
+
+
+#: binding packages whose Function's backward() ignored the incoming gradient in some releases
+GRADIENT_DROPPING_PACKAGES = {
+    "warpctc_pytorch": "the releases of SeanNaren/warp-ctc's binding before August 2020 (commit 11ecadd) return "
+                       "`ctx.grads` without multiplying by grad_output",
+    "warprnnt_pytorch": "some releases of HawkAaron/warp-transducer's binding return `ctx.grads` without "
+                        "multiplying by grad_output",
+}
+
+
+def gradient_dropping_imports(tree: ast.Module) -> List[Tuple[int, str]]:
+    """(line, package) for each import of a GRADIENT_DROPPING_PACKAGES package, anywhere in the module
+    (also inside a function or an `if opt.baiduCTC:` branch)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            modules = [node.module or ""]
+        else:
+            continue
+        for module in modules:
+            top = module.split(".")[0]
+            if top in GRADIENT_DROPPING_PACKAGES and (node.lineno, top) not in found:
+                found.append((node.lineno, top))
+    return sorted(found)
+
+
+def _returns_a_gradient(backward: ast.FunctionDef) -> bool:
+    """Does some `return` of backward() hand back something other than None (alone or in a tuple)?"""
+    for node in ast.walk(backward):
+        if isinstance(node, ast.Return) and node.value is not None:
+            values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            if any(not (isinstance(v, ast.Constant) and v.value is None) for v in values):
+                return True
+    return False
 
 
 def _backward_mixing_dtypes(backward: ast.FunctionDef) -> Optional[str]:

@@ -28,7 +28,12 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import CompanionChange, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import dotted_name
-from ampify.transforms.torch.autograd_functions import unsafe_autograd_functions
+from ampify.transforms.torch.autograd_functions import (
+    GRADIENT_DROPPING_PACKAGES,
+    gradient_dropping_functions,
+    gradient_dropping_imports,
+    unsafe_autograd_functions,
+)
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.bce_logits import criterion_never_applied
@@ -464,8 +469,43 @@ class TorchConversion(abc.ABC):
             if rule.blocks_file and not blocked and rule.file_reason:
                 self.blocked_reason = rule.file_reason
             blocked = blocked or rule.blocks_file
+        dropped = self._report_gradient_dropping(has_training)
         return self._report_unsafe_autograd_functions(has_training) or self._report_imported_overflows(has_training) \
-            or blocked
+            or dropped or blocked
+
+    def _report_gradient_dropping(self, has_training: bool) -> bool:
+        """With loss scaling: a custom autograd Function (here or in the model code this file
+        imports) whose backward() never reads the incoming gradient leaves the file unconverted; an
+        import of a binding that did so in some releases (warpctc_pytorch) is named for the user to
+        check. True when the file is blocked."""
+        if not has_training or not self.scaling_is_float16():
+            return False
+        if self.project is not None:
+            functions = list(self.project.gradient_dropping_functions())
+            imports = [f"{package}, imported at {where}: {GRADIENT_DROPPING_PACKAGES[package]}"
+                       for where, package in self.project.gradient_dropping_imports()]
+        elif b"Function" in self.source or b"warp" in self.source:
+            try:
+                tree = ast.parse(self.source)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                return False
+            functions = [f"line {line} {name}: {why}" for line, name, why in gradient_dropping_functions(tree)]
+            imports = [f"{package}, imported at line {line}: {GRADIENT_DROPPING_PACKAGES[package]}"
+                       for line, package in gradient_dropping_imports(tree)]
+        else:
+            return False
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        if imports:
+            rule = self.rules.hazards[HazardKind.GRADIENT_DROPPING_BINDING]
+            self.warn(rule.code, rule.message.format(detail="; ".join(imports)), node)
+        if not functions:
+            return False
+        rule = self.rules.hazards[HazardKind.GRADIENT_DROPPED]
+        shown = "; ".join(functions[:3]) + (f"; and {len(functions) - 3} more" if len(functions) > 3 else "")
+        self.warn(rule.code, rule.message.format(detail=shown), node)
+        if not self.blocked_reason and rule.file_reason:
+            self.blocked_reason = rule.file_reason
+        return True
 
     def _report_unsafe_autograd_functions(self, has_training: bool) -> bool:
         """A custom autograd Function in this module or the model code it imports that breaks under

@@ -165,6 +165,22 @@ NATIVE_RULES = BackendRules(
             blocks_file=True, in_training_only=True,
             file_reason="a custom autograd Function breaks under autocast; see the warning",
         ),
+        HazardKind.GRADIENT_DROPPED: HazardRule(
+            "AMP242",
+            "{detail}; GradScaler scales the loss and needs every backward() to multiply by the gradient it "
+            "receives: multiply the returned gradient by it (`return ctx.grads * grad_output, None, ...`), or "
+            "use --dtype bfloat16 (no loss scaling); the training steps of this file were left unconverted",
+            blocks_file=True, float16_only=True, in_training_only=True,
+            file_reason="a custom autograd Function drops the loss scale; see the warning",
+        ),
+        HazardKind.GRADIENT_DROPPING_BINDING: HazardRule(
+            "AMP243",
+            "{detail}: GradScaler scales the loss and needs every backward() to multiply by the gradient it "
+            "receives; a build whose backward() returns the gradient its forward() computed leaves the model's "
+            "gradients unscaled, and the scaler then divides them by the scale, silently: check that yours "
+            "multiplies by grad_output, or use torch.nn.CTCLoss (on log_softmax outputs) or --dtype bfloat16",
+            float16_only=True, in_training_only=True,
+        ),
         HazardKind.LOG_OF_PROBABILITY: HazardRule(
             "AMP229",
             "{detail}: the log of a sigmoid's probability, written out; under autocast the sigmoid runs in "

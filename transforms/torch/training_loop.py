@@ -247,6 +247,12 @@ class HazardKind(str, enum.Enum):
     #: gradient with float32 tensors, or that calls a compiled extension (ampify/autograd_functions.py);
     #: found through the project, reported by the driver
     AUTOGRAD_FUNCTION = "autograd_function"
+    #: a custom torch.autograd.Function whose backward() never reads the incoming gradient: the loss
+    #: scale stops there (warp-ctc's `return ctx.grads, None, ...`); reported by the driver
+    GRADIENT_DROPPED = "gradient_dropped"
+    #: an import of a binding (warpctc_pytorch) whose Function dropped the incoming gradient in some
+    #: releases: named for the user to check; reported by the driver
+    GRADIENT_DROPPING_BINDING = "gradient_dropping_binding"
     #: torch.log(1 - D(x)) of a model ending in a sigmoid: in float16 the probability rounds to 1 (or
     #: 0), the log is -inf, the loss inf, and every step is skipped (log_of_sigmoid.py)
     LOG_OF_PROBABILITY = "log_of_probability"
