@@ -550,6 +550,23 @@ def test_ddpg_actor_gradients_with_the_optimizer_in_a_later_scope_are_loss_scale
     assert "AMPIFY_RUNNER loss-scale compute_gradients" not in original.stderr
 
 
+def test_char_rnn_optimizer_alone_in_a_name_scope_moves_with_its_scope(tmp_path):
+    """char-rnn-tensorflow: clipped `tf.gradients(self.cost, tvars)`, then `with tf.name_scope(
+    'optimizer'): optimizer = tf.train.AdamOptimizer(self.lr)` (the construction is the whole body).
+    The whole `with` moves above the gradients; the converted graph runs in float16 with loss
+    scaling and learns as the original does."""
+    source, conversion = _convert("exec_char_rnn_optimizer_scope")
+    assert [f.code for f in conversion.findings if f.severity.value != "info"] == []
+    assert "moved the construction of optimizer from line 27 up to line 24" in " ".join(
+        f.message for f in conversion.findings)
+    converted = _run(tmp_path, "converted.py", conversion.converted)
+    _assert_trains(_losses(converted.stdout))
+    assert converted.stderr.count("AMPIFY_RUNNER loss-scale compute_gradients") == 1
+    assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]
+    original = _run(tmp_path, "original.py", source)
+    _assert_trains(_losses(original.stdout))
+
+
 PROJECT_OPTIMIZER = '''
 import sys
 import tensorflow.compat.v1 as tf

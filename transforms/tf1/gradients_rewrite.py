@@ -33,7 +33,7 @@ from ampify.transforms.tf1.names import (
     TF_GRADIENTS_POSITIONAL,
 )
 from ampify.transforms.tf1.optimizer_classes import Resolver
-from ampify.transforms.tf1.optimizer_hoist import StatementMove, plan_hoist
+from ampify.transforms.tf1.optimizer_hoist import StatementMove, plan_hoist, scope_reads_what_changes
 
 #: label for gradients that come from some optimizer's compute_gradients (already scaled)
 FROM_COMPUTE_GRADIENTS = "compute_gradients"
@@ -1125,6 +1125,9 @@ class _Hoister:
         self.flow = flow
         self.plan = plan
         self.wrapped_calls = wrapped_calls
+        #: id of an optimizer's construction -> id of the statement moved for it (itself, or the
+        #: `with tf.name_scope(...)` whose whole body it is)
+        self.moved_with: Dict[int, int] = {}
 
     def try_hoist(self, gradients: _GradientsCall, receiver: str) -> Optional[str]:
         """Plan the move and return None, or say why the optimizer cannot move up."""
@@ -1142,6 +1145,7 @@ class _Hoister:
             return "its construction is not a statement of its own"
         block_id, index = place
         anchor = self._anchor_in(gradients, block_id)
+        moved = statement
         if anchor is not None and self.collector.statement_places[id(anchor)][1] < index:
             anchor_index = self.collector.statement_places[id(anchor)][1]
             between = self.collector.blocks[block_id][anchor_index:index]
@@ -1149,15 +1153,16 @@ class _Hoister:
             out_of_scope = self._out_of_scope_block(gradients, statement, block_id, index)
             if isinstance(out_of_scope, str):
                 return out_of_scope
-            anchor, between = out_of_scope
+            anchor, between, moved = out_of_scope
         reason = plan_hoist(statement, receiver, anchor, between)
         if reason is not None:
             return reason
-        previous = self.plan.moves.get(id(statement))
+        previous = self.plan.moves.get(id(moved))
         if previous is None or previous.to_line > gradients.statement_line:
-            self.plan.moves[id(statement)] = StatementMove(
-                id(statement), id(anchor), self._line_of(statement), self._line_of(anchor)
+            self.plan.moves[id(moved)] = StatementMove(
+                id(moved), id(anchor), self._line_of(statement), self._line_of(anchor)
             )
+            self.moved_with[id(statement)] = id(moved)
         return None
 
     def _anchor_in(self, gradients: _GradientsCall, block_id: int) -> Optional[cst.CSTNode]:
@@ -1172,12 +1177,13 @@ class _Hoister:
         )
 
     def _out_of_scope_block(self, gradients: _GradientsCall, statement: cst.CSTNode, block_id: int, index: int):
-        """(anchor, statements between) when the optimizer is built first thing it can be in the body
-        of a `with tf.variable_scope(...)` / `tf.name_scope(...)` after the block holding tf.gradients
-        (DDPG's actor: `with tf.variable_scope('policy_grads'): grads = tf.gradients(...)`, then `with
-        tf.variable_scope('A_train'): opt = tf.train.AdamOptimizer(...)`): a scope names ops and
-        variables, and building an optimizer creates neither (the wrapper's loss scale variables only
-        move to the enclosing scope), so the construction moves above the earlier block. Else why not."""
+        """(anchor, statements between, statement to move) when the optimizer is built first thing it
+        can be in the body of a `with tf.variable_scope(...)` / `tf.name_scope(...)` after the block
+        holding tf.gradients (DDPG's actor: `with tf.variable_scope('policy_grads'): grads =
+        tf.gradients(...)`, then `with tf.variable_scope('A_train'): opt = tf.train.AdamOptimizer(...)`):
+        a scope names ops and variables, and building an optimizer creates neither (the wrapper's loss
+        scale variables only move to the enclosing scope), so the construction moves above the
+        earlier block; when it is the whole body, the whole `with` moves. Else why not."""
         different = "tf.gradients and the optimizer are in different blocks"
         owner = self.collector.block_owners.get(block_id)
         if not isinstance(owner, cst.With) or not all(_is_scope(item) for item in owner.items):
@@ -1190,15 +1196,21 @@ class _Hoister:
         if anchor is None or self.collector.statement_places[id(anchor)][1] >= owner_index:
             return different
         inner = self.collector.blocks[block_id]
+        anchor_index = self.collector.statement_places[id(anchor)][1]
         if len(inner) < 2:
-            return f"it is all the body of the `with` at line {self._line_of(owner)}"
+            # the construction is the whole body (char-rnn-tensorflow: `with tf.name_scope('optimizer'):
+            # optimizer = tf.train.AdamOptimizer(self.lr)`): the whole `with` moves up, scope and all
+            between = self.collector.blocks[outer_id][anchor_index:owner_index]
+            reason = scope_reads_what_changes(owner, between)
+            if reason is not None:
+                return reason
+            return anchor, between, owner
         scoped = {item.asname.name.value for item in owner.items
                   if item.asname is not None and isinstance(item.asname.name, cst.Name)}
         if scoped and any(isinstance(n, cst.Name) and n.value in scoped for n in _names_in(statement)):
             return f"building it reads {sorted(scoped)[0]}, bound by the `with` at line {self._line_of(owner)}"
-        anchor_index = self.collector.statement_places[id(anchor)][1]
         between = [*self.collector.blocks[outer_id][anchor_index:owner_index], *inner[:index]]
-        return anchor, between
+        return anchor, between, statement
 
     def _line_of(self, statement: cst.CSTNode) -> int:
         return self.positions[statement].start.line
@@ -1206,7 +1218,9 @@ class _Hoister:
     def move_of(self, receiver: str) -> Optional[StatementMove]:
         """The planned move of this optimizer's construction, if any."""
         statements = self.flow.assignment_statements.get(receiver, [])
-        return self.plan.moves.get(id(statements[0])) if len(statements) == 1 else None
+        if len(statements) != 1:
+            return None
+        return self.plan.moves.get(self.moved_with.get(id(statements[0]), id(statements[0])))
 
 
 def _is_scope(item: cst.WithItem) -> bool:

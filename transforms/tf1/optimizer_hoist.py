@@ -163,6 +163,21 @@ def plan_hoist(
     return None
 
 
+def scope_reads_what_changes(scope: cst.With, between: Sequence[cst.CSTNode]) -> Optional[str]:
+    """Why the `with tf.name_scope(...)` header `scope` cannot move above `between`: the code
+    between sets a name its items read. None when it can."""
+    needed = _Bindings()
+    for item in scope.items:
+        walk(item.item, needed)
+    changed = _Bindings()
+    for node in between:
+        walk(node, changed)
+    touched = [name for name in needed.read if _overlaps(name, changed.bound)]
+    if touched:
+        return f"the code between them sets {max(touched, key=lambda name: (name.count('.'), name))}, which its scope reads"
+    return None
+
+
 def move_statements(
     original: Sequence[cst.BaseStatement],
     updated: Sequence[cst.BaseStatement],
