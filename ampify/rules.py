@@ -93,6 +93,13 @@ RULES: List[Rule] = [
          'import tensorflow as tf\n  -> os.environ.setdefault("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_INFERLIST_REMOVE", "Sigmoid")\n'
          '     os.environ.setdefault("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_GRAYLIST_REMOVE", "Sigmoid")\n     import tensorflow as tf',
          SAFE),
+    Rule("AMP107", "info", "matrix products kept in float32: the graph computes a Gram matrix (`tf.matmul(feats_T, feats)`, style transfer)",
+         "A Gram matrix sums height*width products of feature maps: the rewrite runs MatMul / BatchMatMul in float16 "
+         "(its allow list), the sum passes 65504 before the division by the size, the style loss is inf, and the "
+         "loss-scale optimizer skips every step, silently. Taking the matrix products off the allow list (TF >= 2.4: "
+         "ALLOWLIST, TF 1.14-2.3: WHITELIST) keeps them float32; the convolutions still convert.",
+         'import tensorflow as tf\n  -> os.environ.setdefault("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALLOWLIST_REMOVE", '
+         '"MatMul,BatchMatMul,BatchMatMulV2,BatchMatMulV3,Einsum")\n     import tensorflow as tf', SAFE),
     Rule("AMP110", "warning", "`tf.gradients` reaches `apply_gradients` in a form that cannot be rewritten safely, or is handed to other code with the optimizer",
          "Gradients that bypass the wrapper's compute_gradients are never loss-scaled: float16 gradients underflow silently.",
          "variable_mgr.append_apply_gradients_ops(state, opt, tf.gradients(loss, params), ops)", MANUAL, incomplete=True),

@@ -567,6 +567,27 @@ def test_char_rnn_optimizer_alone_in_a_name_scope_moves_with_its_scope(tmp_path)
     _assert_trains(_losses(original.stdout))
 
 
+def test_style_transfer_gram_matrices_stay_float32(tmp_path):
+    """A Gram matrix of feature maps (fast-style-transfer's `tf.matmul(feats_T, feats) / size`): with the
+    wrapper alone the rewrite runs it in float16, it overflows and every loss is inf; converted, the
+    matrix products are off the allow list, the convolutions still convert, and the loss falls as in
+    float32."""
+    source, conversion = _convert("exec_style_transfer_gram_matrix")
+    assert "AMP107" in [f.code for f in conversion.findings]
+    converted = _run(tmp_path, "converted.py", conversion.converted)
+    losses = _losses(converted.stdout)
+    assert len(losses) == 12 and all(value == value and abs(value) != float("inf") for value in losses), losses
+    assert losses[-1] < losses[0], losses
+    assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]
+    original = _losses(_run(tmp_path, "original.py", source).stdout)
+    assert all(abs(a - b) < 1e-2 * abs(b) for a, b in zip(losses, original)), (losses, original)
+
+    wrapper_only = "\n".join(line for line in conversion.converted.splitlines() if "LIST_REMOVE" not in line) + "\n"
+    assert wrapper_only != conversion.converted
+    without = _run(tmp_path, "wrapper_only.py", wrapper_only)
+    assert all(value == float("inf") for value in _losses(without.stdout)), without.stdout
+
+
 PROJECT_OPTIMIZER = '''
 import sys
 import tensorflow.compat.v1 as tf

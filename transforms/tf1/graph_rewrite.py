@@ -25,6 +25,7 @@ from ampify.transforms.base import Transform, TransformResult, UnitContext, Verd
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.log_of_sigmoid import TENSORFLOW, log_of_probability_calls
+from ampify.transforms.tf1.gram_matrices import gram_matrix_calls
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.kit.parameters import with_parameter
@@ -41,6 +42,7 @@ from ampify.transforms.tf1.module_header import (
 )
 from ampify.transforms.tf1.names import (
     IGNORE_PERFORMANCE_ENV,
+    MATMUL_IN_FLOAT32_ENV,
     SIGMOID_IN_FLOAT32_ENV,
     MAY_APPLY_MARKERS,
     NGC_AUTO_MIXED_PRECISION_STRINGS,
@@ -370,8 +372,9 @@ class _GraphRewrite:
         new_module = self.module.visit(_WrapAndReplace(callees, plan.replacements, plan.moves, plan.new_parameters))
         set_env = self.options.tf_ignore_performance and not self.survey.mentions_ignore_performance_env
         sigmoid_env = self._sigmoid_in_float32()
+        matmul_env = self._matmul_in_float32()
         new_module, index = add_header_statements(
-            new_module, set_env_var=set_env, added_import=added_import, environment=sigmoid_env
+            new_module, set_env_var=set_env, added_import=added_import, environment=sigmoid_env + matmul_env
         )
         if set_env:
             line = self._line_of_statement(index)
@@ -389,6 +392,11 @@ class _GraphRewrite:
             line = self._line_of_statement(index)
             self.findings.append(Finding("AMP106", f"{sigmoid_env[0][0]}=Sigmoid (and its TF 1.x name, GRAYLIST) set before "
                                          "TensorFlow is imported: " + self._sigmoid_reason, line, 0, Severity.INFO))
+        if matmul_env:
+            line = self._line_of_statement(index)
+            self.findings.append(Finding("AMP107", f"{matmul_env[0][0]}={matmul_env[0][1]} (and its TF 1.x name, "
+                                         "WHITELIST) set before TensorFlow is imported: " + self._matmul_reason,
+                                         line, 0, Severity.INFO))
         self._report_eager_execution()
         wrapped = len(to_wrap)
         return TransformResult(
@@ -416,6 +424,23 @@ class _GraphRewrite:
             "is -inf (every step skipped while the discriminator is confident); off the rewrite's lists every "
             "Sigmoid stays float32")
         return list(SIGMOID_IN_FLOAT32_ENV)
+
+    def _matmul_in_float32(self) -> list:
+        """The variables keeping every matrix product in float32 when the graph computes a Gram
+        matrix (tf1/gram_matrices.py): in float16 its sum of h*w products passes 65504, the style
+        loss is inf, and the loss-scale optimizer skips every step. None set where the script names
+        them itself."""
+        calls = gram_matrix_calls(self.module, self.imports)
+        if not calls or any(name in self.module.code for name, _ in MATMUL_IN_FLOAT32_ENV):
+            return []
+        shown = ", ".join(f"{_code_of(call)} (line {self.positions[call].start.line})" for call in calls[:3])
+        more = f" and {len(calls) - 3} more" if len(calls) > 3 else ""
+        self._matmul_reason = (
+            f"the graph computes a Gram matrix ({shown}{more}), a sum of height*width products of feature maps; "
+            "the rewrite would run it in float16, where it passes 65504 before its division by the size, the loss "
+            "is inf and every step is skipped; off the allow list every matrix product stays float32, the "
+            "convolutions still convert")
+        return list(MATMUL_IN_FLOAT32_ENV)
 
     def _sessions_here(self, sessions_here) -> Optional[TransformResult]:
         """Sessions this module creates before it builds the optimizer (cnn-text-classification-tf's

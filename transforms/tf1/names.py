@@ -118,6 +118,15 @@ SIGMOID_IN_FLOAT32_ENV = (
     ("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_GRAYLIST_REMOVE", "Sigmoid"),
 )
 
+#: The variables that take the matrix products off the rewrite's allow list (TF >= 2.4: ALLOWLIST, TF
+#: 1.14-2.3: WHITELIST): a Gram matrix (style transfer's `tf.matmul(feats_T, feats)`) sums h*w products,
+#: beyond float16's 65504 before its division by the size; kept float32 (AMP107).
+MATMUL_OPS = "MatMul,BatchMatMul,BatchMatMulV2,BatchMatMulV3,Einsum"
+MATMUL_IN_FLOAT32_ENV = (
+    ("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALLOWLIST_REMOVE", MATMUL_OPS),
+    ("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_WHITELIST_REMOVE", MATMUL_OPS),
+)
+
 #: Bytes of which a file must contain one (besides b"tensorflow") for the transform to parse it.
 #: Each rule needs one of them: an optimizer class or instance (`Optimizer`, `optimizer`,
 #: Keras `optimizers`), a class fetched from the train/contrib module (`.train`, `train import`,
