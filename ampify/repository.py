@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ampify.transforms.tf1.names import is_tf1_optimizer_class
+from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
 from ampify.transforms.torch.autograd_functions import (
     gradient_dropping_functions,
     gradient_dropping_imports,
@@ -76,6 +77,9 @@ class FunctionOutline:
     tf_gradients: int = 0
     #: it calls `.apply_gradients(...)` or `.minimize(...)` itself: what it returns is a train op, not gradients
     applies_gradients: bool = False
+    #: the line of a Gram matrix of a flattened feature map in its body (style transfer's
+    #: `features.bmm(features_t)`), 0 if none (torch/gram_matrix_functions.py)
+    gram_matrix: int = 0
 
 
 @dataclass(frozen=True)
@@ -658,10 +662,11 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
         return None
     outline = ModuleOutline(path)
     tensorflow = b"tensorflow" in data
+    products = b"mm(" in data or b"matmul(" in data or b"@" in data
     outline.mixed_precision = any(marker in data for marker in (b"autocast", b"GradScaler", b"scale_loss"))
     for statement in _module_level(tree.body):
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            outline.functions[statement.name] = _function_outline(statement, tensorflow)
+            outline.functions[statement.name] = _function_outline(statement, tensorflow, products)
         elif isinstance(statement, ast.ClassDef):
             outline.classes[statement.name] = statement.lineno
             trainer = _training_class_outline(statement)
@@ -956,7 +961,7 @@ def _training_class_outline(klass: ast.ClassDef) -> Optional[FunctionOutline]:
     return FunctionOutline(klass.name, klass.lineno, params, False, False, True, is_class=True)
 
 
-def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
+def _function_outline(function, tensorflow: bool = False, products: bool = False) -> FunctionOutline:
     params = tuple(a.arg for a in [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs])
     moved = set()
     returns = []
@@ -989,7 +994,8 @@ def _function_outline(function, tensorflow: bool = False) -> FunctionOutline:
     returns_moved = any(_is_device_move(value) or (isinstance(value, ast.Name) and value.id in moved) for value in returns)
     return FunctionOutline(function.name, function.lineno, params, returns_moved, builds_optimizer, calls_backward,
                            grad_with_graph=grad_with_graph, local_calls=tuple(sorted(local_calls)),
-                           tf_gradients=tf_gradients, applies_gradients=applies_gradients)
+                           tf_gradients=tf_gradients, applies_gradients=applies_gradients,
+                           gram_matrix=gram_matrix_line(function) if products else 0)
 
 
 def _is_grad_with_graph(call: ast.Call) -> bool:
@@ -1209,6 +1215,17 @@ class ProjectView:
         if found is None or not self.index.gradient_penalty_line(*found):
             return None
         return str(found[0]), self.where(found[0], 0).rsplit(":", 1)[0], found[1].name
+
+    def gram_matrix_functions_called(self) -> List[str]:
+        """"neural_style/utils.py:25 gram_matrix()" for each function of another project module this
+        module calls that computes a Gram matrix of a flattened feature map (AMP238 / AMP330)."""
+        found = []
+        for path, function, _ in self._project_functions_called():
+            if function.gram_matrix:
+                entry = f"{self.where(path, function.gram_matrix)} {function.name}()"
+                if entry not in found:
+                    found.append(entry)
+        return found
 
     def gradient_penalty_called(self, dotted: str) -> Optional[str]:
         outline = self._own_outline()

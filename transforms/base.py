@@ -61,6 +61,10 @@ class ProjectFacts(Protocol):
         """"transformer/Modules.py:25 masked_fill(..., -1e9)" for model code of the project modules
         this module imports (directly or through each other) that raises on float16 tensors."""
 
+    def gram_matrix_functions_called(self) -> Sequence[str]:
+        """"utils.py:25 gram_matrix()" for the functions of other project modules this module calls
+        that compute a Gram matrix of a flattened feature map."""
+
     def gradient_dropping_functions(self) -> Sequence[str]:
         """"ctc/ctc.py:11 _CTC: why" for the custom autograd Functions of this module and the project
         modules it imports whose backward() drops the incoming gradient (and so the loss scale)."""

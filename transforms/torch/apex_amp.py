@@ -149,6 +149,7 @@ APEX_RULES = BackendRules(
             "under apex O1: the loss is inf and every step is skipped; compute it in float32 by hand (O1 casts "
             "torch.mm to float16){left_unconverted}",
             blocks_file=True, in_training_only=True,
+            file_reason="a Gram matrix overflows float16 under apex O1; see the warning",
         ),
         HazardKind.AUTOGRAD_FUNCTION: HazardRule(
             "AMP334",

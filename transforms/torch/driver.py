@@ -470,8 +470,28 @@ class TorchConversion(abc.ABC):
                 self.blocked_reason = rule.file_reason
             blocked = blocked or rule.blocks_file
         dropped = self._report_gradient_dropping(has_training)
+        grams = self._report_imported_gram_matrices(has_training, blocked)
         return self._report_unsafe_autograd_functions(has_training) or self._report_imported_overflows(has_training) \
-            or dropped or blocked
+            or dropped or grams or blocked
+
+    def _report_imported_gram_matrices(self, has_training: bool, reported_here: bool) -> bool:
+        """A function of another project module that this file calls computes a Gram matrix of a
+        flattened feature map (fast_neural_style's `utils.gram_matrix`): in float16 it overflows,
+        as one in this file does; the file is left unconverted (float16 only). True when blocked."""
+        project = self.project
+        rule = self.rules.hazards.get(HazardKind.GRAM_MATRIX)
+        if not has_training or project is None or rule is None or not self.scaling_is_float16():
+            return False
+        found = list(project.gram_matrix_functions_called())
+        if not found:
+            return False
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        self.warn(rule.code, rule.message.format(detail=shown, left_unconverted="; the training steps of this file "
+                                                 "were left unconverted"), node)
+        if not reported_here and rule.file_reason and not self.blocked_reason:
+            self.blocked_reason = rule.file_reason
+        return rule.blocks_file
 
     def _report_gradient_dropping(self, has_training: bool) -> bool:
         """With loss scaling: a custom autograd Function (here or in the model code this file

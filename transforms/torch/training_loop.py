@@ -930,7 +930,7 @@ class _Collector(cst.CSTVisitor):
             else:
                 structure.hazards.append(Hazard(HazardKind.AUTOGRAD_GRAD, node))
             return
-        gram = _gram_matrix_operand(node, qualified, method)
+        gram = _gram_matrix_operand(node, qualified, method, lambda name: self._transposed_name(name, statement))
         if gram is not None and self._flattened_feature_map(gram, statement):
             structure.hazards.append(Hazard(HazardKind.GRAM_MATRIX, node, code_of(node)))
             return
@@ -963,6 +963,14 @@ class _Collector(cst.CSTVisitor):
             return False
         return any(isinstance(arg.value, cst.BinaryOperation) and isinstance(arg.value.operator, cst.Multiply)
                    for arg in value.args)
+
+    def _transposed_name(self, name: str, statement: Optional[cst.CSTNode]) -> Optional[str]:
+        """The tensor `name` was last bound (above `statement`, in this scope) to the transpose of:
+        `features_t = features.transpose(1, 2)` gives "features"."""
+        scope = self.scopes[-1]
+        earlier = [b for b in self.structure.bindings
+                   if b.name == name and b.scope is scope and b.statement is not statement and b.kind == "assign"]
+        return _transpose_operand(earlier[-1].value) if earlier else None
 
     def _is_wide_finfo_limit(self, node: cst.BaseExpression) -> bool:
         """`torch.finfo(torch.float32).min` (or of float64, or numpy's): finite, beyond float16."""
@@ -1554,9 +1562,11 @@ _PRODUCTS = ("torch.mm", "torch.bmm", "torch.matmul")
 _TRANSPOSES = {"t", "transpose", "permute"}
 
 
-def _gram_matrix_operand(node: cst.Call, qualified: Optional[str], method: Optional[str]) -> Optional[str]:
-    """The features `f` of `torch.mm(f, f.t())`, `f.bmm(f.transpose(1, 2))`, `torch.matmul(G, G.T)`:
-    a matrix times its own transpose; None for any other product (attention's `q @ k.transpose`)."""
+def _gram_matrix_operand(node: cst.Call, qualified: Optional[str], method: Optional[str],
+                         transposed_name=lambda name: None) -> Optional[str]:
+    """The features `f` of `torch.mm(f, f.t())`, `f.bmm(f.transpose(1, 2))`, `torch.matmul(G, G.T)`,
+    `f.bmm(f_t)` with `f_t = f.transpose(1, 2)` above (`transposed_name` tells): a matrix times its
+    own transpose, either way round; None for any other product (attention's `q @ k.transpose`)."""
     arguments = [a.value for a in node.args if a.keyword is None and not a.star]
     if qualified in _PRODUCTS and len(arguments) == 2:
         left, right = arguments
@@ -1565,14 +1575,25 @@ def _gram_matrix_operand(node: cst.Call, qualified: Optional[str], method: Optio
         left, right = node.func.value, arguments[0]
     else:
         return None
-    if isinstance(right, cst.Call) and isinstance(right.func, cst.Attribute) and right.func.attr.value in _TRANSPOSES:
-        transposed = right.func.value
-    elif isinstance(right, cst.Attribute) and right.attr.value in ("T", "mT"):
-        transposed = right.value
-    else:
-        return None
-    name = dotted_name(left)
-    return name if name is not None and name == dotted_name(transposed) else None
+    sides = []
+    for operand in (left, right):
+        base = _transpose_operand(operand)
+        if base is None and isinstance(operand, cst.Name):
+            base = transposed_name(operand.value)
+        sides.append((base, True) if base is not None else (dotted_name(operand), False))
+    (left_name, left_transposed), (right_name, right_transposed) = sides
+    if left_name is not None and left_name == right_name and left_transposed != right_transposed:
+        return left_name
+    return None
+
+
+def _transpose_operand(node: Optional[cst.BaseExpression]) -> Optional[str]:
+    """`f` for `f.t()`, `f.transpose(1, 2)`, `f.permute(0, 2, 1)`, `f.T`, `f.mT`; else None."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _TRANSPOSES:
+        return dotted_name(node.func.value)
+    if isinstance(node, cst.Attribute) and node.attr.value in ("T", "mT"):
+        return dotted_name(node.value)
+    return None
 
 
 def describe_mixed_precision_use(structure: TrainingStructure, use: cst.CSTNode) -> str:

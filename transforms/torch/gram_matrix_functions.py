@@ -1,0 +1,97 @@
+"""Functions of a project module that compute a Gram matrix of a flattened feature map, found in the
+module's syntax tree (the repository outline's view of AMP238 / apex AMP330).
+
+pytorch/examples' fast_neural_style keeps it in utils.py, which the training script calls under
+autocast:
+
+    def gram_matrix(y):
+        (b, ch, h, w) = y.size()
+        features = y.view(b, ch, w * h)
+        features_t = features.transpose(1, 2)
+        gram = features.bmm(features_t) / (ch * h * w)
+
+The product sums h*w terms: in float16 it passes 65504 before the division, the style loss is inf,
+and GradScaler skips every step. A Gram matrix here is a product (`torch.mm/bmm/matmul`, the same
+methods, `@`) of a name bound to `x.view(...)` / `x.reshape(...)` with a product of sizes among its
+arguments and that name's transpose (`.t()`, `.transpose(...)`, `.permute(...)`, `.T`, `.mT`,
+`torch.transpose(f, ...)`, inline or bound to a name in the same function).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Dict, Optional, Set, Tuple
+
+_PRODUCT_FUNCTIONS = frozenset({"torch.mm", "torch.bmm", "torch.matmul"})
+_PRODUCT_METHODS = frozenset({"mm", "bmm", "matmul"})
+_TRANSPOSE_METHODS = frozenset({"t", "transpose", "permute"})
+
+
+def gram_matrix_line(function: ast.AST) -> int:
+    """The line of the first Gram matrix of a flattened feature map in `function`'s body; 0 if none."""
+    flattened: Set[str] = set()
+    transposed: Dict[str, Optional[str]] = {}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if _is_flattening(node.value):
+                flattened.add(name)
+            base = _transpose_of(node.value, {})
+            if base is not None:
+                transposed[name] = base if transposed.get(name, base) == base else None
+    for node in ast.walk(function):
+        operands = _product_operands(node)
+        if operands is None:
+            continue
+        sides = []
+        for operand in operands:
+            base = _transpose_of(operand, transposed)
+            sides.append((base, True) if base is not None else (_dotted(operand), False))
+        (left, left_transposed), (right, right_transposed) = sides
+        if left is not None and left == right and left_transposed != right_transposed and left in flattened:
+            return node.lineno
+    return 0
+
+
+def _product_operands(node: ast.AST) -> Optional[Tuple[ast.expr, ast.expr]]:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+        return node.left, node.right
+    if not isinstance(node, ast.Call) or node.keywords:
+        return None
+    name = _dotted(node.func) or ""
+    if name in _PRODUCT_FUNCTIONS and len(node.args) == 2:
+        return node.args[0], node.args[1]
+    if isinstance(node.func, ast.Attribute) and node.func.attr in _PRODUCT_METHODS and len(node.args) == 1 \
+            and name not in _PRODUCT_FUNCTIONS:
+        return node.func.value, node.args[0]
+    return None
+
+
+def _transpose_of(node: ast.expr, transposed: Dict[str, Optional[str]]) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return transposed.get(node.id)
+    if isinstance(node, ast.Attribute) and node.attr in ("T", "mT"):
+        return _dotted(node.value)
+    if isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Attribute) and node.func.attr in _TRANSPOSE_METHODS \
+                and _dotted(node.func) != "torch.transpose":
+            return _dotted(node.func.value)
+        if _dotted(node.func) == "torch.transpose" and node.args:
+            return _dotted(node.args[0])
+    return None
+
+
+def _is_flattening(node: ast.expr) -> bool:
+    """`f.view(b, ch, w * h)` / `input.reshape(a * b, c * d)`: a product of sizes among the arguments."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("view", "reshape")
+            and any(isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Mult) for arg in node.args))
+
+
+def _dotted(node: ast.AST) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else None
+    return None
