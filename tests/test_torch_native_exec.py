@@ -543,7 +543,10 @@ def test_warpctc_loss_gets_float32_activations_under_autocast(flags, tmp_path):
     assert fp32.returncode == 0, fp32.stderr[-2000:]
 
     conversion = convert_source(source, Options(backend="native", dtype="float16"), filename="train.py")
-    assert conversion.status is FileStatus.CHANGED, conversion.reason
+    # converted; incomplete until the user has checked that the installed build's backward() passes
+    # the loss scale on (AMP243)
+    assert conversion.status is FileStatus.CHANGED_INCOMPLETE, conversion.reason
+    assert [f.code for f in conversion.findings if f.severity.value == "warning"] == ["AMP243"]
     converted = tmp_path / "converted.py"
     converted.write_text(conversion.converted.replace("device_type=device.type", 'device_type="cpu"'))
     run = _run_with_standins(converted, *flags)
