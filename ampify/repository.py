@@ -1176,6 +1176,23 @@ class ProjectView:
             if resolved is not None and resolved[0] != self.path:
                 yield resolved[0], resolved[1], dotted
 
+    def _star_imported_functions_called(self) -> Iterator[Tuple[Path, FunctionOutline, str]]:
+        """(module, function, name) for each plain name this module calls that no definition or
+        import of its own binds and that its star imports (`from utils import *`) reach in a
+        function of another project module."""
+        outline = self._own_outline()
+        if outline is None or not outline.star_imports:
+            return
+        for name in sorted(outline.calls):
+            if "." in name or name in outline.imports or name in outline.functions or name in outline.classes:
+                continue
+            for module, level in outline.star_imports:
+                found = self.index._reexported_function(
+                    self.path, self.index.resolve_module(self.path, module, level), name, set(), 0)
+                if found is not None and found[0] != self.path.resolve():
+                    yield found[0], found[1], name
+                    break
+
     def tf_gradients_function(self, dotted: str) -> Optional[Tuple[str, str, str]]:
         """(key, display, function name) of the project function `dotted` (as this module calls it,
         also through re-exporting packages) of another module when it runs tf.gradients; else None."""
@@ -1220,7 +1237,7 @@ class ProjectView:
         """"neural_style/utils.py:25 gram_matrix()" for each function of another project module this
         module calls that computes a Gram matrix of a flattened feature map (AMP238 / AMP330)."""
         found = []
-        for path, function, _ in self._project_functions_called():
+        for path, function, _ in [*self._project_functions_called(), *self._star_imported_functions_called()]:
             if function.gram_matrix:
                 entry = f"{self.where(path, function.gram_matrix)} {function.name}()"
                 if entry not in found:

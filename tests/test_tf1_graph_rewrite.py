@@ -431,3 +431,33 @@ def test_own_session_created_before_the_optimizer_is_no_fallback():
     assert own_session_fallback(cst.parse_module(before), "Agent", "_net", "sess") is None
     no_default = OWN_SESSION_CLASS.replace("sess=None):", "sess=False):")
     assert own_session_fallback(cst.parse_module(no_default), "Agent", "_net", "sess") is None
+
+
+@pytest.mark.parametrize("unscaled", [
+    'tf.contrib.opt.ScipyOptimizerInterface(loss, method="L-BFGS-B")',
+    "tfp.optimizer.lbfgs_minimize(value_and_gradients, initial)",
+])
+def test_a_session_config_is_not_given_the_rewrite_when_an_unscaled_optimizer_shares_the_module(unscaled):
+    """The Session exists before the optimizer (AMP113). Its config would normally ask for the rewrite
+    (AMP105), but the module also minimizes with an optimizer the rewrite's loss scaling cannot wrap:
+    the config is left alone and the warning says why."""
+    source = textwrap.dedent(f'''
+        import tensorflow as tf
+        import tensorflow_probability as tfp
+
+        def stylize(loss, adam):
+            with tf.Session() as sess:
+                if adam:
+                    step = tf.train.AdamOptimizer(1.0).minimize(loss)
+                    sess.run(step)
+                else:
+                    optimizer = {unscaled}
+        ''')
+    conversion = convert_source(source, Options(), filename="style.py")
+    assert conversion.status is FileStatus.CHANGED_INCOMPLETE, conversion
+    warning = next(f for f in conversion.findings if f.code == "AMP113")
+    assert "ampify did not set it in its config: the module also minimizes with" in warning.message
+    assert "which has no loss scaling" in warning.message
+    assert "auto_mixed_precision" not in conversion.converted
+    without = convert_source(source.replace(unscaled, "None"), Options(), filename="style.py")
+    assert "AMP105" in [f.code for f in without.findings], without.findings

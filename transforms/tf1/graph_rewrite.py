@@ -23,6 +23,7 @@ from ampify.options import Options
 from ampify.transforms.tf1 import screen as tf1_screen
 from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.calls import calls_within
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.log_of_sigmoid import TENSORFLOW, log_of_probability_calls
 from ampify.transforms.tf1.gram_matrices import gram_matrix_calls
@@ -43,6 +44,7 @@ from ampify.transforms.tf1.module_header import (
 from ampify.transforms.tf1.names import (
     IGNORE_PERFORMANCE_ENV,
     MATMUL_IN_FLOAT32_ENV,
+    UNSCALED_OPTIMIZERS,
     SIGMOID_IN_FLOAT32_ENV,
     MAY_APPLY_MARKERS,
     NGC_AUTO_MIXED_PRECISION_STRINGS,
@@ -447,6 +449,14 @@ class _GraphRewrite:
         `sess = tf.Session(config=session_conf)`): their configs turn the graph rewrite on, as TF
         would have for a Session created after the wrap, and the module is converted again from
         there. None (the AMP113 warnings say why) when a config cannot be given it."""
+        unscaled = self._unscaled_optimizer_calls()
+        if unscaled:
+            reason = (f"the module also minimizes with {unscaled}, which has no loss scaling: a Session config asking "
+                      "for the rewrite would run that path in float16 without it")
+            for _, index in sessions_here:
+                old = self.findings[index]
+                self.findings[index] = replace(old, message=f"{old.message}; ampify did not set it in its config: {reason}")
+            return None
         try:
             turned, configs = turn_on_in_module(self.module, [session.node for session, _ in sessions_here], self.display)
         except SessionConfigRefused as refused:
@@ -467,6 +477,17 @@ class _GraphRewrite:
                           "Session asks for the graph rewrite itself", session.line, session.column, Severity.INFO))
         result.findings.sort(key=lambda f: (f.line, f.column, f.code))
         return result
+
+    def _unscaled_optimizer_calls(self) -> str:
+        """"tf.contrib.opt.ScipyOptimizerInterface (line 624)" when this module builds an optimizer
+        that the graph rewrite's loss scaling cannot wrap (L-BFGS through SciPy, TFP's BFGS), else ""."""
+        if not any(name.encode() in self.module.code.encode() for name in UNSCALED_OPTIMIZERS):
+            return ""
+        for node in calls_within(self.module):
+            name = self.imports.resolve(node.func) or dotted_name(node.func) or ""
+            if name.rsplit(".", 1)[-1] in UNSCALED_OPTIMIZERS:
+                return f"{_code_of(node.func)} (line {self.positions[node].start.line})"
+        return ""
 
     def _sessions_elsewhere(self, sessions_elsewhere, own_session_fallbacks) -> list:
         """An optimizer built in a method or function that runs a Session created in another

@@ -127,6 +127,11 @@ MATMUL_IN_FLOAT32_ENV = (
     ("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_WHITELIST_REMOVE", MATMUL_OPS),
 )
 
+#: Optimizers the graph rewrite's loss scaling cannot wrap: a Session asking for the rewrite in its
+#: config would run them in float16 without it (cysmith/neural-style-tf's default L-BFGS path).
+UNSCALED_OPTIMIZERS = frozenset({"ScipyOptimizerInterface", "ExternalOptimizerInterface", "lbfgs_minimize",
+                                 "bfgs_minimize"})
+
 #: Bytes of which a file must contain one (besides b"tensorflow") for the transform to parse it.
 #: Each rule needs one of them: an optimizer class or instance (`Optimizer`, `optimizer`,
 #: Keras `optimizers`), a class fetched from the train/contrib module (`.train`, `train import`,
