@@ -16,6 +16,8 @@ from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.training_loop import Scope, TrainingStructure
 
 
+#: what a function naming a device, or CUDA, contains
+_NAMES_A_DEVICE = re.compile(r"cuda|device|\.to\(|set_default_|DataParallel")
 #: names that show the script may put tensors on a GPU without a .cuda()/.to() of its own
 #: (`torch.set_default_device`, `torch.cuda.FloatTensor`, a `device` it hands elsewhere)
 _DEFAULT_DEVICE_SETTERS = {"set_default_device", "set_default_tensor_type", "device", "cuda"}
@@ -77,6 +79,9 @@ class DeviceChoice:
         may come back on the GPU.) The places of those other modules' classes when so, else None."""
         s = self.structure
         local_classes = {node.name.value for node in s.module.body if isinstance(node, cst.ClassDef)}
+        # a factory of this file that names no device (`def build_model(...)`: a Sequential built and returned)
+        local_classes |= {node.name.value for node in s.module.body if isinstance(node, cst.FunctionDef)
+                          and not _NAMES_A_DEVICE.search(s.module.code_for_node(node))}
         models = set()
         for binding in s.bindings:
             if binding.qualified_call and names.is_optimizer_qualname(binding.qualified_call) and binding.value is not None:
