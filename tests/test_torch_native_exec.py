@@ -701,3 +701,26 @@ def test_gradients_a_step_takes_with_autograd_grad_are_scaled_and_equal_the_fp32
     for converted_norm, original in finite:
         assert converted_norm == pytest.approx(original, rel=5e-2), (mixed["INNER_NORMS"], fp32["INNER_NORMS"])
     assert all(math.isfinite(loss) for loss in mixed["LOSSES"][1:]), mixed["LOSSES"]
+
+
+def test_optimizers_stepped_in_a_loop_each_step_once_per_update_on_cpu():
+    """`for optimizer in optimizers: optimizer.step()` converted: scaler.step() for each optimizer in
+    the loop, scaler.update() once after it. Run on CPU (float16 autocast, GradScaler("cpu")): both
+    optimizers step every iteration (no "step() has already been called since the last update()"), and
+    the parameters move as the float32 run's do."""
+    import torch
+
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "torch_native" / "optimizers_stepped_in_a_loop.in.py"
+    source = fixture.read_text()
+    conversion = convert_source(source, Options(), filename="train.py")
+    assert conversion.status is FileStatus.CHANGED, conversion.reason
+    assert "for optimizer in optimizers:\n            scaler.step(optimizer)\n        scaler.update()" in conversion.converted
+    results = {}
+    for side, code in (("fp32", source), ("amp", conversion.converted)):
+        namespace = {"__name__": side}
+        exec(compile(code, f"{side}.py", "exec"), namespace)
+        torch.manual_seed(0)
+        encoder, decoder, optimizers = namespace["main"]("cpu", epochs=2)
+        assert all(optimizer.state for optimizer in optimizers), side  # every optimizer stepped
+        results[side] = torch.cat([p.detach().flatten() for p in [*encoder.parameters(), *decoder.parameters()]])
+    assert torch.allclose(results["amp"], results["fp32"], atol=5e-3), (results["amp"] - results["fp32"]).abs().max()

@@ -42,10 +42,14 @@ class ScalerCallPlanner:
             common_depth += 1
         if common_depth == 0:
             raise Unconvertible("the optimizer steps are not in one loop body", steps[0].call)
+        # steps inside `for optimizer in optimizers:`: update() goes after that loop, not in it
+        while common_depth > 1 and _loops_over_the_optimizers(s, paths[0][common_depth - 2][1], steps):
+            common_depth -= 1
         common_block = paths[0][common_depth - 1][0]
         anchors = [p[common_depth - 1][1] for p in paths]
         body = list(common_block.body)
-        if not any(len(p) == common_depth and isinstance(p[-1][1], cst.SimpleStatementLine) for p in paths) and not (
+        if not any(len(p) == common_depth and isinstance(p[-1][1], cst.SimpleStatementLine)
+                   or _loops_over_the_optimizers(s, p[common_depth - 1][1], steps) for p in paths) and not (
             self._steps_in_every_branch(anchors, steps, unit)
         ):
             raise Unconvertible(
@@ -53,12 +57,16 @@ class ScalerCallPlanner:
                 "so that it runs exactly once after the steps",
                 steps[-1].call,
             )
-        # a loop between the unit body and the steps would run update() several times
+        # a loop between the unit body and the steps would run update() several times, unless it
+        # loops over the optimizers themselves (`for optimizer in optimizers: optimizer.step()`):
+        # update() then goes after that loop, once
         for block, statement in paths[0][: common_depth]:
-            if statement is not anchors[0] and isinstance(statement, (cst.For, cst.While)):
+            if statement is not anchors[0] and isinstance(statement, (cst.For, cst.While)) \
+                    and not _loops_over_the_optimizers(self.structure, statement, steps):
                 raise Unconvertible("the optimizer steps run in an inner loop", steps[0].call)
         for depth in range(common_depth - 1):
-            if isinstance(paths[0][depth][1], (cst.For, cst.While)):
+            if isinstance(paths[0][depth][1], (cst.For, cst.While)) \
+                    and not _loops_over_the_optimizers(self.structure, paths[0][depth][1], steps):
                 raise Unconvertible("the optimizer steps run in an inner loop", steps[0].call)
         first = min(index_of(body, a) for a in anchors)
         last = max(index_of(body, a) for a in anchors)
@@ -523,3 +531,16 @@ def check_no_gradients_unscaled_twice(s: TrainingStructure, unit: TrainingUnit, 
                 f"train {models}, whose gradients are not zeroed between the two steps: {what}; zero "
                 f"{later.receiver}'s gradients before its backward if that is meant, or convert by hand",
                 later.call)
+
+
+def _loops_over_the_optimizers(s: TrainingStructure, loop: cst.CSTNode, steps: Sequence[StepCall]) -> bool:
+    """`for optimizer in optimizers:` whose target is the receiver of every step inside it and whose
+    body runs no backward(): one step per optimizer, which GradScaler allows between two update()
+    calls (CSAILVision's semantic-segmentation: `for optimizer in optimizers: optimizer.step()`)."""
+    if not (isinstance(loop, cst.For) and isinstance(loop.target, cst.Name)):
+        return False
+    inside = [step for step in steps if s.contains(loop, step.call)]
+    if not inside or any(step.receiver != loop.target.value for step in inside):
+        return False
+    return not any(isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
+                   for call in statements.calls_within(loop.body))

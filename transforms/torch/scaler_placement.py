@@ -167,7 +167,8 @@ class ScalerPlacement:
         `plan.reference`, and `plan.home` or the threaded parameter and its callers)."""
         s = self.structure
         unit = plan.unit
-        receivers = unit.optimizers
+        # `for optimizer in optimizers: optimizer.step()`: the scaler goes where the collection is made
+        receivers = list(dict.fromkeys(self._collection_of(r, unit) or r for r in unit.optimizers))
         owners = _owners_of_owned_optimizers(s, unit, receivers)
         if owners:
             # `self.Q_eval.optimizer`: the networks the agent holds build their own optimizers; the
@@ -224,6 +225,29 @@ class ScalerPlacement:
         raise Unconvertible(
             f"optimizers {', '.join(receivers)} are partly parameters, partly local variables", unit.steps[0].call
         )
+
+    def _collection_of(self, receiver: str, unit) -> Optional[str]:
+        """`optimizers` when every step of `receiver` runs in `for receiver in optimizers:` (a plain
+        name, the loop over the optimizers only: no backward() in it) and the name is bound nowhere
+        else in the unit's scope; None otherwise."""
+        s = self.structure
+        bindings = s.bindings_visible(receiver, unit.scope)
+        if not bindings or any(b.kind != "for" for b in bindings):
+            return None
+        loops = list({id(b.statement): b.statement for b in bindings}.values())
+        # every loop binding it walks the same collection (`for optimizer in optimizers:` around the
+        # zero_grad() calls, again around the steps)
+        if not all(isinstance(loop, cst.For) and isinstance(loop.target, cst.Name) and loop.target.value == receiver
+                   and isinstance(loop.iter, cst.Name) for loop in loops):
+            return None
+        if len({loop.iter.value for loop in loops}) != 1:
+            return None
+        steps = [step for step in unit.steps if step.receiver == receiver]
+        if not steps or not all(any(s.contains(loop, step.call) for loop in loops) for step in steps):
+            return None
+        if any(s.contains(loop, backward.call) for loop in loops for backward in unit.backwards):
+            return None
+        return loops[0].iter.value
 
     def _variable_home(
         self, receivers: List[str], scope: Scope, use_statement: Optional[cst.CSTNode], node: cst.CSTNode

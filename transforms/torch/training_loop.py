@@ -450,6 +450,9 @@ class TrainingStructure:
         elsewhere = [b for b in self.bindings if b.name == name and b.statement is not None]
         if elsewhere:
             first = elsewhere[0]
+            if all(b.kind == "for" for b in elsewhere):
+                return (f"{name} is a loop variable (line {self.line(first.statement)}), drawn from a collection of "
+                        "optimizers that ampify does not follow to each optimizer's construction")
             if name.startswith("self.") and first.klass is not None and first.klass is self.class_of(scope):
                 return (f"{name} is set at line {self.line(first.statement)} from a value ampify does not follow to "
                         "an optimizer construction in this file")
