@@ -22,6 +22,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tup
 
 from ampify.transforms.tf1.names import is_tf1_optimizer_class
 from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
+from ampify.transforms.torch.probability_clamps import probability_clamps
 from ampify.transforms.torch.autograd_functions import (
     gradient_dropping_functions,
     gradient_dropping_imports,
@@ -141,6 +142,9 @@ class ModuleOutline:
     #: package) of imports of bindings that did so in some releases (autograd_functions.py)
     gradient_dropping_functions: List[Tuple[int, str, str]] = field(default_factory=list)
     gradient_dropping_imports: List[Tuple[int, str]] = field(default_factory=list)
+    #: (line, clamp, eps) of probability clamps `clamp(p, lo, 1 - eps)` whose complement the same
+    #: function takes the log of (torch/probability_clamps.py)
+    probability_clamps: List[Tuple[int, str, float]] = field(default_factory=list)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -705,6 +709,8 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
         outline.gradient_dropping_functions = gradient_dropping_functions(tree)
     if b"warp" in data:
         outline.gradient_dropping_imports = gradient_dropping_imports(tree)
+    if b"clamp" in data or b"clip" in data:
+        outline.probability_clamps = probability_clamps(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             if isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
@@ -1285,6 +1291,17 @@ class ProjectView:
             outline = self.index.outline(path)
             if outline is not None:
                 found += [f"{self.where(path, line)} {name}: {why}" for line, name, why in outline.gradient_dropping_functions]
+        return found
+
+    def probability_clamps_imported(self) -> List[Tuple[str, str, float]]:
+        """("retinanet/losses.py:49", "torch.clamp(...)", eps) for each probability clamp, in this
+        module or the project modules it imports, whose `1 - eps` bound a reduced precision may round
+        to 1 (torch/probability_clamps.py)."""
+        found = []
+        for path in [self.path.resolve(), *self.index.imported_closure(self.path)]:
+            outline = self.index.outline(path)
+            if outline is not None:
+                found += [(self.where(path, line), text, eps) for line, text, eps in outline.probability_clamps]
         return found
 
     def gradient_dropping_imports(self) -> List[Tuple[str, str]]:

@@ -299,6 +299,15 @@ RULES: List[Rule] = [
          "grad_output until August 2020 (commit 11ecadd); later builds multiply. The file is converted, and "
          "reported incomplete until the user has checked the installed build, or switched to torch.nn.CTCLoss.",
          "from warpctc_pytorch import CTCLoss", MANUAL, incomplete=True),
+    Rule("AMP244", "warning", "a probability clamp `clamp(p, lo, 1 - eps)` before `log(1 - p)` rounds to 1 in float16 / bfloat16: the loss turns inf or NaN; file not converted",
+         "A focal loss (yhenon/pytorch-retinanet) clamps the sigmoid's output to [1e-4, 1 - 1e-4] and takes "
+         "log(1 - p). Under autocast p arrives in float16, where 1 - 1e-4 rounds to 1.0: a confident anchor gives "
+         "log(0) = -inf, and `(1 - target) * log(1 - p)` is 0 * -inf = NaN for a positive one; GradScaler skips "
+         "every such step (with bfloat16, eps up to 2**-9 rounds away too, and the NaN reaches the weights). "
+         "Clamping a float32 copy (`torch.clamp(p.float(), ...)`) keeps the bound.",
+         "classification = torch.clamp(classification, 1e-4, 1.0 - 1e-4)\n"
+         "bce = -(targets * torch.log(classification) + (1.0 - targets) * torch.log(1.0 - classification))",
+         MANUAL, incomplete=True),
     Rule("AMP236", "info", "ShardedGradScaler for a FullyShardedDataParallel model",
          "A file that wraps its model in FullyShardedDataParallel (FSDP1) gets "
          "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler, imported, in place of torch.amp.GradScaler: "
@@ -460,6 +469,10 @@ RULES: List[Rule] = [
          "unscaled.", "class _CTC(Function): ...  return ctx.grads, None, None", MANUAL, incomplete=True),
     Rule("AMP336", "warning", "apex: warpctc_pytorch / warprnnt_pytorch: builds whose backward() ignores the incoming gradient lose the loss scale; check yours",
          "As AMP243, under amp.scale_loss.", "from warpctc_pytorch import CTCLoss", MANUAL, incomplete=True),
+    Rule("AMP337", "warning", "apex: a probability clamp `clamp(p, lo, 1 - eps)` before `log(1 - p)` rounds to 1 in float16; file not converted",
+         "As AMP244, under O1: the sigmoid's output is float16, the clamp's bound 1 - eps rounds to 1, log(1 - p) "
+         "is -inf and the loss inf or NaN.", "classification = torch.clamp(classification, 1e-4, 1.0 - 1e-4)",
+         MANUAL, incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

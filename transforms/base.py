@@ -65,6 +65,10 @@ class ProjectFacts(Protocol):
         """"utils.py:25 gram_matrix()" for the functions of other project modules this module calls
         that compute a Gram matrix of a flattened feature map."""
 
+    def probability_clamps_imported(self) -> Sequence[Tuple[str, str, float]]:
+        """("losses.py:49", clamp text, eps) for the probability clamps `clamp(p, lo, 1 - eps)` here or
+        in the project modules this module imports whose complement is logged."""
+
     def gradient_dropping_functions(self) -> Sequence[str]:
         """"ctc/ctc.py:11 _CTC: why" for the custom autograd Functions of this module and the project
         modules it imports whose backward() drops the incoming gradient (and so the loss scale)."""

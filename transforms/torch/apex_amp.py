@@ -177,6 +177,15 @@ APEX_RULES = BackendRules(
             "by grad_output, or use torch.nn.CTCLoss (on log_softmax outputs)",
             in_training_only=True,
         ),
+        HazardKind.PROBABILITY_CLAMP: HazardRule(
+            "AMP337",
+            "{detail}: under apex O1 the probability arrives in {dtype} and the clamp keeps that dtype, where its "
+            "upper bound rounds to 1: a confident output stays 1, `log(1 - p)` is -inf and `0 * -inf` NaN, so "
+            "the loss is inf or NaN (apex skips every such step); clamp a float32 copy (`torch.clamp(p.float(), "
+            "...)`) there, then rerun ampify; the training steps of this file were left unconverted",
+            blocks_file=True, in_training_only=True,
+            file_reason="a probability clamp rounds to 1 in float16; see the warning",
+        ),
         HazardKind.LOG_OF_PROBABILITY: HazardRule(
             "AMP331",
             "{detail}: the log of a sigmoid's probability, written out; under apex O1 the sigmoid runs in "

@@ -28,6 +28,7 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import CompanionChange, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.torch.probability_clamps import ROUNDS_TO_ONE, probability_clamps
 from ampify.transforms.torch.autograd_functions import (
     GRADIENT_DROPPING_PACKAGES,
     gradient_dropping_functions,
@@ -471,8 +472,40 @@ class TorchConversion(abc.ABC):
             blocked = blocked or rule.blocks_file
         dropped = self._report_gradient_dropping(has_training)
         grams = self._report_imported_gram_matrices(has_training, blocked)
+        clamps = self._report_probability_clamps(has_training)
         return self._report_unsafe_autograd_functions(has_training) or self._report_imported_overflows(has_training) \
-            or dropped or grams or blocked
+            or dropped or grams or clamps or blocked
+
+    def _report_probability_clamps(self, has_training: bool) -> bool:
+        """`p = torch.clamp(p, 1e-4, 1.0 - 1e-4)` before `log(1 - p)` in this file or the model code it
+        imports (yhenon/pytorch-retinanet's focal loss): the bound rounds to 1 in the converted dtype,
+        the loss turns inf or NaN. The file is left unconverted. True when blocked."""
+        rule = self.rules.hazards.get(HazardKind.PROBABILITY_CLAMP)
+        if not has_training or rule is None:
+            return False
+        dtype = "float16" if self.scaling_is_float16() else "bfloat16"
+        if self.project is not None:
+            clamps = list(self.project.probability_clamps_imported())
+        elif b"clamp" in self.source or b"clip" in self.source:
+            try:
+                tree = ast.parse(self.source)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                return False
+            clamps = [(f"line {line}", text, eps) for line, text, eps in probability_clamps(tree)]
+        else:
+            return False
+        clamps = [c for c in clamps if c[2] <= ROUNDS_TO_ONE[dtype]]
+        if not clamps:
+            return False
+        shown = "; ".join(f"{where} {text}" for where, text, _ in clamps[:3]) + (
+            f"; and {len(clamps) - 3} more" if len(clamps) > 3 else "")
+        consequence = ("GradScaler skips every such step" if self.scaling_is_float16()
+                       else "with no loss scaling the NaN reaches the weights")
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        self.warn(rule.code, rule.message.format(detail=shown, dtype=dtype, consequence=consequence), node)
+        if not self.blocked_reason and rule.file_reason:
+            self.blocked_reason = rule.file_reason
+        return True
 
     def _report_imported_gram_matrices(self, has_training: bool, reported_here: bool) -> bool:
         """A function of another project module that this file calls computes a Gram matrix of a

@@ -181,6 +181,15 @@ NATIVE_RULES = BackendRules(
             "multiplies by grad_output, or use torch.nn.CTCLoss (on log_softmax outputs) or --dtype bfloat16",
             float16_only=True, in_training_only=True,
         ),
+        HazardKind.PROBABILITY_CLAMP: HazardRule(
+            "AMP244",
+            "{detail}: under autocast the probability arrives in {dtype} and the clamp keeps that dtype, where "
+            "its upper bound rounds to 1: a confident output stays 1, `log(1 - p)` is -inf and `0 * -inf` NaN, "
+            "so the loss is inf or NaN ({consequence}); clamp a float32 copy (`torch.clamp(p.float(), ...)`) "
+            "there, then rerun ampify; the training steps of this file were left unconverted",
+            blocks_file=True, in_training_only=True,
+            file_reason="a probability clamp rounds to 1 in reduced precision; see the warning",
+        ),
         HazardKind.LOG_OF_PROBABILITY: HazardRule(
             "AMP229",
             "{detail}: the log of a sigmoid's probability, written out; under autocast the sigmoid runs in "

@@ -253,6 +253,9 @@ class HazardKind(str, enum.Enum):
     #: an import of a binding (warpctc_pytorch) whose Function dropped the incoming gradient in some
     #: releases: named for the user to check; reported by the driver
     GRADIENT_DROPPING_BINDING = "gradient_dropping_binding"
+    #: `p = torch.clamp(p, 1e-4, 1.0 - 1e-4)` before `log(1 - p)`: the bound rounds to 1 in float16
+    #: (bfloat16 for eps up to 2**-9), the log is -inf; reported by the driver
+    PROBABILITY_CLAMP = "probability_clamp"
     #: torch.log(1 - D(x)) of a model ending in a sigmoid: in float16 the probability rounds to 1 (or
     #: 0), the log is -inf, the loss inf, and every step is skipped (log_of_sigmoid.py)
     LOG_OF_PROBABILITY = "log_of_probability"

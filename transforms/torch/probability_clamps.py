@@ -1,0 +1,102 @@
+"""Probability clamps that float16 (or bfloat16) rounds away, found in a module's syntax tree.
+
+yhenon/pytorch-retinanet's focal loss, in the model code its train.py runs under autocast:
+
+    classification = torch.clamp(classification, 1e-4, 1.0 - 1e-4)
+    bce = -(targets * torch.log(classification) + (1.0 - targets) * torch.log(1.0 - classification))
+
+The sigmoid's output arrives in float16, and the clamp keeps its dtype: 1.0 - 1e-4 rounds to 1.0 in
+float16 (its spacing below 1 is 2**-11), so a confident anchor's probability stays 1.0, `log(1.0 -
+classification)` is -inf and `0 * -inf` NaN: the loss is NaN, GradScaler skips the step, and keeps
+skipping as the detector grows confident. bfloat16 (spacing 2**-8) rounds 1 - 1e-3 to 1 too, and
+with no scaler the NaN reaches the weights. A clamp counts when its upper bound is `1 - eps` (or a
+literal just below 1) and the same function takes the log of one minus the clamped name.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import List, Optional, Tuple
+
+#: the largest eps for which 1 - eps rounds to 1: half the spacing below 1 (ties go to the even 1.0)
+ROUNDS_TO_ONE = {"float16": 2.0 ** -12, "bfloat16": 2.0 ** -9}
+
+
+def probability_clamps(tree: ast.AST) -> List[Tuple[int, str, float]]:
+    """(line, the clamp as written, eps) for each clamp `name = clamp(x, lo, 1 - eps)` in a function
+    that also takes `log(1 - name)`."""
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        logged = _complements_logged(function)
+        if not logged:
+            continue
+        for node in ast.walk(function):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                    and node.targets[0].id in logged and isinstance(node.value, ast.Call)):
+                continue
+            eps = _upper_bound_gap(node.value)
+            if eps is not None:
+                found.append((node.lineno, ast.unparse(node.value), eps))
+    return sorted(found)
+
+
+def _complements_logged(function: ast.AST) -> set:
+    """Names `p` of `log(1 - p)` / `log(1.0 - p)` (torch.log, math-free `.log()` forms) in the function."""
+    names = set()
+    for node in ast.walk(function):
+        argument = None
+        if isinstance(node, ast.Call):
+            called = _dotted(node.func) or ""
+            if called.rsplit(".", 1)[-1] == "log" and node.args and called != "log":
+                argument = node.args[0]
+            elif called == "log" and node.args:
+                argument = node.args[0]
+            elif isinstance(node.func, ast.Attribute) and node.func.attr == "log" and not node.args:
+                argument = node.func.value
+        if isinstance(argument, ast.BinOp) and isinstance(argument.op, ast.Sub) and _is_one(argument.left) \
+                and isinstance(argument.right, ast.Name):
+            names.add(argument.right.id)
+    return names
+
+
+def _upper_bound_gap(call: ast.Call) -> Optional[float]:
+    """eps for `torch.clamp(x, lo, 1 - eps)`, `x.clamp(lo, 1 - eps)`, `clamp(x, min=..., max=1 - eps)`,
+    `torch.clamp(x, lo, 0.9999)`; None when the call is no such clamp."""
+    called = _dotted(call.func) or ""
+    if called.rsplit(".", 1)[-1] not in ("clamp", "clip"):
+        return None
+    method = isinstance(call.func, ast.Attribute) and called.split(".")[0] not in ("torch", "np", "numpy")
+    positional = call.args if method else call.args[1:]
+    if called.split(".")[0] in ("np", "numpy"):
+        return None
+    upper = positional[1] if len(positional) > 1 else next(
+        (k.value for k in call.keywords if k.arg in ("max", "a_max")), None)
+    if upper is None:
+        return None
+    if isinstance(upper, ast.BinOp) and isinstance(upper.op, ast.Sub) and _is_one(upper.left):
+        eps = _number(upper.right)
+    else:
+        value = _number(upper)
+        eps = 1.0 - value if value is not None and 0.0 < value < 1.0 else None
+    return eps if eps is not None and 0.0 < eps < 0.01 else None
+
+
+def _is_one(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value == 1
+
+
+def _number(node: ast.AST) -> Optional[float]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return float(node.value)
+    return None
+
+
+def _dotted(node: ast.AST) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else None
+    return None
