@@ -31,6 +31,8 @@ def focal(p, t):
     ("torch.clamp(p, 1e-4, 1.0 - 1e-4)", "p", None),  # no log of the complement
     ("torch.clamp(p, 0.0, 1.0)", "1.0 - p", None),  # no gap below 1
     ("np.clip(p, 1e-7, 1 - 1e-7)", "1 - p", None),  # numpy: not a tensor under autocast
+    ("torch.clamp(p.float(), 1e-4, 1.0 - 1e-4)", "1.0 - p", None),  # a float32 copy: the bound holds
+    ("p.float().clamp(1e-4, 1.0 - 1e-4)", "1.0 - p", None),
 ])
 def test_which_clamps_count(clamp, complement, eps):
     found = probability_clamps(ast.parse(textwrap.dedent(LOSS.format(clamp=clamp, complement=complement))))

@@ -71,6 +71,9 @@ def _upper_bound_gap(call: ast.Call) -> Optional[float]:
     positional = call.args if method else call.args[1:]
     if called.split(".")[0] in ("np", "numpy"):
         return None
+    clamped = call.func.value if method else (call.args[0] if call.args else None)
+    if _is_float32_copy(clamped):
+        return None  # `torch.clamp(p.float(), ...)`: the bound holds
     upper = positional[1] if len(positional) > 1 else next(
         (k.value for k in call.keywords if k.arg in ("max", "a_max")), None)
     if upper is None:
@@ -81,6 +84,16 @@ def _upper_bound_gap(call: ast.Call) -> Optional[float]:
         value = _number(upper)
         eps = 1.0 - value if value is not None and 0.0 < value < 1.0 else None
     return eps if eps is not None and 0.0 < eps < 0.01 else None
+
+
+def _is_float32_copy(node: Optional[ast.AST]) -> bool:
+    """`p.float()`, `p.double()`, `p.to(torch.float32)`."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return False
+    if node.func.attr in ("float", "double"):
+        return True
+    return node.func.attr == "to" and any((_dotted(arg) or "").endswith(("float32", "float64", "float", "double"))
+                                          for arg in node.args)
 
 
 def _is_one(node: ast.AST) -> bool:
