@@ -291,6 +291,17 @@ class ScalerCallPlanner:
             step = following[0]
             if kind != "grad" and len(unit.optimizers) > 1:
                 step = self._step_of_clipped_gradients(unit, node, kind == "clip", following)
+            if kind != "grad":
+                later = [b for b in unit.backwards if where < self._where(b.call) < self._where(step.call)]
+                if later:
+                    # locuslab/TCN's poly_music: `clip_grad_norm_(...)` before `loss.backward()`: it clips
+                    # what the last zero_grad() left; an unscale_ there would mark the optimizer unscaled,
+                    # and the step would then apply the scaled gradients the backward makes
+                    raise Unconvertible(
+                        f"the gradient clipping at line {s.line(node)} runs before backward() (line "
+                        f"{s.line(later[0].call)}), so it clips the gradients the last zero_grad() left, and "
+                        "scaler.unscale_() there would let the step apply the scaled gradients the backward "
+                        "makes; move the clipping after backward() and rerun ampify", node)
             step_block = s.block_of(s.statement_of(step.call))
             if kind != "grad":
                 statement = s.statement_of(node)
