@@ -1239,6 +1239,18 @@ class ProjectView:
             return None
         return str(found[0]), self.where(found[0], 0).rsplit(":", 1)[0], found[1].name
 
+    def imported_module_sources(self) -> List[Tuple[str, str, bytes]]:
+        """(key, "vae.py", source) for each project module this module imports, directly or
+        through each other (not this module itself)."""
+        found = []
+        for path in self.index.imported_closure(self.path):
+            if path == self.path.resolve():
+                continue
+            source = self.source_of(str(path))
+            if source is not None:
+                found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], source))
+        return found
+
     def gram_matrix_functions_called(self) -> List[str]:
         """"neural_style/utils.py:25 gram_matrix()" for each function of another project module this
         module calls that computes a Gram matrix of a flattened feature map (AMP238 / AMP330)."""

@@ -69,6 +69,9 @@ class ProjectFacts(Protocol):
         """("losses.py:49", clamp text, eps) for the probability clamps `clamp(p, lo, 1 - eps)` here or
         in the project modules this module imports whose complement is logged."""
 
+    def imported_module_sources(self) -> Sequence[Tuple[str, str, bytes]]:
+        """(key, "vae.py", source) for the project modules this module imports, directly or not."""
+
     def gradient_dropping_functions(self) -> Sequence[str]:
         """"ctc/ctc.py:11 _CTC: why" for the custom autograd Functions of this module and the project
         modules it imports whose backward() drops the incoming gradient (and so the loss scale)."""

@@ -130,6 +130,25 @@ def _with_star_import_assumption(result: TransformResult, module: cst.Module) ->
     return TransformResult(result.module, result.verdict, [note, *result.findings], result.reason)
 
 
+#: imported modules parsed for the graph-wide checks, by source (the same modules serve every file of a run)
+_PARSED: Dict[bytes, Optional[tuple]] = {}
+
+
+def _parsed_module(source: bytes) -> Optional[tuple]:
+    """(module, imports, positions) of a project module's source, parsed once per process; None
+    when it does not parse."""
+    if source not in _PARSED:
+        if len(_PARSED) > 64:
+            _PARSED.clear()
+        try:
+            module = cst.parse_module(source)
+        except Exception:  # noqa: BLE001 - a module that does not parse is not followed
+            _PARSED[source] = None
+        else:
+            _PARSED[source] = (module, ImportMap.from_module(module), Positions(module))
+    return _PARSED[source]
+
+
 class _WrapAndReplace(cst.CSTTransformer):
     """Wrap the planned optimizer constructions, swap the planned tf.gradients calls."""
 
@@ -412,16 +431,23 @@ class _GraphRewrite:
 
     def _sigmoid_in_float32(self) -> list:
         """The variables keeping every Sigmoid in float32 when the loss takes the log of a sigmoid's
-        probability (kit/log_of_sigmoid.py): in float16 that probability rounds to 1 once the logit
-        passes about 8.4, `1 - D_fake + 1e-8` is 0 and the log -inf, and the loss-scale optimizer skips
-        every step while the discriminator is confident. None set where the script names them itself."""
-        calls = log_of_probability_calls(self.module, self.imports, TENSORFLOW)
-        if not calls or any(name in self.module.code for name, _ in SIGMOID_IN_FLOAT32_ENV):
+        probability (kit/log_of_sigmoid.py), in this file or a project module it imports (the rewrite
+        runs over the whole graph: hwalsuklee/tensorflow-mnist-VAE's vae.py): in float16 that
+        probability rounds to 1 once the logit passes about 8.4, `1 - D_fake + 1e-8` is 0 and the log
+        -inf, and the loss-scale optimizer skips every step while the discriminator is confident. None
+        set where the script names them itself."""
+        if any(name in self.module.code for name, _ in SIGMOID_IN_FLOAT32_ENV):
             return []
-        shown = ", ".join(f"{_code_of(call)} (line {self.positions[call].start.line})" for call, _ in calls[:3])
-        more = f" and {len(calls) - 3} more" if len(calls) > 3 else ""
+        places = [f"{_code_of(call)} (line {self.positions[call].start.line})"
+                  for call, _ in log_of_probability_calls(self.module, self.imports, TENSORFLOW)]
+        for display, module, imports, positions in self._imported_modules_with(b"igmoid", b"log"):
+            places += [f"{_code_of(call)} ({display}:{positions[call].start.line})"
+                       for call, _ in log_of_probability_calls(module, imports, TENSORFLOW)]
+        if not places:
+            return []
+        shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
         self._sigmoid_reason = (
-            f"the loss takes the log of a sigmoid's probability ({shown}{more}); the rewrite would run the "
+            f"the loss takes the log of a sigmoid's probability ({shown}); the rewrite would run the "
             "sigmoid in float16, where that probability rounds to 1 once the logit passes about 8.4 and the log "
             "is -inf (every step skipped while the discriminator is confident); off the rewrite's lists every "
             "Sigmoid stays float32")
@@ -429,54 +455,40 @@ class _GraphRewrite:
 
     def _matmul_in_float32(self) -> list:
         """The variables keeping every matrix product in float32 when the graph computes a Gram
-        matrix (tf1/gram_matrices.py): in float16 its sum of h*w products passes 65504, the style
-        loss is inf, and the loss-scale optimizer skips every step. None set where the script names
-        them itself."""
-        calls = gram_matrix_calls(self.module, self.imports)
-        if not calls or any(name in self.module.code for name, _ in MATMUL_IN_FLOAT32_ENV):
+        matrix (tf1/gram_matrices.py), in this file or a project module it imports: in float16 its
+        sum of h*w products passes 65504, the style loss is inf, and the loss-scale optimizer skips
+        every step. None set where the script names them itself."""
+        if any(name in self.module.code for name, _ in MATMUL_IN_FLOAT32_ENV):
             return []
-        shown = ", ".join(f"{_code_of(call)} (line {self.positions[call].start.line})" for call in calls[:3])
-        more = f" and {len(calls) - 3} more" if len(calls) > 3 else ""
+        places = [f"{_code_of(call)} (line {self.positions[call].start.line})"
+                  for call in gram_matrix_calls(self.module, self.imports)]
+        for display, module, imports, positions in self._imported_modules_with(b"transpose", (b"matmul", b"einsum")):
+            places += [f"{_code_of(call)} ({display}:{positions[call].start.line})"
+                       for call in gram_matrix_calls(module, imports)]
+        if not places:
+            return []
+        shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
         self._matmul_reason = (
-            f"the graph computes a Gram matrix ({shown}{more}), a sum of height*width products of feature maps; "
+            f"the graph computes a Gram matrix ({shown}), a sum of height*width products of feature maps; "
             "the rewrite would run it in float16, where it passes 65504 before its division by the size, the loss "
             "is inf and every step is skipped; off the allow list every matrix product stays float32, the "
             "convolutions still convert")
         return list(MATMUL_IN_FLOAT32_ENV)
 
-    def _sessions_here(self, sessions_here) -> Optional[TransformResult]:
-        """Sessions this module creates before it builds the optimizer (cnn-text-classification-tf's
-        `sess = tf.Session(config=session_conf)`): their configs turn the graph rewrite on, as TF
-        would have for a Session created after the wrap, and the module is converted again from
-        there. None (the AMP113 warnings say why) when a config cannot be given it."""
-        unscaled = self._unscaled_optimizer_calls()
-        if unscaled:
-            reason = (f"the module also minimizes with {unscaled}, which has no loss scaling: a Session config asking "
-                      "for the rewrite would run that path in float16 without it")
-            for _, index in sessions_here:
-                old = self.findings[index]
-                self.findings[index] = replace(old, message=f"{old.message}; ampify did not set it in its config: {reason}")
-            return None
-        try:
-            turned, configs = turn_on_in_module(self.module, [session.node for session, _ in sessions_here], self.display)
-        except SessionConfigRefused as refused:
-            for _, index in sessions_here:
-                old = self.findings[index]
-                self.findings[index] = replace(old, message=f"{old.message}; ampify did not set it in its config: {refused}")
-            return None
-        result = _GraphRewrite(turned, ImportMap.from_module(turned), self.options,
-                               self.ignored_markers | {"auto_mixed_precision"}, self.context, sessions_turned_on=True).run()
-        # the second pass saw the module with the config lines in it; findings name original lines
-        to_original = _line_map(turned.code, self.module.code)
-        result.findings[:] = [replace(f, line=to_original(f.line)) for f in result.findings]
-        for session, _ in sessions_here:
-            config = session_config_name(session.node) or "the Session's config"
-            result.findings.append(Finding(
-                "AMP105", f"{session.display} is created before the optimizer is built and wrapped: "
-                          f"{config}.graph_options.rewrite_options.auto_mixed_precision is turned on before it, so the "
-                          "Session asks for the graph rewrite itself", session.line, session.column, Severity.INFO))
-        result.findings.sort(key=lambda f: (f.line, f.column, f.code))
-        return result
+    def _imported_modules_with(self, *markers) -> list:
+        """(display, module, imports, positions) for the project modules this file imports (directly
+        or through each other) whose source holds every marker (a tuple of bytes: any of them)."""
+        if self.project is None:
+            return []
+        found = []
+        for _, display, source in self.project.imported_module_sources():
+            if not all(any(m in source for m in (marker if isinstance(marker, tuple) else (marker,)))
+                       for marker in markers):
+                continue
+            parsed = _parsed_module(source)
+            if parsed is not None:
+                found.append((display, *parsed))
+        return found
 
     def _unscaled_optimizer_calls(self) -> str:
         """"tf.contrib.opt.ScipyOptimizerInterface (line 624)" when this module builds an optimizer
