@@ -15,9 +15,10 @@ import tensorflow as tf
 import tensorflow.compat.v1 as tf1
 
 
-def style(layer, q, k):
+def style(layer, q, k, embeddings):
     feats = tf.reshape(layer, (1, -1, 16))
     feats_T = tf.transpose(feats, perm=[0, 2, 1])
+    normalized = embeddings / tf.norm(embeddings, axis=1, keepdims=True)
     value = {expression}
     return value
 '''
@@ -36,6 +37,7 @@ def style(layer, q, k):
     ("tf.matmul(feats_T, feats, transpose_a=True)", False),  # feats @ feats
     ("tf.einsum('bij,bjk->bik', q, k)", False),
     ("numpy_matmul(feats_T, feats)", False),
+    ("tf.matmul(normalized, normalized, transpose_b=True)", False),  # EBGAN's pull-away term: cosines
 ])
 def test_gram_matrices(expression, gram):
     module = cst.parse_module(SOURCE.format(expression=expression))
@@ -47,5 +49,5 @@ def test_a_name_bound_to_a_transpose_in_another_function_is_not_followed():
     module = cst.parse_module(
         "import tensorflow as tf\n"
         "def a(feats):\n    feats_T = tf.transpose(feats)\n    return feats_T\n"
-        "def b(feats, feats_T):\n    return tf.matmul(feats_T, feats)\n")
+        "def b(layer, feats_T):\n    feats = tf.reshape(layer, (-1, 16))\n    return tf.matmul(feats_T, feats)\n")
     assert gram_matrix_calls(module, ImportMap.from_module(module)) == []

@@ -9,9 +9,11 @@ A Gram matrix sums height*width products of feature maps. The graph rewrite runs
 BatchMatMul in float16 (its allow list): the sum passes 65504 before the division by the size, the
 style loss is inf, and the loss-scale optimizer skips every step, silently. Taking the matrix
 products off the allow list keeps them in float32; the convolutions, most of the work, still
-convert. A Gram matrix is a product of a tensor and its own transpose: `tf.matmul(tf.transpose(f),
-f)`, a name bound to `tf.transpose(f, ...)` in the same function, `transpose_a=True` /
-`adjoint_b=True` on `tf.matmul(f, f, ...)`, or `tf.einsum(..., f, f)`.
+convert. A Gram matrix is a product of a feature map flattened by `tf.reshape` (bound to a name in the
+same function) and its own transpose: `tf.matmul(tf.transpose(f), f)`, a name bound to
+`tf.transpose(f, ...)` in the same function, `transpose_a=True` / `adjoint_b=True` on
+`tf.matmul(f, f, ...)`, or `tf.einsum(..., f, f)`. Products of other tensors with their transposes
+(EBGAN's pull-away term over normalized embeddings, cosine similarities within [-1, 1]) are not.
 """
 
 from __future__ import annotations
@@ -53,12 +55,16 @@ class _Finder(cst.CSTVisitor):
         self.found: List[cst.Call] = []
         #: per function (module level first): name -> the tensor a `name = tf.transpose(x)` transposes
         self.transposed: List[Dict[str, Optional[str]]] = [{}]
+        #: per function: the names bound to `tf.reshape(...)` (flattened feature maps)
+        self.reshaped: List[set] = [set()]
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.transposed.append({})
+        self.reshaped.append(set())
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.transposed.pop()
+        self.reshaped.pop()
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
@@ -68,6 +74,9 @@ class _Finder(cst.CSTVisitor):
                 known = self.transposed[-1]
                 # bound twice to different things: not followed
                 known[name] = base if name not in known or known[name] == base else None
+                if isinstance(node.value, cst.Call) and _tensorflow_name(self.imports, node.value.func) in (
+                        "reshape", "compat.v1.reshape"):
+                    self.reshaped[-1].add(name)
 
     def visit_Call(self, node: cst.Call) -> None:
         name = _tensorflow_name(self.imports, node.func)
@@ -78,7 +87,8 @@ class _Finder(cst.CSTVisitor):
         if name.endswith("einsum"):
             operands = positional[1:]
             if len(operands) == 2 and dotted_name(operands[0]) is not None \
-                    and dotted_name(operands[0]) == dotted_name(operands[1]):
+                    and dotted_name(operands[0]) == dotted_name(operands[1]) \
+                    and dotted_name(operands[0]) in self.reshaped[-1]:
                 self.found.append(node)
             return
         operands = positional[:2]
@@ -96,7 +106,7 @@ class _Finder(cst.CSTVisitor):
             flagged = any(_is_true(value) for key, value in keywords.items() if _TRANSPOSE_FLAGS.get(key) == index)
             sides.append((base, transposed != flagged))
         (left, left_transposed), (right, right_transposed) = sides
-        if left is not None and left == right and left_transposed != right_transposed:
+        if left is not None and left == right and left_transposed != right_transposed and left in self.reshaped[-1]:
             self.found.append(node)
 
     def _transpose_of(self, node: cst.BaseExpression) -> Optional[str]:

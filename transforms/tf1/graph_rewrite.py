@@ -490,6 +490,40 @@ class _GraphRewrite:
                 found.append((display, *parsed))
         return found
 
+    def _sessions_here(self, sessions_here) -> Optional[TransformResult]:
+        """Sessions this module creates before it builds the optimizer (cnn-text-classification-tf's
+        `sess = tf.Session(config=session_conf)`): their configs turn the graph rewrite on, as TF
+        would have for a Session created after the wrap, and the module is converted again from
+        there. None (the AMP113 warnings say why) when a config cannot be given it."""
+        unscaled = self._unscaled_optimizer_calls()
+        if unscaled:
+            reason = (f"the module also minimizes with {unscaled}, which has no loss scaling: a Session config asking "
+                      "for the rewrite would run that path in float16 without it")
+            for _, index in sessions_here:
+                old = self.findings[index]
+                self.findings[index] = replace(old, message=f"{old.message}; ampify did not set it in its config: {reason}")
+            return None
+        try:
+            turned, configs = turn_on_in_module(self.module, [session.node for session, _ in sessions_here], self.display)
+        except SessionConfigRefused as refused:
+            for _, index in sessions_here:
+                old = self.findings[index]
+                self.findings[index] = replace(old, message=f"{old.message}; ampify did not set it in its config: {refused}")
+            return None
+        result = _GraphRewrite(turned, ImportMap.from_module(turned), self.options,
+                               self.ignored_markers | {"auto_mixed_precision"}, self.context, sessions_turned_on=True).run()
+        # the second pass saw the module with the config lines in it; findings name original lines
+        to_original = _line_map(turned.code, self.module.code)
+        result.findings[:] = [replace(f, line=to_original(f.line)) for f in result.findings]
+        for session, _ in sessions_here:
+            config = session_config_name(session.node) or "the Session's config"
+            result.findings.append(Finding(
+                "AMP105", f"{session.display} is created before the optimizer is built and wrapped: "
+                          f"{config}.graph_options.rewrite_options.auto_mixed_precision is turned on before it, so the "
+                          "Session asks for the graph rewrite itself", session.line, session.column, Severity.INFO))
+        result.findings.sort(key=lambda f: (f.line, f.column, f.code))
+        return result
+
     def _unscaled_optimizer_calls(self) -> str:
         """"tf.contrib.opt.ScipyOptimizerInterface (line 624)" when this module builds an optimizer
         that the graph rewrite's loss scaling cannot wrap (L-BFGS through SciPy, TFP's BFGS), else ""."""
