@@ -146,6 +146,7 @@ class AutocastPlanner:
         # kept during the rollout) is no forward pass
         model_free = self._model_free()
         if not saved and not any(statements.calls_model(body[index], self.imports, model_free)
+                                 or self._calls_own_method_running_a_model(body[index], model_free)
                                  for index in range(start, end + 1)) and not self._forward_in_earlier_region(
                 body, end, barriers, planned, outer_forwards):
             first, last = s.line(body[start]), s.line(body[end])
@@ -294,6 +295,19 @@ class AutocastPlanner:
         builtins and this module's model-free helpers (StarGAN's `self.label2onehot(labels, dim)`):
         a model, a loss module, a helper that runs them?"""
         return statements.calls_model(statement, self.imports, self._model_free())
+
+    def _calls_own_method_running_a_model(self, statement: cst.CSTNode, model_free) -> bool:
+        """`loss = self.update(view_1, view_2)` (sthalles/PyTorch-BYOL): a method of this module's
+        classes, called on self, that is not model-free runs the forward pass, whatever its name
+        (`update` also names meters' bookkeeping, which is why calls_model lets it pass)."""
+        own = self.__dict__.get("_own_methods")
+        if own is None:
+            own = {f"self.{member.name.value}" for statement_ in self.structure.module.body
+                   if isinstance(statement_, cst.ClassDef) for member in statement_.body.body
+                   if isinstance(member, cst.FunctionDef)}
+            self._own_methods = own
+        return any((name := dotted_name(call.func)) in own and name not in model_free
+                   for call in statements.calls_within(statement))
 
     def _model_free(self) -> Dict[str, List[cst.FunctionDef]]:
         """The module's functions and methods that run no model, by name (computed once)."""
