@@ -666,7 +666,8 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
         return None
     outline = ModuleOutline(path)
     tensorflow = b"tensorflow" in data
-    products = b"mm(" in data or b"matmul(" in data or b"@" in data
+    # a Gram matrix needs a product and a flattening view/reshape (gram_matrix_functions.py)
+    products = (b"mm(" in data or b"matmul(" in data or b"@" in data) and (b"view(" in data or b"reshape(" in data)
     outline.mixed_precision = any(marker in data for marker in (b"autocast", b"GradScaler", b"scale_loss"))
     for statement in _module_level(tree.body):
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
