@@ -44,6 +44,8 @@ MAX_MODULES_SCANNED = 2000
 MAX_OUTLINE_BYTES = 2_000_000
 #: star imports followed through at most this many modules
 MAX_STAR_DEPTH = 4
+#: `log(1 - p)` / `log(1.0 - p)`, which a probability clamp must be followed by (probability_clamps.py)
+_LOG_OF_COMPLEMENT = re.compile(rb"log\(\s*1(?:\.0*)?\s*-")
 #: a module naming any of these may put what it builds on a GPU
 _NAMES_A_DEVICE = re.compile(rb"cuda|device|\.to\(|set_default_|DataParallel")
 #: project modules followed through imports when looking for model code a training file runs
@@ -667,11 +669,14 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
     outline = ModuleOutline(path)
     tensorflow = b"tensorflow" in data
     # a Gram matrix needs a product and a flattening view/reshape (gram_matrix_functions.py)
-    products = (b"mm(" in data or b"matmul(" in data or b"@" in data) and (b"view(" in data or b"reshape(" in data)
+    products = ((b"mm(" in data or b"matmul(" in data or b"@" in data) and (b"view(" in data or b"reshape(" in data)
+                and (b"transpose(" in data or b".t()" in data or b".T" in data or b"permute(" in data or b".mT" in data))
+    lines = data.split(b"\n") if products else []
     outline.mixed_precision = any(marker in data for marker in (b"autocast", b"GradScaler", b"scale_loss"))
     for statement in _module_level(tree.body):
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            outline.functions[statement.name] = _function_outline(statement, tensorflow, products)
+            outline.functions[statement.name] = _function_outline(
+                statement, tensorflow, products and _may_hold_a_gram_matrix(lines, statement))
         elif isinstance(statement, ast.ClassDef):
             outline.classes[statement.name] = statement.lineno
             trainer = _training_class_outline(statement)
@@ -710,7 +715,7 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
         outline.gradient_dropping_functions = gradient_dropping_functions(tree)
     if b"warp" in data:
         outline.gradient_dropping_imports = gradient_dropping_imports(tree)
-    if b"clamp" in data or b"clip" in data:
+    if (b"clamp" in data or b"clip" in data) and _LOG_OF_COMPLEMENT.search(data):
         outline.probability_clamps = probability_clamps(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -966,6 +971,13 @@ def _training_class_outline(klass: ast.ClassDef) -> Optional[FunctionOutline]:
     init = next((m for m in methods if m.name == "__init__"), None)
     params = tuple(a.arg for a in [*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs][1:]) if init else ()
     return FunctionOutline(klass.name, klass.lineno, params, False, False, True, is_class=True)
+
+
+def _may_hold_a_gram_matrix(lines: List[bytes], function) -> bool:
+    """Does the function's own text flatten (view/reshape) and multiply matrices? (A cheap test
+    before gram_matrix_line walks it.)"""
+    text = b"\n".join(lines[function.lineno - 1:getattr(function, "end_lineno", None) or len(lines)])
+    return (b"view(" in text or b"reshape(" in text) and (b"mm(" in text or b"matmul(" in text or b"@" in text)
 
 
 def _function_outline(function, tensorflow: bool = False, products: bool = False) -> FunctionOutline:
