@@ -713,7 +713,7 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
     if b"Function" in data:
         outline.unsafe_autograd_functions = unsafe_autograd_functions(tree)
         outline.gradient_dropping_functions = gradient_dropping_functions(tree)
-    if b"warp" in data:
+    if b"warpctc_pytorch" in data or b"warprnnt_pytorch" in data:
         outline.gradient_dropping_imports = gradient_dropping_imports(tree)
     if (b"clamp" in data or b"clip" in data) and _LOG_OF_COMPLEMENT.search(data):
         outline.probability_clamps = probability_clamps(tree)

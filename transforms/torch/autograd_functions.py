@@ -41,9 +41,7 @@ def unsafe_autograd_functions(tree: ast.Module) -> List[Tuple[int, str, str]]:
     or computes wrong values under autocast: see the module docstring."""
     extensions = _extension_names(tree)
     found = []
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.ClassDef) and any(_last(base) == "Function" for base in node.bases)):
-            continue
+    for node in _function_classes(tree):
         methods = {item.name: item for item in node.body if isinstance(item, ast.FunctionDef)}
         forward, backward = methods.get("forward"), methods.get("backward")
         if forward is None or any(_last(_decorator_target(d)) == "custom_fwd" for d in forward.decorator_list):
@@ -60,9 +58,7 @@ def gradient_dropping_functions(tree: ast.Module) -> List[Tuple[int, str, str]]:
     """(line, class name, why) for each torch.autograd.Function subclass of the module whose
     backward() never reads the gradient it receives but returns one: the loss scale stops there."""
     found = []
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.ClassDef) and any(_last(base) == "Function" for base in node.bases)):
-            continue
+    for node in _function_classes(tree):
         backward = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "backward"),
                         None)
         if backward is None:
@@ -108,6 +104,17 @@ def gradient_dropping_imports(tree: ast.Module) -> List[Tuple[int, str]]:
             if top in GRADIENT_DROPPING_PACKAGES and (node.lineno, top) not in found:
                 found.append((node.lineno, top))
     return sorted(found)
+
+
+def _function_classes(tree: ast.Module) -> List[ast.ClassDef]:
+    """The module's `class X(Function)` / `class X(torch.autograd.Function)` definitions, found in one
+    walk and kept on the tree (both checks above read them)."""
+    found = getattr(tree, "_ampify_function_classes", None)
+    if found is None:
+        found = [node for node in ast.walk(tree)
+                 if isinstance(node, ast.ClassDef) and any(_last(base) == "Function" for base in node.bases)]
+        tree._ampify_function_classes = found
+    return found
 
 
 def _returns_a_gradient(backward: ast.FunctionDef) -> bool:

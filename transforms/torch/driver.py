@@ -537,7 +537,7 @@ class TorchConversion(abc.ABC):
             functions = list(self.project.gradient_dropping_functions())
             imports = [f"{package}, imported at {where}: {GRADIENT_DROPPING_PACKAGES[package]}"
                        for where, package in self.project.gradient_dropping_imports()]
-        elif b"Function" in self.source or b"warp" in self.source:
+        elif b"Function" in self.source or b"warpctc_pytorch" in self.source or b"warprnnt_pytorch" in self.source:
             try:
                 tree = ast.parse(self.source)
             except (SyntaxError, ValueError, RecursionError, MemoryError):
