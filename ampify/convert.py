@@ -70,7 +70,8 @@ def convert_source(
             raise ConversionError(describe_python_error(python_error)) from None  # the message users know
         raise
     imports = _with_project_star_imports(ImportMap.from_module(module), context)
-    context = dataclasses.replace(context, source=source if isinstance(source, bytes) else source.encode("utf-8"))
+    context = dataclasses.replace(context, source=source if isinstance(source, bytes) else source.encode("utf-8"),
+                                  tree=tree)
     with remembered_sources() as remember:  # findings' lines: from the statements' lines of the stdlib parse
         remember(module, source, tree)
         results, module = _run_transforms(transforms, module, imports, options, context, remember)

@@ -22,7 +22,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tup
 
 from ampify.transforms.tf1.names import is_tf1_optimizer_class
 from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
-from ampify.transforms.torch.probability_clamps import probability_clamps
+from ampify.transforms.torch.probability_clamps import LOG_OF_COMPLEMENT as _LOG_OF_COMPLEMENT, probability_clamps
 from ampify.transforms.torch.autograd_functions import (
     gradient_dropping_functions,
     gradient_dropping_imports,
@@ -44,8 +44,6 @@ MAX_MODULES_SCANNED = 2000
 MAX_OUTLINE_BYTES = 2_000_000
 #: star imports followed through at most this many modules
 MAX_STAR_DEPTH = 4
-#: `log(1 - p)` / `log(1.0 - p)`, which a probability clamp must be followed by (probability_clamps.py)
-_LOG_OF_COMPLEMENT = re.compile(rb"log\(\s*1(?:\.0*)?\s*-")
 #: a module naming any of these may put what it builds on a GPU
 _NAMES_A_DEVICE = re.compile(rb"cuda|device|\.to\(|set_default_|DataParallel")
 #: project modules followed through imports when looking for model code a training file runs

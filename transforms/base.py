@@ -218,6 +218,9 @@ class UnitContext:
     #: the bytes the module handed to `apply` was parsed from (b"" when unknown), for byte
     #: tests that would otherwise regenerate the module's code
     source: bytes = b""
+    #: the stdlib `ast` parse of `source` the screen made (None when unknown), for checks that read
+    #: the syntax tree without parsing the file again
+    tree: Optional[Any] = None
 
 
 class Transform(abc.ABC):

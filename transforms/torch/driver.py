@@ -28,7 +28,7 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import CompanionChange, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import dotted_name
-from ampify.transforms.torch.probability_clamps import ROUNDS_TO_ONE, probability_clamps
+from ampify.transforms.torch.probability_clamps import LOG_OF_COMPLEMENT as _LOG_OF_COMPLEMENT, ROUNDS_TO_ONE, probability_clamps
 from ampify.transforms.torch.autograd_functions import (
     GRADIENT_DROPPING_PACKAGES,
     gradient_dropping_functions,
@@ -114,6 +114,7 @@ class TorchConversion(abc.ABC):
         self.display = context.display
         #: the module's own bytes (for checks that read it when no project is known)
         self.source = context.source
+        self._tree = context.tree
         self.scaling = options.dtype == "float16"
         self.findings: List[Finding] = []
         #: edits of other modules that belong to this module's change (one change set)
@@ -486,10 +487,9 @@ class TorchConversion(abc.ABC):
         dtype = "float16" if self.scaling_is_float16() else "bfloat16"
         if self.project is not None:
             clamps = list(self.project.probability_clamps_imported())
-        elif b"clamp" in self.source or b"clip" in self.source:
-            try:
-                tree = ast.parse(self.source)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
+        elif (b"clamp" in self.source or b"clip" in self.source) and _LOG_OF_COMPLEMENT.search(self.source):
+            tree = self._stdlib_tree()
+            if tree is None:
                 return False
             clamps = [(f"line {line}", text, eps) for line, text, eps in probability_clamps(tree)]
         else:
@@ -538,9 +538,8 @@ class TorchConversion(abc.ABC):
             imports = [f"{package}, imported at {where}: {GRADIENT_DROPPING_PACKAGES[package]}"
                        for where, package in self.project.gradient_dropping_imports()]
         elif b"Function" in self.source or b"warpctc_pytorch" in self.source or b"warprnnt_pytorch" in self.source:
-            try:
-                tree = ast.parse(self.source)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
+            tree = self._stdlib_tree()
+            if tree is None:
                 return False
             functions = [f"line {line} {name}: {why}" for line, name, why in gradient_dropping_functions(tree)]
             imports = [f"{package}, imported at line {line}: {GRADIENT_DROPPING_PACKAGES[package]}"
@@ -569,9 +568,8 @@ class TorchConversion(abc.ABC):
         if self.project is not None:
             found = list(self.project.unsafe_autograd_functions())
         elif b"Function" in self.source:
-            try:
-                tree = ast.parse(self.source)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
+            tree = self._stdlib_tree()
+            if tree is None:
                 return False
             found = [f"line {line} {name}: {why}" for line, name, why in unsafe_autograd_functions(tree)]
         else:
@@ -613,6 +611,16 @@ class TorchConversion(abc.ABC):
             node,
         )
         return True
+
+    def _stdlib_tree(self):
+        """The stdlib `ast` tree of this file's source: the screen's (UnitContext.tree), else parsed
+        once here; None when it does not parse."""
+        if self._tree is None:
+            try:
+                self._tree = ast.parse(self.source)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                self._tree = False
+        return self._tree or None
 
     def scaling_is_float16(self) -> bool:
         """Does the converted forward pass run in float16 (native float16, or apex)?"""

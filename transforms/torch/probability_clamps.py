@@ -16,8 +16,11 @@ literal just below 1) and the same function takes the log of one minus the clamp
 from __future__ import annotations
 
 import ast
+import re
 from typing import List, Optional, Tuple
 
+#: `log(1 - p)` / `log(1.0 - p)` in a source: a cheap byte test before any parse
+LOG_OF_COMPLEMENT = re.compile(rb"log\(\s*1(?:\.0*)?\s*-")
 #: the largest eps for which 1 - eps rounds to 1: half the spacing below 1 (ties go to the even 1.0)
 ROUNDS_TO_ONE = {"float16": 2.0 ** -12, "bfloat16": 2.0 ** -9}
 
