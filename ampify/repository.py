@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
+from ampify.transforms.kit.ast_names import ast_dotted as _dotted
 from ampify.transforms.tf1.names import is_tf1_optimizer_class
 from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
 from ampify.transforms.torch.probability_clamps import LOG_OF_COMPLEMENT as _LOG_OF_COMPLEMENT, probability_clamps
@@ -1089,17 +1090,6 @@ def _optimizer_over_self(method, imports: Dict[str, Tuple[str, Optional[str], in
 def _is_device_move(node: ast.AST) -> bool:
     """`x.cuda(...)` or `x.to(...)`, also chained on a constructor (`Net().cuda()`)."""
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("cuda", "to")
-
-
-def _dotted(node: ast.AST) -> Optional[str]:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 class ProjectView:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 from typing import List, Optional, Set, Tuple
 
+from ampify.transforms.kit.ast_names import ast_dotted as _dotted
 from ampify.transforms.torch.names import AUTOCAST_LOWER_PRECISION_OPS
 
 #: torch.nn.grad's hand-written convolution gradients, which backward() implementations call
@@ -184,12 +185,3 @@ def _decorator_target(decorator: ast.expr) -> ast.expr:
 def _last(node: ast.expr) -> str:
     name = _dotted(node)
     return name.rsplit(".", 1)[-1] if name else ""
-
-
-def _dotted(node: ast.AST) -> Optional[str]:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        inner = _dotted(node.value)
-        return f"{inner}.{node.attr}" if inner else None
-    return None

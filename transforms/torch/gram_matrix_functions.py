@@ -22,6 +22,8 @@ from __future__ import annotations
 import ast
 from typing import Dict, Optional, Set, Tuple
 
+from ampify.transforms.kit.ast_names import ast_dotted as _dotted
+
 _PRODUCT_FUNCTIONS = frozenset({"torch.mm", "torch.bmm", "torch.matmul"})
 _PRODUCT_METHODS = frozenset({"mm", "bmm", "matmul"})
 _TRANSPOSE_METHODS = frozenset({"t", "transpose", "permute"})
@@ -86,12 +88,3 @@ def _is_flattening(node: ast.expr) -> bool:
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
             and node.func.attr in ("view", "reshape")
             and any(isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Mult) for arg in node.args))
-
-
-def _dotted(node: ast.AST) -> Optional[str]:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        inner = _dotted(node.value)
-        return f"{inner}.{node.attr}" if inner else None
-    return None

@@ -19,6 +19,8 @@ import ast
 import re
 from typing import List, Optional, Tuple
 
+from ampify.transforms.kit.ast_names import ast_dotted as _dotted
+
 #: `log(1 - p)` / `log(1.0 - p)` in a source: a cheap byte test before any parse
 LOG_OF_COMPLEMENT = re.compile(rb"log\(\s*1(?:\.0*)?\s*-")
 #: the largest eps for which 1 - eps rounds to 1: half the spacing below 1 (ties go to the even 1.0)
@@ -106,13 +108,4 @@ def _is_one(node: ast.AST) -> bool:
 def _number(node: ast.AST) -> Optional[float]:
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
         return float(node.value)
-    return None
-
-
-def _dotted(node: ast.AST) -> Optional[str]:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        inner = _dotted(node.value)
-        return f"{inner}.{node.attr}" if inner else None
     return None
