@@ -305,6 +305,15 @@ class ScalerCallPlanner:
             step_block = s.block_of(s.statement_of(step.call))
             if kind != "grad":
                 statement = s.statement_of(node)
+                loop = next((a for a in s.ancestors(step.call) if isinstance(a, cst.For)
+                             and _loops_over_the_optimizers(s, a, steps) and not s.contains(a, node)), None)
+                if loop is not None:
+                    raise Unconvertible(
+                        f"the gradient clipping at line {s.line(node)} runs before the loop over "
+                        f"{statements.code_of(loop.iter)} that steps them (line {s.line(loop)}), and ampify does not "
+                        f"write the loop of scaler.unscale_() calls it needs: add `for {loop.target.value} in "
+                        f"{statements.code_of(loop.iter)}: scaler.unscale_({loop.target.value})` before it by hand",
+                        node)
                 if not isinstance(statement, cst.SimpleStatementLine):
                     raise Unconvertible("gradient clipping inside a one-line compound statement", node)
                 clip_blocks = [block for block, _ in s.block_path(node, stop=unit.body)]
