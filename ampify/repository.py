@@ -23,7 +23,10 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tup
 from ampify.transforms.kit.ast_names import ast_dotted as _dotted
 from ampify.transforms.tf1.names import is_tf1_optimizer_class
 from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
-from ampify.transforms.torch.probability_clamps import LOG_OF_COMPLEMENT as _LOG_OF_COMPLEMENT, probability_clamps
+from ampify.transforms.torch.probability_clamps import (
+    LOG_OF_COMPLEMENT as _LOG_OF_COMPLEMENT,
+    probability_clamps,
+)
 from ampify.transforms.torch.autograd_functions import (
     gradient_dropping_functions,
     gradient_dropping_imports,

@@ -438,14 +438,11 @@ class _GraphRewrite:
         set where the script names them itself."""
         if any(name in self.module.code for name, _ in SIGMOID_IN_FLOAT32_ENV):
             return []
-        places = [f"{_code_of(call)} (line {self.positions[call].start.line})"
-                  for call, _ in log_of_probability_calls(self.module, self.imports, TENSORFLOW)]
-        for display, module, imports, positions in self._imported_modules_with(b"igmoid", b"log"):
-            places += [f"{_code_of(call)} ({display}:{positions[call].start.line})"
-                       for call, _ in log_of_probability_calls(module, imports, TENSORFLOW)]
-        if not places:
+        shown = self._graph_wide_places(
+            lambda module, imports: [call for call, _ in log_of_probability_calls(module, imports, TENSORFLOW)],
+            b"igmoid", b"log")
+        if not shown:
             return []
-        shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
         self._sigmoid_reason = (
             f"the loss takes the log of a sigmoid's probability ({shown}); the rewrite would run the "
             "sigmoid in float16, where that probability rounds to 1 once the logit passes about 8.4 and the log "
@@ -460,20 +457,24 @@ class _GraphRewrite:
         every step. None set where the script names them itself."""
         if any(name in self.module.code for name, _ in MATMUL_IN_FLOAT32_ENV):
             return []
-        places = [f"{_code_of(call)} (line {self.positions[call].start.line})"
-                  for call in gram_matrix_calls(self.module, self.imports)]
-        for display, module, imports, positions in self._imported_modules_with(b"transpose", (b"matmul", b"einsum")):
-            places += [f"{_code_of(call)} ({display}:{positions[call].start.line})"
-                       for call in gram_matrix_calls(module, imports)]
-        if not places:
+        shown = self._graph_wide_places(gram_matrix_calls, b"transpose", (b"matmul", b"einsum"))
+        if not shown:
             return []
-        shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
         self._matmul_reason = (
             f"the graph computes a Gram matrix ({shown}), a sum of height*width products of feature maps; "
             "the rewrite would run it in float16, where it passes 65504 before its division by the size, the loss "
             "is inf and every step is skipped; off the allow list every matrix product stays float32, the "
             "convolutions still convert")
         return list(MATMUL_IN_FLOAT32_ENV)
+
+    def _graph_wide_places(self, find, *markers) -> str:
+        """"tf.log(1 - y) (line 12), ... (vae.py:81)": the calls `find(module, imports)` returns in this
+        file and in the project modules it imports whose source holds the markers (the rewrite runs
+        over the whole graph); "" when there is none."""
+        places = [f"{_code_of(call)} (line {self.positions[call].start.line})" for call in find(self.module, self.imports)]
+        for display, module, imports, positions in self._imported_modules_with(*markers):
+            places += [f"{_code_of(call)} ({display}:{positions[call].start.line})" for call in find(module, imports)]
+        return ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
 
     def _imported_modules_with(self, *markers) -> list:
         """(display, module, imports, positions) for the project modules this file imports (directly

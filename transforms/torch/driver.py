@@ -28,12 +28,16 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import CompanionChange, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import dotted_name
-from ampify.transforms.torch.probability_clamps import LOG_OF_COMPLEMENT as _LOG_OF_COMPLEMENT, ROUNDS_TO_ONE, probability_clamps
 from ampify.transforms.torch.autograd_functions import (
     GRADIENT_DROPPING_PACKAGES,
     gradient_dropping_functions,
     gradient_dropping_imports,
     unsafe_autograd_functions,
+)
+from ampify.transforms.torch.probability_clamps import (
+    LOG_OF_COMPLEMENT as _LOG_OF_COMPLEMENT,
+    ROUNDS_TO_ONE,
+    probability_clamps,
 )
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
