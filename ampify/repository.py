@@ -23,6 +23,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tup
 from ampify.transforms.kit.ast_names import ast_dotted as _dotted
 from ampify.transforms.tf1.names import is_tf1_optimizer_class
 from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
+from ampify.transforms.torch.sigmoid_models import sigmoid_model_classes
 from ampify.transforms.torch.probability_clamps import (
     LOG_OF_COMPLEMENT as _LOG_OF_COMPLEMENT,
     probability_clamps,
@@ -149,6 +150,9 @@ class ModuleOutline:
     #: (line, clamp, eps) of probability clamps `clamp(p, lo, 1 - eps)` whose complement the same
     #: function takes the log of (torch/probability_clamps.py)
     probability_clamps: List[Tuple[int, str, float]] = field(default_factory=list)
+    #: model classes whose forward() returns a sigmoid's probability: class -> line
+    #: (torch/sigmoid_models.py)
+    sigmoid_models: Dict[str, int] = field(default_factory=dict)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -719,6 +723,8 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
         outline.gradient_dropping_imports = gradient_dropping_imports(tree)
     if (b"clamp" in data or b"clip" in data) and _LOG_OF_COMPLEMENT.search(data):
         outline.probability_clamps = probability_clamps(tree)
+    if b"igmoid" in data or b"expit" in data:
+        outline.sigmoid_models = sigmoid_model_classes(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             if isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
@@ -1266,6 +1272,20 @@ class ProjectView:
                     found.append(entry)
         return found
 
+    def gram_matrix_modules(self) -> List[Tuple[str, str, Tuple[str, ...], bool]]:
+        """(key, display, the function names, the module trains) for each project module holding
+        a function of gram_matrix_functions_called(), to rewrite there (gram_matrix_float32.py)."""
+        by_path: Dict[Path, List[str]] = {}
+        for path, function, _ in [*self._project_functions_called(), *self._star_imported_functions_called()]:
+            if function.gram_matrix and function.name not in by_path.setdefault(path, []):
+                by_path[path].append(function.name)
+        found = []
+        for path, functions in by_path.items():
+            outline = self.index.outline(path)
+            found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], tuple(functions),
+                          bool(outline is not None and outline.trains)))
+        return found
+
     def gradient_penalty_called(self, dotted: str) -> Optional[str]:
         outline = self._own_outline()
         if outline is None:
@@ -1318,6 +1338,45 @@ class ProjectView:
             outline = self.index.outline(path)
             if outline is not None:
                 found += [(self.where(path, line), text, eps) for line, text, eps in outline.probability_clamps]
+        return found
+
+    def probability_models(self) -> Dict[str, str]:
+        """The name a class is called by here (`Discriminator`, `models.Discriminator`) -> "models.py:12
+        Discriminator", for each model class of another project module this module imports (by
+        name, as a module, or through `from models import *`) whose forward() returns a sigmoid's
+        probability (torch/sigmoid_models.py)."""
+        outline = self._own_outline()
+        if outline is None:
+            return {}
+        own = self.path.resolve()
+        found: Dict[str, str] = {}
+
+        def add(called: str, path: Optional[Path], name: str) -> None:
+            target = self.index.outline(path) if path is not None and path != own else None
+            if target is not None and name in target.sigmoid_models:
+                found[called] = f"{self.where(path, target.sigmoid_models[name])} {name}"
+
+        for local, (module, name, level) in outline.imports.items():
+            if name is not None:
+                located = self.index.project_class(self.path, local, outline.imports)
+                if located is not None:
+                    add(local, located[0], located[1])
+                continue
+            path = self.index.resolve_module(self.path, module, level)
+            target = self.index.outline(path) if path is not None and path != own else None
+            for name in (target.sigmoid_models if target is not None else {}):
+                add(f"{local}.{name}", path, name)
+        for dotted in outline.dotted_imports:
+            path = self.index.resolve_module(self.path, dotted, 0)
+            target = self.index.outline(path) if path is not None and path != own else None
+            for name in (target.sigmoid_models if target is not None else {}):
+                add(f"{dotted}.{name}", path, name)
+        for module, level in outline.star_imports:
+            path = self.index.resolve_module(self.path, module, level)
+            target = self.index.outline(path) if path is not None and path != own else None
+            for name in (target.sigmoid_models if target is not None else {}):
+                if target.exports(name) and name not in outline.imports and name not in outline.classes:
+                    add(name, path, name)
         return found
 
     def gradient_dropping_imports(self) -> List[Tuple[str, str]]:

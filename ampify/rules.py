@@ -308,6 +308,15 @@ RULES: List[Rule] = [
          "classification = torch.clamp(classification, 1e-4, 1.0 - 1e-4)\n"
          "bce = -(targets * torch.log(classification) + (1.0 - targets) * torch.log(1.0 - classification))",
          MANUAL, incomplete=True),
+    Rule("AMP245", "info", "a Gram matrix function of a module the training file calls computes in float32: its body under `torch.autocast(..., enabled=False)` on a float32 copy of the feature map",
+         "Style transfer's Gram matrix (pytorch/examples' fast_neural_style `utils.gram_matrix`) sums h*w products, "
+         "past float16's 65504 (AMP238). With autocast off inside the function and the feature map copied to "
+         "float32, it computes exactly what the fp32 script did; the caller's autocast resumes on return. Done for a "
+         "module-level function whose one required parameter is the feature map, in a module of the same run, "
+         "written with the training file as one change set.",
+         "def gram_matrix(y):\n    (b, ch, h, w) = y.size()\n  -> def gram_matrix(y):\n"
+         "         with torch.autocast(device_type=y.device.type, enabled=False):\n             y = y.float()\n"
+         "             (b, ch, h, w) = y.size()", REVIEW),
     Rule("AMP236", "info", "ShardedGradScaler for a FullyShardedDataParallel model",
          "A file that wraps its model in FullyShardedDataParallel (FSDP1) gets "
          "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler, imported, in place of torch.amp.GradScaler: "
@@ -323,7 +332,10 @@ RULES: List[Rule] = [
          "the model's last Linear, its output rounds to 1 once the logit passes about 8.4 (to 0 below about -17.4) "
          "and the `+ 1e-8` is lost, so the log is -inf, the loss inf, and GradScaler skips every step while the "
          "discriminator is confident, silently (bfloat16 rounds at 6.3). autocast refuses BCELoss for this reason; "
-         "the written-out form raises nothing. An epsilon of 1e-4 or more keeps the log finite and is not flagged.",
+         "the written-out form raises nothing. An epsilon of 1e-4 or more keeps the log finite and is not flagged. "
+         "The model may be a class of another project module the file imports (`from models import "
+         "Discriminator`); a sigmoid taken of a float64 or float32 copy (`self.sig(self.linear(h).double())`) is "
+         "safe and not flagged.",
          "D_loss = -torch.mean(torch.log(D_real + 1e-8) + torch.log(1 - D_fake + 1e-8))", MANUAL, incomplete=True),
     Rule("AMP230", "info", "gradient penalty (or a step's own `autograd.grad`) scaled: `autograd.grad` of `scaler.scale(outputs)`, gradients divided by `scaler.get_scale()`",
          "A penalty's float16 gradients underflow unscaled; PyTorch's AMP examples scale the outputs and unscale the "
@@ -449,7 +461,7 @@ RULES: List[Rule] = [
     Rule("AMP331", "warning", "apex: the log of a sigmoid's probability (`torch.log(1 - D(x))`) is -inf under O1; file not converted",
          "O1 runs the sigmoid after the model's last Linear in float16: its output rounds to 1 once the logit passes "
          "about 8.4 and the `+ 1e-8` is lost, so the log is -inf and every step is skipped while the discriminator "
-         "is confident.", "D_loss = -torch.mean(torch.log(D_real + 1e-8) + torch.log(1 - D_fake + 1e-8))", MANUAL,
+         "is confident. The model may be a class of another project module the file imports.", "D_loss = -torch.mean(torch.log(D_real + 1e-8) + torch.log(1 - D_fake + 1e-8))", MANUAL,
          incomplete=True),
     Rule("AMP332", "warning", "apex: an optimizer handed through code ampify does not follow; its steps left unconverted",
          "amp.initialize accepts torch optimizers (and LARC) only: handed a wrapper of an unread class it raises.",
@@ -473,6 +485,12 @@ RULES: List[Rule] = [
          "As AMP244, under O1: the sigmoid's output is float16, the clamp's bound 1 - eps rounds to 1, log(1 - p) "
          "is -inf and the loss inf or NaN.", "classification = torch.clamp(classification, 1e-4, 1.0 - 1e-4)",
          MANUAL, incomplete=True),
+    Rule("AMP338", "info", "apex: a Gram matrix function of a module the training file calls computes in float32: `with amp.disable_casts():` on a float32 copy of the feature map",
+         "As AMP245, under O1: apex's `disable_casts()` makes its patched functions leave their arguments alone, and "
+         "the float32 copy does the rest; written with the training file as one change set.",
+         "def gram_matrix(y):\n    (b, ch, h, w) = y.size()\n  -> def gram_matrix(y):\n"
+         "         with amp.disable_casts():\n             y = y.float()\n             (b, ch, h, w) = y.size()",
+         REVIEW),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

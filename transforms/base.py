@@ -69,6 +69,15 @@ class ProjectFacts(Protocol):
         """("losses.py:49", clamp text, eps) for the probability clamps `clamp(p, lo, 1 - eps)` here or
         in the project modules this module imports whose complement is logged."""
 
+    def gram_matrix_modules(self) -> Sequence[Tuple[str, str, Tuple[str, ...], bool]]:
+        """(key, display, function names, the module trains) for each project module with a Gram
+        matrix function this module calls."""
+
+    def probability_models(self) -> Dict[str, str]:
+        """The name a model class of another project module is called by here (`Discriminator`,
+        `models.Discriminator`) -> "models.py:12 Discriminator", for those whose forward() returns a
+        sigmoid's probability."""
+
     def imported_module_sources(self) -> Sequence[Tuple[str, str, bytes]]:
         """(key, "vae.py", source) for the project modules this module imports, directly or not."""
 

@@ -18,7 +18,9 @@ there too (the TENSORFLOW vocabulary: `tf.log`, `tf.nn.sigmoid`, `activation=tf.
 A probability is the output of a model of this file that ends in a sigmoid (an `nn.Sequential`
 whose last layer is `nn.Sigmoid()`, or a class whose forward() returns a sigmoid or such a
 Sequential's output, through shape operations), or of `torch.sigmoid` / `F.sigmoid` / `.sigmoid()`
-called in the step; a name bound to one is one too. A log is `torch.log`, `torch.log2`,
+called in the step; a name bound to one is one too. So is the output of a model class of another
+project module the file imports whose forward() returns a probability (`imported_models`, found by
+torch/sigmoid_models.py through the repository's outline). A log is `torch.log`, `torch.log2`,
 `torch.log10`, `torch.log1p`, `x.log()`, or a function of this file that returns one of those of
 its parameter (`def log(x): return torch.log(x + 1e-8)`). The log's argument is followed through
 arithmetic, clamping and shape operations to a probability. `torch.log(p + 1e-3)` is left alone:
@@ -29,7 +31,7 @@ under `torch.no_grad()` (or in a function decorated with it), which feeds no los
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Optional, Set, Tuple
+from typing import Collection, Dict, FrozenSet, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -88,11 +90,13 @@ _MODEL_MOVES = {"to", "cuda", "cpu", "float", "double", "train", "eval"}
 _SAFE_EPSILON = 1e-4
 
 
-def log_of_probability_calls(module: cst.Module, imports: ImportMap,
-                             vocabulary: Vocabulary = TORCH) -> List[Tuple[cst.Call, str]]:
-    """(log call, the probability it takes the log of, as written) for every such log in `module`."""
+def log_of_probability_calls(module: cst.Module, imports: ImportMap, vocabulary: Vocabulary = TORCH,
+                             imported_models: Collection[str] = ()) -> List[Tuple[cst.Call, str]]:
+    """(log call, the probability it takes the log of, as written) for every such log in `module`.
+    `imported_models`: the names (`Discriminator`, `models.Discriminator`) of model classes of other
+    modules, imported here, whose forward() returns a probability (torch/sigmoid_models.py)."""
     imports = _Names(imports, vocabulary)
-    index = _Index(imports)
+    index = _Index(imports, frozenset(imported_models))
     walk(module, index)
     if not index.sigmoid_seen:
         return []
@@ -138,8 +142,9 @@ class _Names:
 class _Index(cst.CSTVisitor):
     """One walk: classes, assignments and calls by scope (a function, or the module)."""
 
-    def __init__(self, imports: "_Names") -> None:
+    def __init__(self, imports: "_Names", imported_models: FrozenSet[str] = frozenset()) -> None:
         self.imports = imports
+        self.imported_models = imported_models
         self.sigmoid_seen = False
         self.classes: Dict[str, cst.ClassDef] = {}
         self.functions: Dict[str, cst.FunctionDef] = {}
@@ -206,6 +211,9 @@ class _Index(cst.CSTVisitor):
         words = self.imports.vocabulary
         if self.imports.resolve(node.func) in words.sigmoid_functions | words.sigmoid_modules:
             self.sigmoid_producers = True
+        elif self.imported_models and dotted_name(node.func) in self.imported_models:
+            # a model of another module ending in a sigmoid is built here
+            self.sigmoid_seen = self.sigmoid_producers = True
 
     def visit_Assign(self, node: cst.Assign) -> None:
         self.assignments_by_scope.setdefault(self.scopes[-1], []).append(node)
@@ -234,6 +242,7 @@ class _Index(cst.CSTVisitor):
         """Names (`D`, `self.netD`) bound to a model whose output is a probability (None), or whose
         output is a tuple with probabilities at some positions (`return D_gan(h), D_aux(h)`)."""
         classes = {name for name, klass in self.classes.items() if self._returns_probability(klass)}
+        classes |= {name for name in self.imported_models if name not in self.classes}
         models: Dict[str, Optional[FrozenSet[int]]] = {
             target: None for (owner, target) in self.sequentials if owner is None}
         for assignments in self.assignments_by_scope.values():

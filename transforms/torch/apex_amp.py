@@ -87,6 +87,8 @@ APEX_RULES = BackendRules(
         "on {module} or on the repository",
     ),
     blocked_reason="apex amp would raise on this script (see the warnings)",
+    float32_gram_matrix="AMP338",
+    patches_functions=True,
     hazards={
         HazardKind.BCE: HazardRule(
             "AMP310",
@@ -269,10 +271,11 @@ class TorchApexAmp(Transform):
     ) -> TransformResult:
         def convert(shaped: cst.Module) -> TransformResult:
             classes = context.project.project_class if context.project is not None else None
-            structure = analyze_training(shaped, imports, project_class=classes)
+            models = context.project.probability_models if context.project is not None else None
+            structure = analyze_training(shaped, imports, project_class=classes, probability_models=models)
             wrappers = project_wrapper_steps(structure, shaped, context.project)
             if wrappers:  # known only to refuse with the true reason
-                structure = analyze_training(shaped, imports, wrappers, classes)
+                structure = analyze_training(shaped, imports, wrappers, classes, models)
             pair_helper_backwards(structure)
             return ApexConversion(structure, options, context).run()
 

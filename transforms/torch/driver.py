@@ -43,6 +43,7 @@ from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.bce_logits import criterion_never_applied
 from ampify.transforms.torch.helper_backwards import helper_refusal_note
+from ampify.transforms.torch.gram_matrix_float32 import plan_float32_grams
 from ampify.transforms.torch.masked_fill_limits import plan_imported_fill_limits
 from ampify.transforms.torch.statements import short_text
 from ampify.transforms.torch.wrapper_steps import steps_of_wrapper_methods
@@ -96,6 +97,11 @@ class BackendRules:
     training_elsewhere: Tuple[str, str, str]
     hazards: Mapping[HazardKind, HazardRule]
     blocked_reason: str
+    #: the code reporting a Gram matrix function of another module rewritten to float32
+    #: (gram_matrix_float32.py); "" where the backend does not rewrite them
+    float32_gram_matrix: str = ""
+    #: the backend patches torch's functions (apex O1): casts are switched off by `amp.disable_casts()`
+    patches_functions: bool = False
 
 
 _NO_TORCH_IMPORT = (
@@ -124,7 +130,7 @@ class TorchConversion(abc.ABC):
         #: edits of other modules that belong to this module's change (one change set)
         self.companions: List[CompanionChange] = []
         #: what the companions change, reported here only when this module is converted
-        self.companion_notes: List[Tuple[str, Optional[cst.CSTNode]]] = []
+        self.companion_notes: List[Tuple[str, str, Optional[cst.CSTNode]]] = []
         #: the file's reason when a hazard blocks it and its rule names one
         self.blocked_reason = ""
         #: the project module that imports torch, when this file does not (see _torch_through_the_project)
@@ -193,8 +199,8 @@ class TorchConversion(abc.ABC):
 
     def result(self, verdict: Verdict, reason: str = "", module: Optional[cst.Module] = None) -> TransformResult:
         if verdict is Verdict.CONVERTED:
-            for message, node in self.companion_notes:
-                self.info("AMP232", message, node)
+            for code, message, node in self.companion_notes:
+                self.info(code, message, node)
         findings = sorted(self.findings, key=lambda f: (f.line, f.column, f.code))
         companions = self.companions if verdict is Verdict.CONVERTED else []
         return TransformResult(module or self.structure.module, verdict, findings, reason, companions)
@@ -514,7 +520,9 @@ class TorchConversion(abc.ABC):
     def _report_imported_gram_matrices(self, has_training: bool, reported_here: bool) -> bool:
         """A function of another project module that this file calls computes a Gram matrix of a
         flattened feature map (fast_neural_style's `utils.gram_matrix`): in float16 it overflows,
-        as one in this file does; the file is left unconverted (float16 only). True when blocked."""
+        as one in this file does. That module is rewritten to compute it in float32, as a companion
+        of this file's change (gram_matrix_float32.py); when it cannot be, the file is left
+        unconverted (float16 only). True when blocked."""
         project = self.project
         rule = self.rules.hazards.get(HazardKind.GRAM_MATRIX)
         if not has_training or project is None or rule is None or not self.scaling_is_float16():
@@ -523,9 +531,19 @@ class TorchConversion(abc.ABC):
         if not found:
             return False
         node = self.structure.backwards[0].call if self.structure.backwards else None
+        refused = ""
+        if self.rules.float32_gram_matrix:
+            companions, notes, why = plan_float32_grams(project, self.display, self.rules.float32_gram_matrix,
+                                                        self.rules.patches_functions)
+            if why is None:
+                self.companions.extend(companions)
+                self.companion_notes += [(self.rules.float32_gram_matrix, note + "; written together with this file, "
+                                          "as one change set", node) for note in notes]
+                return False
+            refused = f"; ampify did not rewrite it: {why}"
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-        self.warn(rule.code, rule.message.format(detail=shown, left_unconverted="; the training steps of this file "
-                                                 "were left unconverted"), node)
+        self.warn(rule.code, rule.message.format(detail=shown, left_unconverted=f"{refused}; the training steps of "
+                                                 "this file were left unconverted"), node)
         if not reported_here and rule.file_reason and not self.blocked_reason:
             self.blocked_reason = rule.file_reason
         return rule.blocks_file
@@ -602,7 +620,7 @@ class TorchConversion(abc.ABC):
         companions, notes, refused = plan_imported_fill_limits(project, self.display)
         if refused is None:
             self.companions.extend(companions)
-            self.companion_notes += [(note + "; written together with this file, as one change set", node)
+            self.companion_notes += [("AMP232", note + "; written together with this file, as one change set", node)
                                      for note in notes]
             return False
         rule = self.rules.hazards[HazardKind.MASKED_FILL]

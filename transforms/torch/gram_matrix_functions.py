@@ -14,7 +14,10 @@ The product sums h*w terms: in float16 it passes 65504 before the division, the 
 and GradScaler skips every step. A Gram matrix here is a product (`torch.mm/bmm/matmul`, the same
 methods, `@`) of a name bound to `x.view(...)` / `x.reshape(...)` with a product of sizes among its
 arguments and that name's transpose (`.t()`, `.transpose(...)`, `.permute(...)`, `.T`, `.mT`,
-`torch.transpose(f, ...)`, inline or bound to a name in the same function).
+`torch.transpose(f, ...)`, inline or bound to a name in the same function). One written inside
+`with torch.autocast(..., enabled=False):` (or apex's `with amp.disable_casts():`) on a float32 copy
+(`y = y.float()` first in that block: gram_matrix_float32.py's rewrite) runs in float32 and is not
+counted.
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ def gram_matrix_line(function: ast.AST) -> int:
             base = _transpose_of(node.value, {})
             if base is not None:
                 transposed[name] = base if transposed.get(name, base) == base else None
+    in_float32 = _inside_float32_blocks(function)
     for node in ast.walk(function):
+        if id(node) in in_float32:
+            continue
         operands = _product_operands(node)
         if operands is None:
             continue
@@ -88,3 +94,33 @@ def _is_flattening(node: ast.expr) -> bool:
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
             and node.func.attr in ("view", "reshape")
             and any(isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Mult) for arg in node.args))
+
+
+def _inside_float32_blocks(function: ast.AST) -> Set[int]:
+    """ids of the nodes inside `with torch.autocast(..., enabled=False):` / `with amp.disable_casts():`
+    blocks that first copy a name to float32 (`y = y.float()`)."""
+    inside: Set[int] = set()
+    for node in ast.walk(function):
+        if not isinstance(node, ast.With) or not node.body or not any(
+                _switches_casts_off(item.context_expr) for item in node.items):
+            continue
+        first = node.body[0]
+        if not (isinstance(first, ast.Assign) and len(first.targets) == 1 and isinstance(first.targets[0], ast.Name)
+                and isinstance(first.value, ast.Call) and isinstance(first.value.func, ast.Attribute)
+                and first.value.func.attr == "float" and not first.value.args
+                and isinstance(first.value.func.value, ast.Name)
+                and first.value.func.value.id == first.targets[0].id):
+            continue
+        for statement in node.body:
+            inside.update(id(child) for child in ast.walk(statement))
+    return inside
+
+
+def _switches_casts_off(node: ast.expr) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    name = _dotted(node.func) or ""
+    if name.rsplit(".", 1)[-1] == "disable_casts":
+        return True
+    return name.rsplit(".", 1)[-1] == "autocast" and any(
+        k.arg == "enabled" and isinstance(k.value, ast.Constant) and k.value.value is False for k in node.keywords)

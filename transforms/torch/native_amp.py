@@ -113,6 +113,7 @@ NATIVE_RULES = BackendRules(
         "on {module} or on the repository",
     ),
     blocked_reason="mixed precision would break this file; see the warnings",
+    float32_gram_matrix="AMP245",
     hazards={
         HazardKind.BCE: HazardRule(
             "AMP210",
@@ -283,10 +284,11 @@ class TorchNativeAmp(Transform):
     ) -> TransformResult:
         def convert(shaped: cst.Module) -> TransformResult:
             classes = context.project.project_class if context.project is not None else None
-            structure = analyze_training(shaped, imports, project_class=classes)
+            models = context.project.probability_models if context.project is not None else None
+            structure = analyze_training(shaped, imports, project_class=classes, probability_models=models)
             wrappers = project_wrapper_steps(structure, shaped, context.project)
             if wrappers:  # `optimizer.step_and_update_lr()` of the project's ScheduledOptim
-                structure = analyze_training(shaped, imports, wrappers, classes)
+                structure = analyze_training(shaped, imports, wrappers, classes, models)
             pair_helper_backwards(structure)
             return NativeConversion(structure, imports, options, context).run()
 

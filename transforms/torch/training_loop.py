@@ -543,14 +543,21 @@ def _keep_gradients_taken_in_training(structure: TrainingStructure) -> None:
     structure.hazards = [h for h in structure.hazards if id(h) not in dropped]
 
 
+#: the names a log is taken through (log_of_sigmoid.py): without one, no model's probability is logged
+_LOG_NAMES = frozenset({"log", "log2", "log10", "log1p"})
+
+
 def analyze_training(module: cst.Module, imports: ImportMap,
                      wrapper_steps: Optional[Dict[str, WrapperUse]] = None,
-                     project_class: Optional[ProjectClass] = None) -> TrainingStructure:
+                     project_class: Optional[ProjectClass] = None,
+                     probability_models: Optional[Callable[[], Dict[str, str]]] = None) -> TrainingStructure:
     """Walk `module` once and describe its training structure (see the module docstring).
     `wrapper_steps`: stepping methods of the project's optimizer wrapper classes, by name (a call
     `x.<name>()` steps the optimizer x wraps). `project_class(local)`: (module key, class name, it
     subclasses an optimizer) for a class of another project module imported as `local`, else None
-    (ProjectView.project_class)."""
+    (ProjectView.project_class). `probability_models`: model classes of other project modules
+    imported here whose forward() returns a sigmoid's probability, by the name they are called by
+    (ProjectView.probability_models; asked only when the module takes a log)."""
     collector = _Collector(imports)
     collector.wrapper_steps = wrapper_steps or {}
     collector.project_class = project_class or (lambda local: None)
@@ -562,9 +569,19 @@ def analyze_training(module: cst.Module, imports: ImportMap,
     _identify_optimizers(structure, collector)
     _group_units(structure)
     _keep_gradients_taken_in_training(structure)
-    if structure.all_names & {"sigmoid", "Sigmoid", "expit"}:
-        structure.hazards.extend(Hazard(HazardKind.LOG_OF_PROBABILITY, call, code_of(call))
-                                 for call, _ in log_of_probability_calls(module, imports))
+    imported = {}
+    if probability_models is not None and structure.all_names & _LOG_NAMES:
+        imported = {name: where for name, where in probability_models().items()
+                    if name.split(".")[0] in structure.all_names}
+    own_sigmoid = bool(structure.all_names & {"sigmoid", "Sigmoid", "expit"})
+    if own_sigmoid or imported:
+        origin = ""
+        if imported and not own_sigmoid:
+            shown = sorted(imported.values())
+            origin = (f" (the model {shown[0]} ends in a sigmoid)" if len(shown) == 1
+                      else f" (the models {', '.join(shown[:-1])} and {shown[-1]} end in a sigmoid)")
+        structure.hazards.extend(Hazard(HazardKind.LOG_OF_PROBABILITY, call, code_of(call) + origin)
+                                 for call, _ in log_of_probability_calls(module, imports, imported_models=imported))
     structure.hand_written_mixed_precision = _hand_written_mixed_precision(structure)
     return structure
 

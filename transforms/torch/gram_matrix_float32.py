@@ -1,0 +1,241 @@
+"""Gram matrix functions of another project module, made to compute in float32.
+
+pytorch/examples' fast_neural_style (and its many descendants) keeps the style loss's Gram matrix in
+utils.py, which the training script calls under autocast:
+
+    def gram_matrix(y):
+        (b, ch, h, w) = y.size()
+        features = y.view(b, ch, w * h)
+        features_t = features.transpose(1, 2)
+        gram = features.bmm(features_t) / (ch * h * w)
+        return gram
+
+In float16 the product sums h*w terms past 65504 before the division: the style loss is inf and
+GradScaler skips every step (AMP238). The fix the warning asks for, written as the change set's
+companion edit of that module:
+
+    def gram_matrix(y):
+        with torch.autocast(device_type=y.device.type, enabled=False):
+            y = y.float()
+            (b, ch, h, w) = y.size()
+            ...
+            return gram
+
+With autocast off inside the function, and the feature map a float32 copy, every operation in it
+runs in float32, exactly as in the fp32 script; the caller's autocast region resumes on return
+(mse_loss, which the style loss feeds, runs in float32 under autocast anyway). apex O1 patches
+torch's functions instead: `with amp.disable_casts():` (apex.amp.handle) makes them leave their
+arguments alone, and the float32 copy does the rest.
+
+Only a module-level function whose one required parameter is the feature map (others, if any,
+have defaults) is rewritten: a Gram matrix of two tensors, a method, a generator or `*args` is
+refused with that reason, as before. gram_matrix_functions.py does not count a Gram matrix written
+inside such a block, so a second run changes nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Set, Tuple
+
+import libcst as cst
+
+from ampify.findings import Finding, Severity
+from ampify.transforms.base import CompanionChange
+from ampify.transforms.kit.positions import Positions
+from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
+from ampify.transforms.torch.torch_import import add_import_torch, last_leading_import, module_level_aliases
+
+
+@dataclass
+class Float32Grams:
+    """The module with its Gram matrix functions rewritten, and (name, line) of each."""
+
+    module: cst.Module
+    rewritten: List[Tuple[str, int]] = field(default_factory=list)
+    apex: bool = False
+
+    def describe(self, where: str = "") -> str:
+        shown = ", ".join(f"{name}() (line {line})" for name, line in self.rewritten)
+        place = f"{where}: " if where else ""
+        off = "apex's casts off inside (amp.disable_casts())" if self.apex else "autocast off inside"
+        return (f"{place}{shown} now compute{'s' if len(self.rewritten) == 1 else ''} the Gram matrix in float32 "
+                f"({off}, on a float32 copy of the feature map), so that the float16 style loss stays finite")
+
+
+def float32_gram_functions(module: cst.Module, functions: Sequence[str],
+                           apex: bool = False) -> Tuple[Optional[Float32Grams], Optional[str]]:
+    """Rewrite each module-level function named in `functions` (each computes a Gram matrix) to
+    compute in float32. Returns (the result, None); (None, None) when there is nothing to rewrite;
+    (None, the reason) when one of them cannot be rewritten safely."""
+    wanted: Set[str] = set(functions)
+    definitions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value in wanted}
+    for name in sorted(wanted):
+        if name not in definitions:
+            return None, f"{name}() is not a function defined at the module's top level"
+        if not _computes_in_reduced_precision(definitions[name], module):
+            del definitions[name]  # rewritten already (by another training file's change set of this run)
+            continue
+        reason = _not_rewritable(definitions[name])
+        if reason is not None:
+            return None, f"{name}() {reason}"
+    if not definitions:
+        return None, None
+    positions = Positions(module)
+    amp_name = _apex_amp_alias(module) if apex else None
+    torch_names = module_level_aliases(module, "torch")
+    torch_name = "torch" if "torch" in torch_names else (sorted(torch_names)[0] if torch_names else None)
+    rewritten: List[Tuple[str, int]] = []
+    replacements = {}
+    for name, function in definitions.items():
+        parameter = _feature_map_parameter(function)
+        if apex:
+            context = f"{amp_name or 'amp'}.disable_casts()"
+        else:
+            context = f"{torch_name or 'torch'}.autocast(device_type={parameter}.device.type, enabled=False)"
+        replacements[id(function)] = _wrapped(function, context, parameter, module)
+        rewritten.append((name, positions[function].start.line))
+    new = module.visit(_Replace(replacements))
+    if apex and amp_name is None:
+        anchor = last_leading_import(new)
+        statement = cst.parse_statement("from apex import amp\n", config=new.config_for_parsing)
+        body = list(new.body)
+        index = body.index(anchor) + 1 if anchor is not None else 0
+        new = new.with_changes(body=body[:index] + [statement] + body[index:])
+    elif not apex and torch_name is None:
+        new = add_import_torch(new)
+    return Float32Grams(new, sorted(rewritten, key=lambda item: item[1]), apex), None
+
+
+def _computes_in_reduced_precision(function: cst.FunctionDef, module: cst.Module) -> bool:
+    """Does `function` still hold a Gram matrix outside a float32 block (gram_matrix_functions.py)?"""
+    try:
+        tree = ast.parse(textwrap.dedent(module.code_for_node(function.with_changes(decorators=[], leading_lines=[]))))
+    except (SyntaxError, ValueError, RecursionError):
+        return True
+    return any(gram_matrix_line(node) for node in tree.body)
+
+
+def _not_rewritable(function: cst.FunctionDef) -> Optional[str]:
+    """Why `function` cannot be wrapped, or None."""
+    if function.asynchronous is not None:
+        return "is a coroutine"
+    params = function.params
+    if params.star_arg is not None and isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None:
+        return "takes *args or **kwargs, so ampify cannot tell which argument is the feature map"
+    required = [p for p in [*params.posonly_params, *params.params] if p.default is None]
+    if len(required) != 1:
+        return ("takes more than one required argument, so ampify cannot tell which of them to copy to float32"
+                if len(required) > 1 else "takes no feature map")
+    if any(isinstance(node, (cst.Yield, cst.Await)) for node in _own_nodes(function)):
+        return "is a generator"
+    if any(isinstance(node, (cst.Global, cst.Nonlocal)) for node in _own_nodes(function)):
+        return "rebinds names outside itself"
+    return None
+
+
+def _feature_map_parameter(function: cst.FunctionDef) -> str:
+    params = function.params
+    return next(p for p in [*params.posonly_params, *params.params] if p.default is None).name.value
+
+
+def _own_nodes(function: cst.FunctionDef):
+    pending: List[cst.CSTNode] = [function.body]
+    while pending:
+        node = pending.pop()
+        yield node
+        for child in node.children:
+            if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                pending.append(child)
+
+
+def _wrapped(function: cst.FunctionDef, context: str, parameter: str, module: cst.Module) -> cst.FunctionDef:
+    """`function` with its body (after the docstring) inside `with <context>:`, the parameter
+    copied to float32 first."""
+    body = list(function.body.body)
+    docstring = []
+    if body and isinstance(body[0], cst.SimpleStatementLine) and isinstance(body[0].body[0], cst.Expr) and isinstance(
+            body[0].body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+        docstring, body = body[:1], body[1:]
+    template = cst.parse_statement(f"with {context}:\n    {parameter} = {parameter}.float()\n",
+                                   config=module.config_for_parsing)
+    assert isinstance(template, cst.With)
+    cast = template.body.body[0]
+    leading = body[0].leading_lines if body else ()
+    if body:
+        body[0] = body[0].with_changes(leading_lines=[])
+    block = template.with_changes(
+        leading_lines=leading,
+        body=template.body.with_changes(body=[cast, *body]),
+    )
+    return function.with_changes(body=function.body.with_changes(body=[*docstring, block]))
+
+
+def _apex_amp_alias(module: cst.Module) -> Optional[str]:
+    """The module-level name `from apex import amp` binds, if the module has that import."""
+    for statement in module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if (isinstance(small, cst.ImportFrom) and isinstance(small.module, cst.Name)
+                    and small.module.value == "apex" and not isinstance(small.names, cst.ImportStar)):
+                for alias in small.names:
+                    if isinstance(alias.name, cst.Name) and alias.name.value == "amp":
+                        if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                            return alias.asname.name.value
+                        return "amp"
+    return None
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, replacements) -> None:
+        self.replacements = replacements
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        return self.replacements.get(id(original_node), updated_node)
+
+
+def plan_float32_grams(project, here: str, code: str, apex: bool = False
+                       ) -> Tuple[List[CompanionChange], List[str], Optional[str]]:
+    """The training module `here` calls Gram matrix functions of other project modules: each such
+    module gets them rewritten to float32, as companions of this module's change (one change set).
+    Returns (companions, one line per module for this module's report, None), or ([], [], the
+    reason it cannot be done)."""
+    companions: List[CompanionChange] = []
+    notes: List[str] = []
+    for key, display, functions, trains in project.gram_matrix_modules():
+        if trains:
+            return [], [], (f"{display} has a training step of its own: convert it first (ampify {display}), then "
+                            "rerun ampify on this file")
+        if not project.in_this_run(key):
+            return [], [], (f"{display} is not in this run: run ampify on both files or on the repository, and ampify "
+                            "rewrites it there")
+        source = project.source_of(key)
+        if source is None:
+            return [], [], f"{display} cannot be read"
+        try:
+            module = cst.parse_module(source)
+        except Exception as error:
+            return [], [], f"{display} does not parse ({type(error).__name__})"
+        rewritten, refused = float32_gram_functions(module, functions, apex)
+        if refused is not None:
+            return [], [], f"in {display}, {refused}"
+        if rewritten is None:
+            continue
+        line = rewritten.rewritten[0][1]
+        companions.append(CompanionChange(
+            key=key, display=display, old=source, new=rewritten.module.bytes,
+            findings=[Finding(code, rewritten.describe(), line, 0, Severity.INFO)],
+            reason=f"changed with {here}: its Gram matrices are computed in float32, so that the float16 style loss "
+                   "of that training step stays finite",
+        ))
+        notes.append(rewritten.describe(display))
+    return companions, notes, None
