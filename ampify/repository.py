@@ -1330,13 +1330,14 @@ class ProjectView:
         return found
 
     def probability_clamps_imported(self) -> List[Tuple[str, str, float]]:
-        """("retinanet/losses.py:49", "torch.clamp(...)", eps) for each probability clamp, in this
-        module or the project modules it imports, whose `1 - eps` bound a reduced precision may round
+        """("retinanet/losses.py:49", "torch.clamp(...)", eps) for each probability clamp, in the
+        project modules this module imports (directly or not), whose `1 - eps` bound a reduced precision may round
         to 1 (torch/probability_clamps.py)."""
         found = []
-        for path in [self.path.resolve(), *self.index.imported_closure(self.path)]:
+        own = self.path.resolve()
+        for path in self.index.imported_closure(self.path):
             outline = self.index.outline(path)
-            if outline is not None:
+            if outline is not None and path != own:
                 found += [(self.where(path, line), text, eps) for line, text, eps in outline.probability_clamps]
         return found
 
@@ -1377,6 +1378,18 @@ class ProjectView:
             for name in (target.sigmoid_models if target is not None else {}):
                 if target.exports(name) and name not in outline.imports and name not in outline.classes:
                     add(name, path, name)
+        return found
+
+    def probability_clamp_modules(self, max_eps: float) -> List[Tuple[str, str, bool]]:
+        """(key, display, the module trains) for each project module this module imports, directly
+        or not, with a probability clamp of eps up to `max_eps` (probability_clamps_imported), to
+        rewrite there."""
+        found = []
+        own = self.path.resolve()
+        for path in self.index.imported_closure(self.path):
+            outline = self.index.outline(path)
+            if outline is not None and path != own and any(eps <= max_eps for _, _, eps in outline.probability_clamps):
+                found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], outline.trains))
         return found
 
     def gradient_dropping_imports(self) -> List[Tuple[str, str]]:

@@ -317,6 +317,13 @@ RULES: List[Rule] = [
          "def gram_matrix(y):\n    (b, ch, h, w) = y.size()\n  -> def gram_matrix(y):\n"
          "         with torch.autocast(device_type=y.device.type, enabled=False):\n             y = y.float()\n"
          "             (b, ch, h, w) = y.size()", REVIEW),
+    Rule("AMP246", "info", "a probability clamp `clamp(p, lo, 1 - eps)` before `log(1 - p)` now clamps a float32 copy (`clamp(p.float(), ...)`)",
+         "The bound 1 - eps of a focal loss's clamp rounds to 1 in float16 (AMP244). Clamping a float32 copy keeps it, "
+         "and the log that follows runs in float32; in float32 `.float()` returns the tensor itself, so the fp32 "
+         "script computes what it did. In the training file itself, or in model code it imports (written with it as "
+         "one change set).",
+         "classification = torch.clamp(classification, 1e-4, 1.0 - 1e-4)\n"
+         "  -> classification = torch.clamp(classification.float(), 1e-4, 1.0 - 1e-4)", REVIEW),
     Rule("AMP236", "info", "ShardedGradScaler for a FullyShardedDataParallel model",
          "A file that wraps its model in FullyShardedDataParallel (FSDP1) gets "
          "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler, imported, in place of torch.amp.GradScaler: "
@@ -491,6 +498,10 @@ RULES: List[Rule] = [
          "def gram_matrix(y):\n    (b, ch, h, w) = y.size()\n  -> def gram_matrix(y):\n"
          "         with amp.disable_casts():\n             y = y.float()\n             (b, ch, h, w) = y.size()",
          REVIEW),
+    Rule("AMP339", "info", "apex: a probability clamp `clamp(p, lo, 1 - eps)` before `log(1 - p)` now clamps a float32 copy",
+         "As AMP246, under O1: apex does not patch clamp, so the float32 copy keeps the bound and the log runs in "
+         "float32.", "classification = torch.clamp(classification, 1e-4, 1.0 - 1e-4)\n"
+         "  -> classification = torch.clamp(classification.float(), 1e-4, 1.0 - 1e-4)", REVIEW),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

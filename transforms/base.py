@@ -66,8 +66,12 @@ class ProjectFacts(Protocol):
         that compute a Gram matrix of a flattened feature map."""
 
     def probability_clamps_imported(self) -> Sequence[Tuple[str, str, float]]:
-        """("losses.py:49", clamp text, eps) for the probability clamps `clamp(p, lo, 1 - eps)` here or
-        in the project modules this module imports whose complement is logged."""
+        """("losses.py:49", clamp text, eps) for the probability clamps `clamp(p, lo, 1 - eps)` in the
+        project modules this module imports whose complement is logged."""
+
+    def probability_clamp_modules(self, max_eps: float) -> Sequence[Tuple[str, str, bool]]:
+        """(key, display, the module trains) for each project module this module imports with a
+        probability clamp of eps up to `max_eps`."""
 
     def gram_matrix_modules(self) -> Sequence[Tuple[str, str, Tuple[str, ...], bool]]:
         """(key, display, function names, the module trains) for each project module with a Gram

@@ -107,12 +107,16 @@ def log_of_probability_calls(module: cst.Module, imports: ImportMap, vocabulary:
     for scope, calls in index.calls_by_scope.items():
         judge = _Judge(imports, models)
         judge.probabilities = _probability_names(index.assignments_by_scope.get(scope, []), judge)
+        clamped = _float32_clamped_names(index.assignments_by_scope.get(scope, []))
         for call in calls:
             if id(call) in index.without_grad:
                 continue
             argument = _log_argument(call, imports, helpers, constants)
             if argument is None:
                 continue
+            if clamped and any(isinstance(node, cst.Name) and node.value in clamped
+                               for node in _subexpressions(argument)):
+                continue  # `p = torch.clamp(p.float(), eps, 1 - eps)`: float32 keeps the bound, the log is finite
             source = judge.probability_in(argument)
             if source is None and index.sigmoid_producers:
                 # `log(1 - x)` of a value ampify cannot follow (`D['model'](X)`, models picked from a
@@ -501,6 +505,38 @@ class _Judge:
             if qualified is None and isinstance(node.func, cst.Attribute) and node.func.attr.value in _THROUGH_METHODS:
                 return self.probability_in(node.func.value)
         return None
+
+
+def _float32_clamped_names(assignments: List[cst.Assign]) -> Set[str]:
+    """Names bound (every time, in one scope) to a clamp of a float32 copy below 1:
+    `p = torch.clamp(p.float(), 1e-7, 1 - 1e-7)`, `p = p.float().clamp(min=eps, max=1 - eps)`
+    (probability_clamps_float32.py writes them)."""
+    bound: Dict[str, bool] = {}
+    for assign in assignments:
+        if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
+            name = assign.targets[0].target.value
+            bound[name] = bound.get(name, True) and _is_float32_clamp(assign.value)
+    return {name for name, clamped in bound.items() if clamped}
+
+
+def _is_float32_clamp(value: cst.BaseExpression) -> bool:
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in ("clamp", "clip")):
+        return False
+    receiver = value.func.value
+    method = not (isinstance(receiver, cst.Name) and receiver.value in ("torch", "th"))
+    clamped = receiver if method else (value.args[0].value if value.args else None)
+    if not (isinstance(clamped, cst.Call) and isinstance(clamped.func, cst.Attribute)
+            and clamped.func.attr.value in ("float", "double") and not clamped.args):
+        return False
+    positional = [a.value for a in value.args if a.keyword is None][0 if method else 1:]
+    upper = positional[1] if len(positional) > 1 else next(
+        (a.value for a in value.args if a.keyword is not None and a.keyword.value == "max"), None)
+    if isinstance(upper, cst.BinaryOperation) and isinstance(upper.operator, cst.Subtract):
+        gap = _number(upper.right)
+        return _number(upper.left) == 1.0 and gap is not None and gap > 0
+    number = _number(upper) if upper is not None else None
+    return number is not None and number < 1.0
 
 
 def _is_sigmoid_activation(value: cst.BaseExpression, names: "_Names") -> bool:

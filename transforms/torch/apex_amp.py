@@ -87,6 +87,7 @@ APEX_RULES = BackendRules(
         "on {module} or on the repository",
     ),
     blocked_reason="apex amp would raise on this script (see the warnings)",
+    float32_probability_clamp="AMP339",
     float32_gram_matrix="AMP338",
     patches_functions=True,
     hazards={
@@ -184,7 +185,7 @@ APEX_RULES = BackendRules(
             "{detail}: under apex O1 the probability arrives in {dtype} and the clamp keeps that dtype, where its "
             "upper bound rounds to 1: a confident output stays 1, `log(1 - p)` is -inf and `0 * -inf` NaN, so "
             "the loss is inf or NaN (apex skips every such step); clamp a float32 copy (`torch.clamp(p.float(), "
-            "...)`) there, then rerun ampify; the training steps of this file were left unconverted",
+            "...)`) there{refused}; the training steps of this file were left unconverted",
             blocks_file=True, in_training_only=True,
             file_reason="a probability clamp rounds to 1 in float16; see the warning",
         ),

@@ -44,6 +44,7 @@ from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.bce_logits import criterion_never_applied
 from ampify.transforms.torch.helper_backwards import helper_refusal_note
 from ampify.transforms.torch.gram_matrix_float32 import plan_float32_grams
+from ampify.transforms.torch.probability_clamps_float32 import plan_float32_clamps
 from ampify.transforms.torch.masked_fill_limits import plan_imported_fill_limits
 from ampify.transforms.torch.statements import short_text
 from ampify.transforms.torch.wrapper_steps import steps_of_wrapper_methods
@@ -100,6 +101,9 @@ class BackendRules:
     #: the code reporting a Gram matrix function of another module rewritten to float32
     #: (gram_matrix_float32.py); "" where the backend does not rewrite them
     float32_gram_matrix: str = ""
+    #: the code reporting probability clamps of another module rewritten to clamp float32 copies
+    #: (probability_clamps_float32.py); "" where the backend does not rewrite them
+    float32_probability_clamp: str = ""
     #: the backend patches torch's functions (apex O1): casts are switched off by `amp.disable_casts()`
     patches_functions: bool = False
 
@@ -490,29 +494,46 @@ class TorchConversion(abc.ABC):
     def _report_probability_clamps(self, has_training: bool) -> bool:
         """`p = torch.clamp(p, 1e-4, 1.0 - 1e-4)` before `log(1 - p)` in this file or the model code it
         imports (yhenon/pytorch-retinanet's focal loss): the bound rounds to 1 in the converted dtype,
-        the loss turns inf or NaN. The file is left unconverted. True when blocked."""
+        the loss turns inf or NaN. The imported modules are rewritten to clamp float32 copies, as
+        companions of this file's change (probability_clamps_float32.py); this file's own clamps
+        block it here and are rewritten by normalize.py, which converts it again. True when blocked."""
         rule = self.rules.hazards.get(HazardKind.PROBABILITY_CLAMP)
         if not has_training or rule is None:
             return False
         dtype = "float16" if self.scaling_is_float16() else "bfloat16"
-        if self.project is not None:
-            clamps = list(self.project.probability_clamps_imported())
-        elif (b"clamp" in self.source or b"clip" in self.source) and _LOG_OF_COMPLEMENT.search(self.source):
-            tree = self._stdlib_tree()
-            if tree is None:
-                return False
-            clamps = [(f"line {line}", text, eps) for line, text, eps in probability_clamps(tree)]
-        else:
-            return False
+        clamps = []
+        if (b"clamp" in self.source or b"clip" in self.source) and _LOG_OF_COMPLEMENT.search(self.source):
+            # the module converted, which normalize.py may have given float32 clamps, not the file's bytes
+            try:
+                tree = ast.parse(self.structure.module.code)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                tree = None
+            if tree is not None:
+                clamps = [(f"line {line}", text, eps) for line, text, eps in probability_clamps(tree)]
         clamps = [c for c in clamps if c[2] <= ROUNDS_TO_ONE[dtype]]
+        imported = [c for c in (self.project.probability_clamps_imported() if self.project is not None else [])
+                    if c[2] <= ROUNDS_TO_ONE[dtype]]
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        refused = ""
+        if imported and self.rules.float32_probability_clamp:
+            companions, notes, why = plan_float32_clamps(self.project, self.display, self.rules.float32_probability_clamp,
+                                                         ROUNDS_TO_ONE[dtype])
+            if why is None:
+                self.companions.extend(companions)
+                self.companion_notes += [(self.rules.float32_probability_clamp, note + "; written together with this "
+                                          "file, as one change set", node) for note in notes]
+                imported = []
+            else:
+                refused = f"; ampify did not rewrite it: {why}"
+        clamps += imported
         if not clamps:
             return False
         shown = "; ".join(f"{where} {text}" for where, text, _ in clamps[:3]) + (
             f"; and {len(clamps) - 3} more" if len(clamps) > 3 else "")
         consequence = ("GradScaler skips every such step" if self.scaling_is_float16()
                        else "with no loss scaling the NaN reaches the weights")
-        node = self.structure.backwards[0].call if self.structure.backwards else None
-        self.warn(rule.code, rule.message.format(detail=shown, dtype=dtype, consequence=consequence), node)
+        self.warn(rule.code, rule.message.format(detail=shown, dtype=dtype, consequence=consequence, refused=refused),
+                  node)
         if not self.blocked_reason and rule.file_reason:
             self.blocked_reason = rule.file_reason
         return True

@@ -113,6 +113,7 @@ NATIVE_RULES = BackendRules(
         "on {module} or on the repository",
     ),
     blocked_reason="mixed precision would break this file; see the warnings",
+    float32_probability_clamp="AMP246",
     float32_gram_matrix="AMP245",
     hazards={
         HazardKind.BCE: HazardRule(
@@ -187,7 +188,7 @@ NATIVE_RULES = BackendRules(
             "{detail}: under autocast the probability arrives in {dtype} and the clamp keeps that dtype, where "
             "its upper bound rounds to 1: a confident output stays 1, `log(1 - p)` is -inf and `0 * -inf` NaN, "
             "so the loss is inf or NaN ({consequence}); clamp a float32 copy (`torch.clamp(p.float(), ...)`) "
-            "there, then rerun ampify; the training steps of this file were left unconverted",
+            "there{refused}; the training steps of this file were left unconverted",
             blocks_file=True, in_training_only=True,
             file_reason="a probability clamp rounds to 1 in reduced precision; see the warning",
         ),

@@ -27,6 +27,7 @@ from ampify.transforms.torch.bce_functional import fuse_functional_bce, fuse_imp
 from ampify.transforms.torch.bce_in_step import fuse_sigmoid_in_step
 from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid, fuse_imported_sigmoid_model
 from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_fills
+from ampify.transforms.torch.probability_clamps_float32 import Float32Clamps, float32_clamps
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.module_names import names_in
@@ -222,6 +223,14 @@ def converted_in_shape(
             if not any(f.code in _FILL_REFUSALS for f in limited_result.findings) and limited_result.verdict in (
                     Verdict.CONVERTED, Verdict.NOTHING_TO_DO):
                 return _with_fill_limits(module, limited, limited_result)
+    clamp_code = next((_CLAMP_REFUSALS[f.code] for f in result.findings if f.code in _CLAMP_REFUSALS), None)
+    if imports is not None and clamp_code is not None:
+        clamps = float32_clamps(module)
+        if clamps is not None and clamps.rewritten and not clamps.left:
+            clamped_result = converted_in_shape(clamps.module, convert, imports, context)
+            if not any(f.code in _CLAMP_REFUSALS for f in clamped_result.findings) and (
+                    clamped_result.verdict is Verdict.CONVERTED):
+                return _with_float32_clamps(module, clamps, clamp_code, clamped_result)
     if imports is not None and any(f.code in _BCE_REFUSALS for f in result.findings):
         # only files the BCE hazard stopped pay for the attempt
         project = context.project if context is not None else None
@@ -262,6 +271,9 @@ def _with_note_on_bce(findings, note: str):
 
 #: the masked_fill overflow warnings of the two backends
 _FILL_REFUSALS = ("AMP213", "AMP313")
+
+#: the probability clamp warnings of the two backends -> the code reporting the clamps rewritten
+_CLAMP_REFUSALS = {"AMP244": "AMP246", "AMP337": "AMP339"}
 
 #: the BCE warnings of the two backends
 _BCE_REFUSALS = ("AMP210", "AMP310")
@@ -314,6 +326,16 @@ def _with_fusion(original: cst.Module, fused: cst.Module, fusion, result: Transf
         f"{description}{where}",
         fusion.criterion_line, 0, Severity.INFO,
     ))
+    result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
+    return result
+
+
+def _with_float32_clamps(original: cst.Module, clamps: Float32Clamps, code: str,
+                         result: TransformResult) -> TransformResult:
+    """The module converted after its own probability clamps took float32 copies."""
+    lines = LineMap(original.code, clamps.module.code)
+    findings = [replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings]
+    findings.append(Finding(code, clamps.describe(), clamps.rewritten[0][0], 0, Severity.INFO))
     result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
     return result
 
