@@ -1309,13 +1309,27 @@ class ProjectView:
 
     def unsafe_autograd_functions(self) -> List[str]:
         """"op/conv2d_gradfix.py:134 Conv2d: its backward() runs ..." for the custom autograd
-        Functions of this module and of the project modules it imports (directly or through each
-        other) that fail or compute wrong values under autocast (autograd_functions.py)."""
+        Functions of the project modules this module imports (directly or through each other) that
+        fail or compute wrong values under autocast (autograd_functions.py)."""
         found = []
-        for path in [self.path.resolve(), *self.index.imported_closure(self.path)]:
+        own = self.path.resolve()
+        for path in self.index.imported_closure(self.path):
             outline = self.index.outline(path)
-            if outline is not None:
+            if outline is not None and path != own:
                 found += [f"{self.where(path, line)} {name}: {why}" for line, name, why in outline.unsafe_autograd_functions]
+        return found
+
+    def unsafe_autograd_function_modules(self) -> List[Tuple[str, str, Tuple[str, ...], bool]]:
+        """(key, display, the Functions' class names, the module trains) for each project module this
+        module imports with Functions of unsafe_autograd_functions(), to decorate there."""
+        found = []
+        own = self.path.resolve()
+        for path in self.index.imported_closure(self.path):
+            outline = self.index.outline(path)
+            if outline is not None and path != own and outline.unsafe_autograd_functions:
+                found.append((str(path), self.where(path, 0).rsplit(":", 1)[0],
+                              tuple(dict.fromkeys(name for _, name, _ in outline.unsafe_autograd_functions)),
+                              outline.trains))
         return found
 
     def gradient_dropping_functions(self) -> List[str]:

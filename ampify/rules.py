@@ -324,6 +324,15 @@ RULES: List[Rule] = [
          "one change set).",
          "classification = torch.clamp(classification, 1e-4, 1.0 - 1e-4)\n"
          "  -> classification = torch.clamp(classification.float(), 1e-4, 1.0 - 1e-4)", REVIEW),
+    Rule("AMP247", "info", "a custom autograd Function that breaks under autocast runs in float32: `torch.amp.custom_fwd(device_type=\"cuda\", cast_inputs=torch.float32)` on forward(), `torch.amp.custom_bwd(device_type=\"cuda\")` on backward()",
+         "PyTorch's AMP documentation gives these decorators for Functions that need float32 (AMP241: a backward() "
+         "mixing the float16 gradient with saved float32 tensors, a compiled extension written for float32). Under "
+         "CUDA autocast the Function then computes in float32, as in the fp32 script; outside autocast the "
+         "decorators do nothing. In the training file itself, or in model code it imports (written with it as one "
+         "change set); not on apex, whose O1 ignores them, nor for an autocast region on the CPU.",
+         "    @staticmethod\n    def forward(ctx, indices, values, shape, b):\n  -> @staticmethod\n"
+         "     @torch.amp.custom_fwd(device_type=\"cuda\", cast_inputs=torch.float32)\n"
+         "     def forward(ctx, indices, values, shape, b):", REVIEW),
     Rule("AMP236", "info", "ShardedGradScaler for a FullyShardedDataParallel model",
          "A file that wraps its model in FullyShardedDataParallel (FSDP1) gets "
          "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler, imported, in place of torch.amp.GradScaler: "

@@ -95,8 +95,12 @@ class ProjectFacts(Protocol):
 
     def unsafe_autograd_functions(self) -> Sequence[str]:
         """"op/conv2d_gradfix.py:134 Conv2d: its backward() runs ..." for the custom autograd
-        Functions of this module and of the project modules it imports that fail or compute wrong
-        values under autocast."""
+        Functions of the project modules this module imports that fail or compute wrong values
+        under autocast."""
+
+    def unsafe_autograd_function_modules(self) -> Sequence[Tuple[str, str, Tuple[str, ...], bool]]:
+        """(key, display, class names, the module trains) for each project module this module imports
+        with custom autograd Functions that break under autocast."""
 
     def float16_overflow_modules(self) -> Sequence[Tuple[str, str, bool]]:
         """(key, display, has a training step of its own) of the project modules this module

@@ -159,7 +159,7 @@ APEX_RULES = BackendRules(
             "{detail}: apex O1 casts the torch functions a custom autograd Function's forward() calls, but not its "
             "backward() nor compiled code; keep it in float32 by hand (apex's `amp.float_function` on the function "
             "that calls its apply) and convert this file by hand, or use the native backend after decorating it "
-            "with torch.amp.custom_fwd(cast_inputs=torch.float32); the training steps of this file were left "
+            "with torch.amp.custom_fwd(cast_inputs=torch.float32){refused}; the training steps of this file were left "
             "unconverted",
             blocks_file=True, in_training_only=True,
             file_reason="a custom autograd Function breaks under apex O1; see the warning",

@@ -43,6 +43,7 @@ from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.bce_logits import criterion_never_applied
 from ampify.transforms.torch.helper_backwards import helper_refusal_note
+from ampify.transforms.torch.autograd_functions_float32 import plan_float32_functions
 from ampify.transforms.torch.gram_matrix_float32 import plan_float32_grams
 from ampify.transforms.torch.probability_clamps_float32 import plan_float32_clamps
 from ampify.transforms.torch.masked_fill_limits import plan_imported_fill_limits
@@ -104,6 +105,9 @@ class BackendRules:
     #: the code reporting probability clamps of another module rewritten to clamp float32 copies
     #: (probability_clamps_float32.py); "" where the backend does not rewrite them
     float32_probability_clamp: str = ""
+    #: the code reporting custom autograd Functions of another module decorated to run in float32
+    #: (autograd_functions_float32.py); "" where the backend does not decorate them
+    float32_autograd_function: str = ""
     #: the backend patches torch's functions (apex O1): casts are switched off by `amp.disable_casts()`
     patches_functions: bool = False
 
@@ -605,24 +609,41 @@ class TorchConversion(abc.ABC):
     def _report_unsafe_autograd_functions(self, has_training: bool) -> bool:
         """A custom autograd Function in this module or the model code it imports that breaks under
         autocast / apex O1 (its backward() mixes the float16 gradient with float32 tensors, or it
-        runs a compiled extension): the file's training is left unconverted, naming each Function."""
+        runs a compiled extension). On the native backend the imported modules' Functions are
+        decorated to run in float32, as companions of this file's change
+        (autograd_functions_float32.py); this file's own block it here and are decorated by
+        normalize.py, which converts it again. Otherwise the file's training is left unconverted,
+        naming each Function. True when blocked."""
         if not has_training:
             return False
-        if self.project is not None:
-            found = list(self.project.unsafe_autograd_functions())
-        elif b"Function" in self.source:
-            tree = self._stdlib_tree()
-            if tree is None:
-                return False
-            found = [f"line {line} {name}: {why}" for line, name, why in unsafe_autograd_functions(tree)]
-        else:
-            return False
+        found = []
+        if b"Function" in self.source:
+            # the module converted, which normalize.py may have decorated, not the file's bytes
+            try:
+                tree = ast.parse(self.structure.module.code)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                tree = None
+            if tree is not None:
+                found = [f"line {line} {name}: {why}" for line, name, why in unsafe_autograd_functions(tree)]
+        imported = list(self.project.unsafe_autograd_functions()) if self.project is not None else []
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        refused = ""
+        if imported and self.rules.float32_autograd_function:
+            companions, notes, why = plan_float32_functions(self.project, self.display,
+                                                            self.rules.float32_autograd_function)
+            if why is None:
+                self.companions.extend(companions)
+                self.companion_notes += [(self.rules.float32_autograd_function, note + "; written together with this "
+                                          "file, as one change set", node) for note in notes]
+                imported = []
+            else:
+                refused = f"; ampify did not decorate them: {why}"
+        found += imported
         if not found:
             return False
         rule = self.rules.hazards[HazardKind.AUTOGRAD_FUNCTION]
         shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
-        node = self.structure.backwards[0].call if self.structure.backwards else None
-        self.warn(rule.code, rule.message.format(detail=shown), node)
+        self.warn(rule.code, rule.message.format(detail=shown, refused=refused), node)
         if not self.blocked_reason and rule.file_reason:
             self.blocked_reason = rule.file_reason
         return True

@@ -132,9 +132,18 @@ MIXED_PRECISION_PREFIXES = (
 _MIXED_PRECISION_PARENTS = tuple(prefix + "." for prefix in MIXED_PRECISION_PREFIXES)
 
 
+#: decorators that keep a custom autograd Function in float32 under autocast
+#: (autograd_functions_float32.py writes them): no use of mixed precision by the training code
+FUNCTION_PRECISION_DECORATORS = frozenset(
+    f"{module}.{name}" for module in ("torch.amp", "torch.cuda.amp", "torch.amp.autocast_mode", "torch.cuda.amp.autocast_mode")
+    for name in ("custom_fwd", "custom_bwd"))
+
+
 def is_mixed_precision(qualified: str) -> bool:
-    """Is this qualified name one of MIXED_PRECISION_PREFIXES or under one?"""
-    return qualified in MIXED_PRECISION_PREFIXES or qualified.startswith(_MIXED_PRECISION_PARENTS)
+    """Is this qualified name one of MIXED_PRECISION_PREFIXES or under one (the decorators that keep
+    a custom autograd Function in float32 aside)?"""
+    return (qualified in MIXED_PRECISION_PREFIXES or qualified.startswith(_MIXED_PRECISION_PARENTS)) \
+        and qualified not in FUNCTION_PRECISION_DECORATORS
 
 #: frameworks that own the training loop and their own mixed precision switch
 LOOP_OWNING_FRAMEWORKS = {

@@ -114,6 +114,7 @@ NATIVE_RULES = BackendRules(
     ),
     blocked_reason="mixed precision would break this file; see the warnings",
     float32_probability_clamp="AMP246",
+    float32_autograd_function="AMP247",
     float32_gram_matrix="AMP245",
     hazards={
         HazardKind.BCE: HazardRule(
@@ -163,7 +164,7 @@ NATIVE_RULES = BackendRules(
             "{detail}: autocast casts the ops a custom autograd Function's forward() runs, but not its backward() "
             "nor compiled code; decorate its forward() with `@torch.amp.custom_fwd(device_type=\"cuda\", "
             "cast_inputs=torch.float32)` and its backward() with `@torch.amp.custom_bwd(device_type=\"cuda\")` "
-            "(it then runs in float32), then rerun ampify; the training steps of this file were left unconverted",
+            "(it then runs in float32){refused}; the training steps of this file were left unconverted",
             blocks_file=True, in_training_only=True,
             file_reason="a custom autograd Function breaks under autocast; see the warning",
         ),

@@ -16,6 +16,8 @@ findings' line numbers back to the lines of the file as it was.
 
 from __future__ import annotations
 
+import ast
+
 from dataclasses import replace
 from typing import Callable, List, Optional, Set, Union
 
@@ -28,6 +30,8 @@ from ampify.transforms.torch.bce_in_step import fuse_sigmoid_in_step
 from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid, fuse_imported_sigmoid_model
 from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_fills
 from ampify.transforms.torch.probability_clamps_float32 import Float32Clamps, float32_clamps
+from ampify.transforms.torch.autograd_functions import unsafe_autograd_functions
+from ampify.transforms.torch.autograd_functions_float32 import Float32Functions, float32_functions
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.module_names import names_in
@@ -231,6 +235,14 @@ def converted_in_shape(
             if not any(f.code in _CLAMP_REFUSALS for f in clamped_result.findings) and (
                     clamped_result.verdict is Verdict.CONVERTED):
                 return _with_float32_clamps(module, clamps, clamp_code, clamped_result)
+    if imports is not None and any(f.code in _FUNCTION_REFUSALS for f in result.findings):
+        names = _own_unsafe_function_names(module)
+        functions = float32_functions(module, names)[0] if names else None
+        if functions is not None:
+            decorated_result = converted_in_shape(functions.module, convert, imports, context)
+            if not any(f.code in _FUNCTION_REFUSALS for f in decorated_result.findings) and (
+                    decorated_result.verdict is Verdict.CONVERTED):
+                return _with_float32_functions(module, functions, decorated_result)
     if imports is not None and any(f.code in _BCE_REFUSALS for f in result.findings):
         # only files the BCE hazard stopped pay for the attempt
         project = context.project if context is not None else None
@@ -274,6 +286,10 @@ _FILL_REFUSALS = ("AMP213", "AMP313")
 
 #: the probability clamp warnings of the two backends -> the code reporting the clamps rewritten
 _CLAMP_REFUSALS = {"AMP244": "AMP246", "AMP337": "AMP339"}
+
+#: the native warning on custom autograd Functions that break under autocast (apex O1 ignores the
+#: decorators that fix them)
+_FUNCTION_REFUSALS = ("AMP241",)
 
 #: the BCE warnings of the two backends
 _BCE_REFUSALS = ("AMP210", "AMP310")
@@ -336,6 +352,26 @@ def _with_float32_clamps(original: cst.Module, clamps: Float32Clamps, code: str,
     lines = LineMap(original.code, clamps.module.code)
     findings = [replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings]
     findings.append(Finding(code, clamps.describe(), clamps.rewritten[0][0], 0, Severity.INFO))
+    result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
+    return result
+
+
+def _own_unsafe_function_names(module: cst.Module) -> List[str]:
+    """The class names of the module's own Functions that break under autocast (autograd_functions.py)."""
+    try:
+        tree = ast.parse(module.code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    return list(dict.fromkeys(name for _, name, _ in unsafe_autograd_functions(tree)))
+
+
+def _with_float32_functions(original: cst.Module, functions: Float32Functions,
+                            result: TransformResult) -> TransformResult:
+    """The module converted after its own custom autograd Functions were decorated to run in float32."""
+    lines = LineMap(original.code, functions.module.code)
+    findings = [replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings]
+    name, line = functions.decorated[0]
+    findings.append(Finding("AMP247", functions.describe(), lines.original_line(line), 0, Severity.INFO))
     result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
     return result
 

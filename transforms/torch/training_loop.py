@@ -833,8 +833,10 @@ class _Collector(cst.CSTVisitor):
     def leave_ImportFrom(self, node: cst.ImportFrom) -> None:
         self.in_import = False
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
+    def visit_Attribute(self, node: cst.Attribute) -> Optional[bool]:
         qualified = self.imports.resolve(node)
+        if qualified in names.FUNCTION_PRECISION_DECORATORS:
+            return False  # `torch.amp.custom_fwd` keeps a Function in float32: not even its `torch.amp` is a use
         if qualified is None:
             if node.attr.value == "grad":
                 self.structure.grad_reads.append(GradRead(node, self._current_statement(node), self.scope))

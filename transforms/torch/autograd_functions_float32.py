@@ -1,0 +1,172 @@
+"""Custom autograd Functions that break under autocast, made to run in float32 (PyTorch's recipe).
+
+A Function whose backward() mixes the float16 gradient with the float32 tensors it saved, or whose
+forward() runs a compiled extension written for float32 (autograd_functions.py, AMP241), gets the
+decorators PyTorch's AMP documentation gives for exactly this case:
+
+    class SpecialSpmmFunction(torch.autograd.Function):
+        @staticmethod
+        @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)
+        def forward(ctx, indices, values, shape, b):
+            ...
+
+        @staticmethod
+        @torch.amp.custom_bwd(device_type="cuda")
+        def backward(ctx, grad_output):
+            ...
+
+Under CUDA autocast, custom_fwd casts the floating-point CUDA tensors forward() receives to float32
+and runs it with autocast off; custom_bwd runs backward() with the same autocast state: the Function
+computes in float32, as in the fp32 script, and outside autocast both decorators do nothing. The
+decorators name CUDA: these Functions (compiled CUDA extensions, fused kernels) run on the GPU, and
+an autocast region on the CPU is not covered (the conversion says so).
+
+Only a Function whose forward() (and backward(), when it has one) is a `@staticmethod` of a class
+with a name no other class of the module has is decorated; autograd_functions.py does not count a
+Function whose forward() has custom_fwd, so a second run changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import libcst as cst
+
+from ampify.findings import Finding, Severity
+from ampify.transforms.base import CompanionChange
+from ampify.transforms.kit.positions import Positions
+from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
+
+
+@dataclass
+class Float32Functions:
+    """The module with its Functions decorated, and (class name, line) of each."""
+
+    module: cst.Module
+    decorated: List[Tuple[str, int]] = field(default_factory=list)
+
+    def describe(self, where: str = "") -> str:
+        place = f"{where}: " if where else ""
+        shown = ", ".join(f"{name} (line {line})" for name, line in self.decorated)
+        many = len(self.decorated) != 1
+        return (f"{place}the custom autograd Function{'s' if many else ''} {shown} now run{'' if many else 's'} in "
+                "float32 under CUDA autocast: forward() decorated with `torch.amp.custom_fwd(device_type=\"cuda\", "
+                "cast_inputs=torch.float32)`, backward() with `torch.amp.custom_bwd(device_type=\"cuda\")`")
+
+
+def float32_functions(module: cst.Module, names: Sequence[str]) -> Tuple[Optional[Float32Functions], Optional[str]]:
+    """Decorate the Functions `names` (classes of `module`) to run in float32. Returns (the
+    result, None); (None, None) when every one is decorated already; (None, the reason) when one
+    cannot be."""
+    collector = _Classes()
+    module.visit(collector)
+    torch_names = module_level_aliases(module, "torch")
+    torch_name = "torch" if "torch" in torch_names else (sorted(torch_names)[0] if torch_names else "torch")
+    positions = Positions(module)
+    replacements: Dict[int, cst.ClassDef] = {}
+    decorated: List[Tuple[str, int]] = []
+    for name in dict.fromkeys(names):
+        found = collector.classes.get(name, [])
+        if len(found) != 1:
+            return None, (f"{len(found)} classes are named {name}, so ampify cannot tell which to decorate" if found
+                          else f"class {name} is not found")
+        klass = found[0]
+        methods = {item.name.value: item for item in klass.body.body if isinstance(item, cst.FunctionDef)} \
+            if isinstance(klass.body, cst.IndentedBlock) else {}
+        forward, backward = methods.get("forward"), methods.get("backward")
+        if forward is None:
+            return None, f"{name} has no forward() of its own"
+        if _has_decorator(forward, "custom_fwd"):
+            continue
+        for method in (forward, backward):
+            if method is not None and not _has_decorator(method, "staticmethod"):
+                return None, (f"{name}.{method.name.value}() is no @staticmethod (a legacy Function), which "
+                              "torch.amp.custom_fwd / custom_bwd do not decorate")
+        if backward is not None and _has_decorator(backward, "custom_bwd"):
+            return None, f"{name}.backward() has custom_bwd but its forward() no custom_fwd"
+        new_methods = {
+            id(forward): _decorated(forward, f'{torch_name}.amp.custom_fwd(device_type="cuda", '
+                                             f'cast_inputs={torch_name}.float32)', module)}
+        if backward is not None:
+            new_methods[id(backward)] = _decorated(backward, f'{torch_name}.amp.custom_bwd(device_type="cuda")', module)
+        body = [new_methods.get(id(item), item) for item in klass.body.body]
+        replacements[id(klass)] = klass.with_changes(body=klass.body.with_changes(body=body))
+        decorated.append((name, positions[klass.name].start.line))
+    if not replacements:
+        return None, None
+    new = module.visit(_Replace(replacements))
+    if not torch_names:
+        new = add_import_torch(new)
+    return Float32Functions(new, sorted(decorated, key=lambda item: item[1])), None
+
+
+def _has_decorator(function: cst.FunctionDef, last_name: str) -> bool:
+    for decorator in function.decorators:
+        target = decorator.decorator.func if isinstance(decorator.decorator, cst.Call) else decorator.decorator
+        name = target.attr.value if isinstance(target, cst.Attribute) else target.value if isinstance(
+            target, cst.Name) else ""
+        if name == last_name:
+            return True
+    return False
+
+
+def _decorated(function: cst.FunctionDef, decorator: str, module: cst.Module) -> cst.FunctionDef:
+    """`function` with `@decorator` right above its `def` (below @staticmethod)."""
+    expression = cst.parse_expression(decorator, config=module.config_for_parsing)
+    return function.with_changes(decorators=[*function.decorators, cst.Decorator(decorator=expression)])
+
+
+class _Classes(cst.CSTVisitor):
+    """Every class of the module, also nested in functions (conv2d_gradfix builds its Functions
+    in a cached function), by name."""
+
+    def __init__(self) -> None:
+        self.classes: Dict[str, List[cst.ClassDef]] = {}
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.setdefault(node.name.value, []).append(node)
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, replacements: Dict[int, cst.ClassDef]) -> None:
+        self.replacements = replacements
+
+    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        return self.replacements.get(id(original_node), updated_node)
+
+
+def plan_float32_functions(project, here: str, code: str) -> Tuple[List[CompanionChange], List[str], Optional[str]]:
+    """The training module `here` imports model code with custom autograd Functions that break
+    under autocast: each such module gets them decorated, as companions of this module's change
+    (one change set). Returns (companions, one line per module for this module's report, None), or
+    ([], [], the reason it cannot be done)."""
+    companions: List[CompanionChange] = []
+    notes: List[str] = []
+    for key, display, names, trains in project.unsafe_autograd_function_modules():
+        if trains:
+            return [], [], (f"{display} has a training step of its own: convert it first (ampify {display}), then "
+                            "rerun ampify on this file")
+        if not project.in_this_run(key):
+            return [], [], (f"{display} is not in this run: run ampify on both files or on the repository, and ampify "
+                            "decorates them there")
+        source = project.source_of(key)
+        if source is None:
+            return [], [], f"{display} cannot be read"
+        try:
+            module = cst.parse_module(source)
+        except Exception as error:
+            return [], [], f"{display} does not parse ({type(error).__name__})"
+        functions, refused = float32_functions(module, names)
+        if refused is not None:
+            return [], [], f"in {display}, {refused}"
+        if functions is None:
+            continue  # decorated already, by the change set of another training file of this run
+        companions.append(CompanionChange(
+            key=key, display=display, old=source, new=functions.module.bytes,
+            findings=[Finding(code, functions.describe(), functions.decorated[0][1], 0, Severity.INFO)],
+            reason=f"changed with {here}: its custom autograd Functions run in float32 under autocast, so that the "
+                   "float16 training step of that file runs them as written",
+        ))
+        notes.append(functions.describe(display))
+    return companions, notes, None
