@@ -501,12 +501,6 @@ RULES: List[Rule] = [
          "As AMP244, under O1: the sigmoid's output is float16, the clamp's bound 1 - eps rounds to 1, log(1 - p) "
          "is -inf and the loss inf or NaN.", "classification = torch.clamp(classification, 1e-4, 1.0 - 1e-4)",
          MANUAL, incomplete=True),
-    Rule("AMP338", "info", "apex: a Gram matrix function of a module the training file calls computes in float32: `with amp.disable_casts():` on a float32 copy of the feature map",
-         "As AMP245, under O1: apex's `disable_casts()` makes its patched functions leave their arguments alone, and "
-         "the float32 copy does the rest; written with the training file as one change set.",
-         "def gram_matrix(y):\n    (b, ch, h, w) = y.size()\n  -> def gram_matrix(y):\n"
-         "         with amp.disable_casts():\n             y = y.float()\n             (b, ch, h, w) = y.size()",
-         REVIEW),
     Rule("AMP339", "info", "apex: a probability clamp `clamp(p, lo, 1 - eps)` before `log(1 - p)` now clamps a float32 copy",
          "As AMP246, under O1: apex does not patch clamp, so the float32 copy keeps the bound and the log runs in "
          "float32.", "classification = torch.clamp(classification, 1e-4, 1.0 - 1e-4)\n"

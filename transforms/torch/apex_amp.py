@@ -88,8 +88,6 @@ APEX_RULES = BackendRules(
     ),
     blocked_reason="apex amp would raise on this script (see the warnings)",
     float32_probability_clamp="AMP339",
-    float32_gram_matrix="AMP338",
-    patches_functions=True,
     hazards={
         HazardKind.BCE: HazardRule(
             "AMP310",

@@ -108,8 +108,6 @@ class BackendRules:
     #: the code reporting custom autograd Functions of another module decorated to run in float32
     #: (autograd_functions_float32.py); "" where the backend does not decorate them
     float32_autograd_function: str = ""
-    #: the backend patches torch's functions (apex O1): casts are switched off by `amp.disable_casts()`
-    patches_functions: bool = False
 
 
 _NO_TORCH_IMPORT = (
@@ -558,8 +556,7 @@ class TorchConversion(abc.ABC):
         node = self.structure.backwards[0].call if self.structure.backwards else None
         refused = ""
         if self.rules.float32_gram_matrix:
-            companions, notes, why = plan_float32_grams(project, self.display, self.rules.float32_gram_matrix,
-                                                        self.rules.patches_functions)
+            companions, notes, why = plan_float32_grams(project, self.display, self.rules.float32_gram_matrix)
             if why is None:
                 self.companions.extend(companions)
                 self.companion_notes += [(self.rules.float32_gram_matrix, note + "; written together with this file, "

@@ -23,9 +23,9 @@ companion edit of that module:
 
 With autocast off inside the function, and the feature map a float32 copy, every operation in it
 runs in float32, exactly as in the fp32 script; the caller's autocast region resumes on return
-(mse_loss, which the style loss feeds, runs in float32 under autocast anyway). apex O1 patches
-torch's functions instead: `with amp.disable_casts():` (apex.amp.handle) makes them leave their
-arguments alone, and the float32 copy does the rest.
+(mse_loss, which the style loss feeds, runs in float32 under autocast anyway). Not on apex: its
+`amp.disable_casts()` would do the same under O1, but raises in any script that calls the function
+before `amp.initialize` (the handle it switches off does not exist yet), so apex keeps AMP330.
 
 Only a module-level function whose one required parameter is the feature map (others, if any,
 have defaults) is rewritten: a Gram matrix of two tensors, a method, a generator or `*args` is
@@ -46,7 +46,7 @@ from ampify.findings import Finding, Severity
 from ampify.transforms.base import CompanionChange
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
-from ampify.transforms.torch.torch_import import add_import_torch, last_leading_import, module_level_aliases
+from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
 
 
 @dataclass
@@ -55,18 +55,17 @@ class Float32Grams:
 
     module: cst.Module
     rewritten: List[Tuple[str, int]] = field(default_factory=list)
-    apex: bool = False
 
     def describe(self, where: str = "") -> str:
         shown = ", ".join(f"{name}() (line {line})" for name, line in self.rewritten)
         place = f"{where}: " if where else ""
-        off = "apex's casts off inside (amp.disable_casts())" if self.apex else "autocast off inside"
         return (f"{place}{shown} now compute{'s' if len(self.rewritten) == 1 else ''} the Gram matrix in float32 "
-                f"({off}, on a float32 copy of the feature map), so that the float16 style loss stays finite")
+                "(autocast off inside, on a float32 copy of the feature map), so that the float16 style loss stays "
+                "finite")
 
 
-def float32_gram_functions(module: cst.Module, functions: Sequence[str],
-                           apex: bool = False) -> Tuple[Optional[Float32Grams], Optional[str]]:
+def float32_gram_functions(module: cst.Module,
+                           functions: Sequence[str]) -> Tuple[Optional[Float32Grams], Optional[str]]:
     """Rewrite each module-level function named in `functions` (each computes a Gram matrix) to
     compute in float32. Returns (the result, None); (None, None) when there is nothing to rewrite;
     (None, the reason) when one of them cannot be rewritten safely."""
@@ -84,29 +83,19 @@ def float32_gram_functions(module: cst.Module, functions: Sequence[str],
     if not definitions:
         return None, None
     positions = Positions(module)
-    amp_name = _apex_amp_alias(module) if apex else None
     torch_names = module_level_aliases(module, "torch")
     torch_name = "torch" if "torch" in torch_names else (sorted(torch_names)[0] if torch_names else None)
     rewritten: List[Tuple[str, int]] = []
     replacements = {}
     for name, function in definitions.items():
         parameter = _feature_map_parameter(function)
-        if apex:
-            context = f"{amp_name or 'amp'}.disable_casts()"
-        else:
-            context = f"{torch_name or 'torch'}.autocast(device_type={parameter}.device.type, enabled=False)"
+        context = f"{torch_name or 'torch'}.autocast(device_type={parameter}.device.type, enabled=False)"
         replacements[id(function)] = _wrapped(function, context, parameter, module)
         rewritten.append((name, positions[function].start.line))
     new = module.visit(_Replace(replacements))
-    if apex and amp_name is None:
-        anchor = last_leading_import(new)
-        statement = cst.parse_statement("from apex import amp\n", config=new.config_for_parsing)
-        body = list(new.body)
-        index = body.index(anchor) + 1 if anchor is not None else 0
-        new = new.with_changes(body=body[:index] + [statement] + body[index:])
-    elif not apex and torch_name is None:
+    if torch_name is None:
         new = add_import_torch(new)
-    return Float32Grams(new, sorted(rewritten, key=lambda item: item[1]), apex), None
+    return Float32Grams(new, sorted(rewritten, key=lambda item: item[1])), None
 
 
 def _computes_in_reduced_precision(function: cst.FunctionDef, module: cst.Module) -> bool:
@@ -173,22 +162,6 @@ def _wrapped(function: cst.FunctionDef, context: str, parameter: str, module: cs
     return function.with_changes(body=function.body.with_changes(body=[*docstring, block]))
 
 
-def _apex_amp_alias(module: cst.Module) -> Optional[str]:
-    """The module-level name `from apex import amp` binds, if the module has that import."""
-    for statement in module.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if (isinstance(small, cst.ImportFrom) and isinstance(small.module, cst.Name)
-                    and small.module.value == "apex" and not isinstance(small.names, cst.ImportStar)):
-                for alias in small.names:
-                    if isinstance(alias.name, cst.Name) and alias.name.value == "amp":
-                        if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                            return alias.asname.name.value
-                        return "amp"
-    return None
-
-
 class _Replace(cst.CSTTransformer):
     def __init__(self, replacements) -> None:
         self.replacements = replacements
@@ -203,8 +176,7 @@ class _Replace(cst.CSTTransformer):
         return self.replacements.get(id(original_node), updated_node)
 
 
-def plan_float32_grams(project, here: str, code: str, apex: bool = False
-                       ) -> Tuple[List[CompanionChange], List[str], Optional[str]]:
+def plan_float32_grams(project, here: str, code: str) -> Tuple[List[CompanionChange], List[str], Optional[str]]:
     """The training module `here` calls Gram matrix functions of other project modules: each such
     module gets them rewritten to float32, as companions of this module's change (one change set).
     Returns (companions, one line per module for this module's report, None), or ([], [], the
@@ -225,7 +197,7 @@ def plan_float32_grams(project, here: str, code: str, apex: bool = False
             module = cst.parse_module(source)
         except Exception as error:
             return [], [], f"{display} does not parse ({type(error).__name__})"
-        rewritten, refused = float32_gram_functions(module, functions, apex)
+        rewritten, refused = float32_gram_functions(module, functions)
         if refused is not None:
             return [], [], f"in {display}, {refused}"
         if rewritten is None:
