@@ -47,7 +47,7 @@ def test_forward_and_backward_get_the_decorators_below_staticmethod():
         "    @staticmethod\n    def backward",
         '    @staticmethod\n    @torch.amp.custom_bwd(device_type="cuda")\n    def backward',
     )
-    assert functions.decorated == [("SpecialSpmm", 4)]
+    assert functions.decorated == [("SpecialSpmm", 4)] and functions.devices == ("cuda",)
     assert float32_functions(functions.module, ["SpecialSpmm"]) == (None, None)
 
 
@@ -157,3 +157,26 @@ def test_the_recipe_on_cpu_the_decorated_function_runs_in_float32_where_the_plai
     assert dtype == torch.float32
     assert torch.allclose(values_grad, reference[0], rtol=1e-2, atol=1e-2)
     assert torch.allclose(weight_grad, reference[1], rtol=1e-2, atol=1e-2)
+
+
+def test_a_converted_script_that_may_pick_the_cpu_runs_there_with_the_cpu_decorators_too(tmp_path):
+    """The golden input custom_function_backward_convolves_the_saved_weight picks
+    `"cuda" if torch.cuda.is_available() else "cpu"`: its Function gets the "cuda" and the "cpu"
+    decorators, and the converted script trains on this CPU under float16 autocast with finite
+    losses; without the decorators its first backward() raises."""
+    torch = pytest.importorskip("torch")
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parent.parent / "fixtures" / "torch_native"
+              / "custom_function_backward_convolves_the_saved_weight.in.py").read_text()
+    conversion = convert_source(source, Options())
+    assert conversion.status is FileStatus.CHANGED, conversion
+    code = conversion.converted.replace("range(100)", "range(2)")
+    assert code.count('device_type="cpu"') == 2 and code.count('device_type="cuda"') == 2
+    code += "\nLOSS = loss.item()\n"
+    namespace = {"__name__": "converted"}
+    exec(compile(code, "<converted>", "exec"), namespace)
+    assert namespace["LOSS"] == namespace["LOSS"] and abs(namespace["LOSS"]) < float("inf")
+    undecorated = "\n".join(line for line in code.splitlines() if "custom_fwd" not in line and "custom_bwd" not in line)
+    with pytest.raises(RuntimeError):
+        exec(compile(undecorated, "<undecorated>", "exec"), {"__name__": "undecorated"})

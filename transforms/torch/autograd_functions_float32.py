@@ -18,8 +18,10 @@ decorators PyTorch's AMP documentation gives for exactly this case:
 Under CUDA autocast, custom_fwd casts the floating-point CUDA tensors forward() receives to float32
 and runs it with autocast off; custom_bwd runs backward() with the same autocast state: the Function
 computes in float32, as in the fp32 script, and outside autocast both decorators do nothing. The
-decorators name CUDA: these Functions (compiled CUDA extensions, fused kernels) run on the GPU, and
-an autocast region on the CPU is not covered (the conversion says so).
+decorators name CUDA; when the training file may run on the CPU too (a "cpu" literal: `torch.device(
+"cuda" if torch.cuda.is_available() else "cpu")`, where its autocast region is the CPU's), a second
+pair for "cpu" follows each (stacked, each acts only under its own device's autocast), so the CPU run
+does not raise where the fp32 script ran.
 
 Only a Function whose forward() (and backward(), when it has one) is a `@staticmethod` of a class
 with a name no other class of the module has is decorated; autograd_functions.py does not count a
@@ -28,6 +30,7 @@ Function whose forward() has custom_fwd, so a second run changes nothing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -39,26 +42,34 @@ from ampify.transforms.kit.positions import Positions
 from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
 
 
+#: a "cpu" string literal: the training file may pick the CPU, where its autocast region is the CPU's
+_CPU_LITERAL = re.compile(r"""["']cpu["']""")
+
+
 @dataclass
 class Float32Functions:
     """The module with its Functions decorated, and (class name, line) of each."""
 
     module: cst.Module
     decorated: List[Tuple[str, int]] = field(default_factory=list)
+    devices: Tuple[str, ...] = ("cuda",)
 
     def describe(self, where: str = "") -> str:
         place = f"{where}: " if where else ""
         shown = ", ".join(f"{name} (line {line})" for name, line in self.decorated)
         many = len(self.decorated) != 1
+        kinds = " and ".join(device.upper() for device in self.devices)
+        types = " and ".join(f'"{device}"' for device in self.devices)
         return (f"{place}the custom autograd Function{'s' if many else ''} {shown} now run{'' if many else 's'} in "
-                "float32 under CUDA autocast: forward() decorated with `torch.amp.custom_fwd(device_type=\"cuda\", "
-                "cast_inputs=torch.float32)`, backward() with `torch.amp.custom_bwd(device_type=\"cuda\")`")
+                f"float32 under {kinds} autocast: forward() decorated with `torch.amp.custom_fwd(device_type=..., "
+                f"cast_inputs=torch.float32)`, backward() with `torch.amp.custom_bwd(device_type=...)`, for {types}")
 
 
-def float32_functions(module: cst.Module, names: Sequence[str]) -> Tuple[Optional[Float32Functions], Optional[str]]:
-    """Decorate the Functions `names` (classes of `module`) to run in float32. Returns (the
-    result, None); (None, None) when every one is decorated already; (None, the reason) when one
-    cannot be."""
+def float32_functions(module: cst.Module, names: Sequence[str],
+                      devices: Tuple[str, ...] = ("cuda",)) -> Tuple[Optional[Float32Functions], Optional[str]]:
+    """Decorate the Functions `names` (classes of `module`) to run in float32 under autocast on
+    `devices`. Returns (the result, None); (None, None) when every one is decorated already;
+    (None, the reason) when one cannot be."""
     collector = _Classes()
     module.visit(collector)
     torch_names = module_level_aliases(module, "torch")
@@ -85,11 +96,12 @@ def float32_functions(module: cst.Module, names: Sequence[str]) -> Tuple[Optiona
                               "torch.amp.custom_fwd / custom_bwd do not decorate")
         if backward is not None and _has_decorator(backward, "custom_bwd"):
             return None, f"{name}.backward() has custom_bwd but its forward() no custom_fwd"
-        new_methods = {
-            id(forward): _decorated(forward, f'{torch_name}.amp.custom_fwd(device_type="cuda", '
-                                             f'cast_inputs={torch_name}.float32)', module)}
+        new_methods = {id(forward): _decorated(forward, [
+            f'{torch_name}.amp.custom_fwd(device_type="{device}", cast_inputs={torch_name}.float32)'
+            for device in devices], module)}
         if backward is not None:
-            new_methods[id(backward)] = _decorated(backward, f'{torch_name}.amp.custom_bwd(device_type="cuda")', module)
+            new_methods[id(backward)] = _decorated(
+                backward, [f'{torch_name}.amp.custom_bwd(device_type="{device}")' for device in devices], module)
         body = [new_methods.get(id(item), item) for item in klass.body.body]
         replacements[id(klass)] = klass.with_changes(body=klass.body.with_changes(body=body))
         decorated.append((name, positions[klass.name].start.line))
@@ -98,7 +110,7 @@ def float32_functions(module: cst.Module, names: Sequence[str]) -> Tuple[Optiona
     new = module.visit(_Replace(replacements))
     if not torch_names:
         new = add_import_torch(new)
-    return Float32Functions(new, sorted(decorated, key=lambda item: item[1])), None
+    return Float32Functions(new, sorted(decorated, key=lambda item: item[1]), tuple(devices)), None
 
 
 def _has_decorator(function: cst.FunctionDef, last_name: str) -> bool:
@@ -111,10 +123,11 @@ def _has_decorator(function: cst.FunctionDef, last_name: str) -> bool:
     return False
 
 
-def _decorated(function: cst.FunctionDef, decorator: str, module: cst.Module) -> cst.FunctionDef:
-    """`function` with `@decorator` right above its `def` (below @staticmethod)."""
-    expression = cst.parse_expression(decorator, config=module.config_for_parsing)
-    return function.with_changes(decorators=[*function.decorators, cst.Decorator(decorator=expression)])
+def _decorated(function: cst.FunctionDef, decorators: List[str], module: cst.Module) -> cst.FunctionDef:
+    """`function` with `@decorator`s right above its `def` (below @staticmethod), in order."""
+    added = [cst.Decorator(decorator=cst.parse_expression(text, config=module.config_for_parsing))
+             for text in decorators]
+    return function.with_changes(decorators=[*function.decorators, *added])
 
 
 class _Classes(cst.CSTVisitor):
@@ -136,7 +149,14 @@ class _Replace(cst.CSTTransformer):
         return self.replacements.get(id(original_node), updated_node)
 
 
-def plan_float32_functions(project, here: str, code: str) -> Tuple[List[CompanionChange], List[str], Optional[str]]:
+def autocast_devices(source: str) -> Tuple[str, ...]:
+    """("cuda", "cpu") when the training source names the CPU in a string literal (it may autocast
+    there), else ("cuda",)."""
+    return ("cuda", "cpu") if _CPU_LITERAL.search(source) else ("cuda",)
+
+
+def plan_float32_functions(project, here: str, code: str,
+                           devices: Tuple[str, ...] = ("cuda",)) -> Tuple[List[CompanionChange], List[str], Optional[str]]:
     """The training module `here` imports model code with custom autograd Functions that break
     under autocast: each such module gets them decorated, as companions of this module's change
     (one change set). Returns (companions, one line per module for this module's report, None), or
@@ -157,7 +177,7 @@ def plan_float32_functions(project, here: str, code: str) -> Tuple[List[Companio
             module = cst.parse_module(source)
         except Exception as error:
             return [], [], f"{display} does not parse ({type(error).__name__})"
-        functions, refused = float32_functions(module, names)
+        functions, refused = float32_functions(module, names, devices)
         if refused is not None:
             return [], [], f"in {display}, {refused}"
         if functions is None:

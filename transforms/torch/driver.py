@@ -43,7 +43,7 @@ from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.bce_logits import criterion_never_applied
 from ampify.transforms.torch.helper_backwards import helper_refusal_note
-from ampify.transforms.torch.autograd_functions_float32 import plan_float32_functions
+from ampify.transforms.torch.autograd_functions_float32 import autocast_devices, plan_float32_functions
 from ampify.transforms.torch.gram_matrix_float32 import plan_float32_grams
 from ampify.transforms.torch.probability_clamps_float32 import plan_float32_clamps
 from ampify.transforms.torch.masked_fill_limits import plan_imported_fill_limits
@@ -626,8 +626,9 @@ class TorchConversion(abc.ABC):
         node = self.structure.backwards[0].call if self.structure.backwards else None
         refused = ""
         if imported and self.rules.float32_autograd_function:
+            devices = autocast_devices(self.source.decode("utf-8", "replace"))
             companions, notes, why = plan_float32_functions(self.project, self.display,
-                                                            self.rules.float32_autograd_function)
+                                                            self.rules.float32_autograd_function, devices)
             if why is None:
                 self.companions.extend(companions)
                 self.companion_notes += [(self.rules.float32_autograd_function, note + "; written together with this "

@@ -31,7 +31,7 @@ from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid, fuse_impo
 from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_fills
 from ampify.transforms.torch.probability_clamps_float32 import Float32Clamps, float32_clamps
 from ampify.transforms.torch.autograd_functions import unsafe_autograd_functions
-from ampify.transforms.torch.autograd_functions_float32 import Float32Functions, float32_functions
+from ampify.transforms.torch.autograd_functions_float32 import Float32Functions, autocast_devices, float32_functions
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.module_names import names_in
@@ -237,7 +237,11 @@ def converted_in_shape(
                 return _with_float32_clamps(module, clamps, clamp_code, clamped_result)
     if imports is not None and any(f.code in _FUNCTION_REFUSALS for f in result.findings):
         names = _own_unsafe_function_names(module)
-        functions = float32_functions(module, names)[0] if names else None
+        functions, why = float32_functions(module, names, autocast_devices(module.code)) if names else (None, None)
+        if why is not None:
+            left = "; the training steps of this file were left unconverted"
+            result.findings = [replace(f, message=f.message.replace(left, f"; ampify did not decorate it: {why}{left}"))
+                               if f.code in _FUNCTION_REFUSALS else f for f in result.findings]
         if functions is not None:
             decorated_result = converted_in_shape(functions.module, convert, imports, context)
             if not any(f.code in _FUNCTION_REFUSALS for f in decorated_result.findings) and (
