@@ -505,11 +505,7 @@ class TorchConversion(abc.ABC):
         dtype = "float16" if self.scaling_is_float16() else "bfloat16"
         clamps = []
         if (b"clamp" in self.source or b"clip" in self.source) and _LOG_OF_COMPLEMENT.search(self.source):
-            # the module converted, which normalize.py may have given float32 clamps, not the file's bytes
-            try:
-                tree = ast.parse(self.structure.module.code)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                tree = None
+            tree = self._converted_tree(probability_clamps)
             if tree is not None:
                 clamps = [(f"line {line}", text, eps) for line, text, eps in probability_clamps(tree)]
         clamps = [c for c in clamps if c[2] <= ROUNDS_TO_ONE[dtype]]
@@ -615,11 +611,7 @@ class TorchConversion(abc.ABC):
             return False
         found = []
         if b"Function" in self.source:
-            # the module converted, which normalize.py may have decorated, not the file's bytes
-            try:
-                tree = ast.parse(self.structure.module.code)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                tree = None
+            tree = self._converted_tree(unsafe_autograd_functions)
             if tree is not None:
                 found = [f"line {line} {name}: {why}" for line, name, why in unsafe_autograd_functions(tree)]
         imported = list(self.project.unsafe_autograd_functions()) if self.project is not None else []
@@ -683,6 +675,18 @@ class TorchConversion(abc.ABC):
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 self._tree = False
         return self._tree or None
+
+    def _converted_tree(self, finds) -> Optional[ast.Module]:
+        """The stdlib tree of the module being converted, for a check `finds(tree)`: the file's own
+        (the screen's) when the check finds nothing there; else the converted module's, which
+        normalize.py may have fixed (float32 clamps, decorated Functions), parsed again only then."""
+        tree = self._stdlib_tree()
+        if tree is None or not finds(tree):
+            return tree
+        try:
+            return ast.parse(self.structure.module.code)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
 
     def scaling_is_float16(self) -> bool:
         """Does the converted forward pass run in float16 (native float16, or apex)?"""
