@@ -724,3 +724,49 @@ def test_optimizers_stepped_in_a_loop_each_step_once_per_update_on_cpu():
         assert all(optimizer.state for optimizer in optimizers), side  # every optimizer stepped
         results[side] = torch.cat([p.detach().flatten() for p in [*encoder.parameters(), *decoder.parameters()]])
     assert torch.allclose(results["amp"], results["fp32"], atol=5e-3), (results["amp"] - results["fp32"]).abs().max()
+
+
+def test_clipping_before_a_loop_over_the_optimizers_sees_unscaled_gradients_on_cpu():
+    """Clipping before `for optimizer in optimizers: optimizer.step()`: ampify writes `for optimizer in
+    optimizers: scaler.unscale_(optimizer)` before the clip. Run on CPU (float16 autocast,
+    GradScaler("cpu")), the clipped norms are those of the float32 run, not 65536 times larger, and
+    the parameters move as the float32 run's do; without that loop the clip sees the scaled gradients."""
+    import torch
+
+    fixture = (Path(__file__).resolve().parent.parent / "fixtures" / "torch_native"
+               / "optimizers_stepped_in_a_loop_after_clipping.in.py")
+    source = fixture.read_text().replace('torch.device("cuda")', 'torch.device("cpu")').replace("range(100)", "range(3)")
+    conversion = convert_source(source, Options(), filename="train.py")
+    assert conversion.status is FileStatus.CHANGED, conversion.reason
+    assert "    for optimizer in optimizers:\n        scaler.unscale_(optimizer)\n    torch.nn.utils.clip_grad_norm_(" \
+        in conversion.converted
+
+    def run(code):
+        norms = []
+        original = torch.nn.utils.clip_grad_norm_
+
+        def recording(parameters, max_norm, *args, **kwargs):
+            norm = original(parameters, max_norm, *args, **kwargs)
+            norms.append(float(norm))
+            return norm
+
+        torch.manual_seed(0)
+        namespace = {"__name__": "script"}
+        torch.nn.utils.clip_grad_norm_ = recording
+        try:
+            exec(compile(code, "train.py", "exec"), namespace)
+        finally:
+            torch.nn.utils.clip_grad_norm_ = original
+        weights = torch.cat([p.detach().flatten() for p in [*namespace["encoder"].parameters(),
+                                                             *namespace["decoder"].parameters()]])
+        return norms, weights
+
+    fp32_norms, fp32_weights = run(source)
+    amp_norms, amp_weights = run(conversion.converted)
+    assert len(amp_norms) == len(fp32_norms) == 3
+    for mixed, full in zip(amp_norms, fp32_norms):
+        assert mixed == pytest.approx(full, rel=2e-2)
+    assert torch.allclose(amp_weights, fp32_weights, atol=5e-3)
+    scaled_norms, _ = run(conversion.converted.replace(
+        "    for optimizer in optimizers:\n        scaler.unscale_(optimizer)\n", ""))
+    assert all(norm > 1000 * full for norm, full in zip(scaled_norms, fp32_norms))

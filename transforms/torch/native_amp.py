@@ -733,6 +733,19 @@ class NativeConversion(TorchConversion):
                 step_statement,
             )
         for clip_statement, receiver in plan.unscale_before:
+            iterable = self.scaler_calls.unscale_loops.get(id(clip_statement))
+            if iterable is not None:
+                # the optimizers are stepped by a later loop over them: each is unscaled first
+                self.edits.insert_before(clip_statement, f"for {receiver} in {iterable}:\n    "
+                                                         f"{reference}.unscale_({receiver})")
+                self.info(
+                    "AMP205",
+                    f"`for {receiver} in {iterable}: {reference}.unscale_({receiver})` added before line "
+                    f"{s.line(clip_statement)}, the gradient clipping before the loop that steps them: each "
+                    "optimizer is unscaled once, before the clipping",
+                    clip_statement,
+                )
+                continue
             self.edits.insert_before(clip_statement, f"{reference}.unscale_({receiver})")
             self.info(
                 "AMP205",

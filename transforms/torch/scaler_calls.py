@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
-from ampify.transforms.kit.imports import ImportMap
+from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.autocast_regions import index_of
@@ -30,6 +30,9 @@ class ScalerCallPlanner:
         #: per unit (by id): steps after which scaler.update() also goes, their optimizer being
         #: stepped again later in the iteration
         self.restep_updates: Dict[int, List[cst.CSTNode]] = {}
+        #: clipping statements (by id) whose unscale_ is a loop over the optimizers a later loop
+        #: steps: the iterable's code (`optimizers` for `for optimizer in optimizers: scaler.unscale_(optimizer)`)
+        self.unscale_loops: Dict[int, str] = {}
 
     def update_anchor(self, unit: TrainingUnit) -> cst.CSTNode:
         """The statement after which `scaler.update()` runs exactly once per iteration that stepped:
@@ -308,12 +311,19 @@ class ScalerCallPlanner:
                 loop = next((a for a in s.ancestors(step.call) if isinstance(a, cst.For)
                              and _loops_over_the_optimizers(s, a, steps) and not s.contains(a, node)), None)
                 if loop is not None:
-                    raise Unconvertible(
-                        f"the gradient clipping at line {s.line(node)} runs before the loop over "
-                        f"{statements.code_of(loop.iter)} that steps them (line {s.line(loop)}), and ampify does not "
-                        f"write the loop of scaler.unscale_() calls it needs: add `for {loop.target.value} in "
-                        f"{statements.code_of(loop.iter)}: scaler.unscale_({loop.target.value})` before it by hand",
-                        node)
+                    why = self._unscale_loop_obstacle(unit, loop, node)
+                    if why is not None:
+                        raise Unconvertible(
+                            f"the gradient clipping at line {s.line(node)} runs before the loop over "
+                            f"{statements.code_of(loop.iter)} that steps them (line {s.line(loop)}), and ampify "
+                            f"does not write the loop of scaler.unscale_() calls it needs here ({why}): add `for "
+                            f"{loop.target.value} in {statements.code_of(loop.iter)}: scaler.unscale_("
+                            f"{loop.target.value})` before it by hand", node)
+                    if step.receiver not in unscaled:
+                        self.unscale_loops[id(statement)] = statements.code_of(loop.iter)
+                        unscaled[step.receiver] = statement
+                        planned.append((statement, step.receiver))
+                    continue
                 if not isinstance(statement, cst.SimpleStatementLine):
                     raise Unconvertible("gradient clipping inside a one-line compound statement", node)
                 clip_blocks = [block for block, _ in s.block_path(node, stop=unit.body)]
@@ -339,6 +349,39 @@ class ScalerCallPlanner:
             unscaled[step.receiver] = statement
             planned.append((statement, step.receiver))
         return planned
+
+    def _unscale_loop_obstacle(self, unit: TrainingUnit, loop: cst.For, clip: cst.CSTNode) -> Optional[str]:
+        """Why `for <target> in <iterable>: scaler.unscale_(<target>)` cannot go right before the clip
+        that precedes the loop stepping the optimizers (None: it can). The clip must run at most once
+        before the loop in the same block (directly, or under `if`s), the iterable be a name (read
+        again, it is the same optimizers) and the loop's variable be no other name of the function."""
+        s = self.structure
+        iterable = loop.iter
+        if not (isinstance(iterable, (cst.Name, cst.Attribute)) and dotted_name(iterable) is not None) and not (
+                isinstance(iterable, (cst.Tuple, cst.List))
+                and all(isinstance(e.value, cst.Name) for e in iterable.elements)):
+            return f"{statements.code_of(iterable)} is not a plain name, so reading it again may give other optimizers"
+        block = s.block_of(loop)
+        holder = next((a for a in s.ancestors(clip) if s.block_of(a) is block and isinstance(
+            a, (cst.SimpleStatementLine, cst.If, cst.With))), None) if block is not None else None
+        inner = block.body if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
+        if holder is None or index_of(inner, holder) > index_of(inner, loop):
+            return "the clipping is not in the loop's block, before it"
+        if any(isinstance(a, (cst.For, cst.While)) for a in s.ancestors(clip) if s.contains(holder, a)):
+            return "the clipping is inside a loop of its own"
+        target = loop.target.value
+        same_loop = statements.code_of(iterable)
+
+        def bound_alike(name: cst.Name) -> bool:
+            # inside another `for optimizer in optimizers:` (the zero_grad loop): the same optimizers
+            enclosing = next((a for a in s.ancestors(name) if isinstance(a, cst.For)
+                              and isinstance(a.target, cst.Name) and a.target.value == target), None)
+            return enclosing is not None and statements.code_of(enclosing.iter) == same_loop
+
+        if any(s.contains(unit.owner, name) and not s.contains(loop, name) and not bound_alike(name)
+               for name in s.name_nodes.get(target, [])):
+            return f"{target} names something else in this function too"
+        return None
 
     def _blocks_running_with(self, step: StepCall, unit: TrainingUnit) -> List[cst.CSTNode]:
         """The step's block, and the blocks around it whose every pass runs it exactly once: a
