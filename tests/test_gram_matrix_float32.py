@@ -64,6 +64,13 @@ def test_functions_it_cannot_tell_are_refused_with_the_reason(signature, reason)
     assert rewritten is None and reason in refused
 
 
+@pytest.mark.parametrize("line", ["x.div_(255.0)", "x[:, 0] = 0"])
+def test_a_function_changing_its_argument_in_place_is_refused(line):
+    source = f"import torch\n\n\ndef gram(x):\n    {line}\n    f = x.view(2, 3 * 4)\n    return torch.mm(f, f.t())\n"
+    rewritten, refused = float32_gram_functions(cst.parse_module(source), ["gram"])
+    assert rewritten is None and "a float32 copy would no longer do for the caller" in refused
+
+
 def test_a_method_is_refused():
     source = "import torch\n\n\nclass G:\n    def gram(self, x):\n        f = x.view(2, 12)\n        return torch.mm(f, f.t())\n"
     rewritten, refused = float32_gram_functions(cst.parse_module(source), ["gram"])

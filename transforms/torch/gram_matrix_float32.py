@@ -122,7 +122,22 @@ def _not_rewritable(function: cst.FunctionDef) -> Optional[str]:
         return "is a generator"
     if any(isinstance(node, (cst.Global, cst.Nonlocal)) for node in _own_nodes(function)):
         return "rebinds names outside itself"
+    parameter = _feature_map_parameter(function)
+    for node in _own_nodes(function):
+        # `y.div_(...)`, `y[...] = ...`: the caller sees the change; on a float32 copy it would not
+        if (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value.endswith("_")
+                and not node.func.attr.value.startswith("_") and _names(node.func.value, parameter)):
+            return f"changes its argument {parameter} in place, which a float32 copy would no longer do for the caller"
+        if isinstance(node, (cst.Assign, cst.AugAssign)):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            if any(isinstance(t, (cst.Subscript, cst.Attribute)) and _names(t.value, parameter) for t in targets):
+                return (f"writes into its argument {parameter}, which a float32 copy would no longer do for the "
+                        "caller")
     return None
+
+
+def _names(node: cst.BaseExpression, name: str) -> bool:
+    return isinstance(node, cst.Name) and node.value == name
 
 
 def _feature_map_parameter(function: cst.FunctionDef) -> str:
