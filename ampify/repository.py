@@ -153,6 +153,10 @@ class ModuleOutline:
     #: model classes whose forward() returns a sigmoid's probability: class -> line
     #: (torch/sigmoid_models.py)
     sigmoid_models: Dict[str, int] = field(default_factory=dict)
+    #: (line of the Gram matrix, "Class.method") for methods of module-level classes that compute a
+    #: Gram matrix of a flattened feature map (MSG-Net's `GramMatrix.forward`): model code the
+    #: training files importing this module run (gram_matrix_functions.py)
+    gram_matrix_methods: List[Tuple[int, str]] = field(default_factory=list)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -685,6 +689,8 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
                 statement, tensorflow, products and _may_hold_a_gram_matrix(lines, statement))
         elif isinstance(statement, ast.ClassDef):
             outline.classes[statement.name] = statement.lineno
+            if products:
+                outline.gram_matrix_methods += _gram_matrix_methods(statement, lines)
             trainer = _training_class_outline(statement)
             if trainer is not None:
                 outline.training_classes[statement.name] = trainer
@@ -981,6 +987,17 @@ def _training_class_outline(klass: ast.ClassDef) -> Optional[FunctionOutline]:
     return FunctionOutline(klass.name, klass.lineno, params, False, False, True, is_class=True)
 
 
+def _gram_matrix_methods(klass: ast.ClassDef, lines: List[bytes]) -> List[Tuple[int, str]]:
+    """(line, "Class.method") for the methods of `klass` computing a Gram matrix."""
+    found = []
+    for method in klass.body:
+        if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and _may_hold_a_gram_matrix(lines, method):
+            line = gram_matrix_line(method)
+            if line:
+                found.append((line, f"{klass.name}.{method.name}"))
+    return found
+
+
 def _may_hold_a_gram_matrix(lines: List[bytes], function) -> bool:
     """Does the function's own text flatten (view/reshape) and multiply matrices? (A cheap test
     before gram_matrix_line walks it.)"""
@@ -1263,14 +1280,26 @@ class ProjectView:
 
     def gram_matrix_functions_called(self) -> List[str]:
         """"neural_style/utils.py:25 gram_matrix()" for each function of another project module this
-        module calls that computes a Gram matrix of a flattened feature map (AMP238 / AMP330)."""
+        module calls that computes a Gram matrix of a flattened feature map (AMP238 / AMP330), and
+        "net.py:35 GramMatrix.forward()" for each such method of a class in the model code this module
+        imports (directly or not)."""
         found = []
         for path, function, _ in [*self._project_functions_called(), *self._star_imported_functions_called()]:
             if function.gram_matrix:
                 entry = f"{self.where(path, function.gram_matrix)} {function.name}()"
                 if entry not in found:
                     found.append(entry)
+        for path, line, method in self._gram_matrix_methods_imported():
+            found.append(f"{self.where(path, line)} {method}()")
         return found
+
+    def _gram_matrix_methods_imported(self) -> Iterator[Tuple[Path, int, str]]:
+        own = self.path.resolve()
+        for path in self.index.imported_closure(self.path):
+            outline = self.index.outline(path)
+            if outline is not None and path != own:
+                for line, method in outline.gram_matrix_methods:
+                    yield path, line, method
 
     def gram_matrix_modules(self) -> List[Tuple[str, str, Tuple[str, ...], bool]]:
         """(key, display, the function names, the module trains) for each project module holding
@@ -1279,6 +1308,9 @@ class ProjectView:
         for path, function, _ in [*self._project_functions_called(), *self._star_imported_functions_called()]:
             if function.gram_matrix and function.name not in by_path.setdefault(path, []):
                 by_path[path].append(function.name)
+        for path, _, method in self._gram_matrix_methods_imported():
+            if method not in by_path.setdefault(path, []):
+                by_path[path].append(method)
         found = []
         for path, functions in by_path.items():
             outline = self.index.outline(path)

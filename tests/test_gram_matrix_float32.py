@@ -71,7 +71,18 @@ def test_a_function_changing_its_argument_in_place_is_refused(line):
     assert rewritten is None and "a float32 copy would no longer do for the caller" in refused
 
 
-def test_a_method_is_refused():
+def test_a_method_of_a_model_class_is_rewritten_after_self():
+    source = ("import torch\n\n\nclass GramMatrix(torch.nn.Module):\n    def forward(self, y, normalize=True):\n"
+              "        f = y.view(y.size(0), y.size(1) * y.size(2))\n        return torch.mm(f, f.t())\n")
+    rewritten, refused = float32_gram_functions(cst.parse_module(source), ["GramMatrix.forward"])
+    assert refused is None and rewritten.rewritten == [("GramMatrix.forward", 5)]
+    assert ("    def forward(self, y, normalize=True):\n"
+            "        with torch.autocast(device_type=y.device.type, enabled=False):\n"
+            "            y = y.float()\n") in rewritten.module.code
+    assert float32_gram_functions(rewritten.module, ["GramMatrix.forward"]) == (None, None)
+
+
+def test_a_name_that_is_no_function_nor_method_is_refused():
     source = "import torch\n\n\nclass G:\n    def gram(self, x):\n        f = x.view(2, 12)\n        return torch.mm(f, f.t())\n"
     rewritten, refused = float32_gram_functions(cst.parse_module(source), ["gram"])
     assert rewritten is None and "not a function defined at the module's top level" in refused

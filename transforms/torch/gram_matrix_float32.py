@@ -70,14 +70,14 @@ def float32_gram_functions(module: cst.Module,
     compute in float32. Returns (the result, None); (None, None) when there is nothing to rewrite;
     (None, the reason) when one of them cannot be rewritten safely."""
     wanted: Set[str] = set(functions)
-    definitions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value in wanted}
+    definitions = {name: found for name in wanted for found in [_definition(module, name)] if found is not None}
     for name in sorted(wanted):
         if name not in definitions:
-            return None, f"{name}() is not a function defined at the module's top level"
+            return None, f"{name}() is not a function defined at the module's top level, nor a method of a class there"
         if not _computes_in_reduced_precision(definitions[name], module):
             del definitions[name]  # rewritten already (by another training file's change set of this run)
             continue
-        reason = _not_rewritable(definitions[name])
+        reason = _not_rewritable(definitions[name], _is_method(name))
         if reason is not None:
             return None, f"{name}() {reason}"
     if not definitions:
@@ -88,7 +88,7 @@ def float32_gram_functions(module: cst.Module,
     rewritten: List[Tuple[str, int]] = []
     replacements = {}
     for name, function in definitions.items():
-        parameter = _feature_map_parameter(function)
+        parameter = _feature_map_parameter(function, _is_method(name))
         context = f"{torch_name or 'torch'}.autocast(device_type={parameter}.device.type, enabled=False)"
         replacements[id(function)] = _wrapped(function, context, parameter, module)
         rewritten.append((name, positions[function].start.line))
@@ -107,14 +107,37 @@ def _computes_in_reduced_precision(function: cst.FunctionDef, module: cst.Module
     return any(gram_matrix_line(node) for node in tree.body)
 
 
-def _not_rewritable(function: cst.FunctionDef) -> Optional[str]:
+def _definition(module: cst.Module, name: str) -> Optional[cst.FunctionDef]:
+    """The module-level function `name`, or the method `Class.method` of a module-level class."""
+    owner, _, method = name.rpartition(".")
+    body = module.body
+    if owner:
+        klass = next((s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value == owner), None)
+        if klass is None or not isinstance(klass.body, cst.IndentedBlock):
+            return None
+        body = klass.body.body
+    return next((s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == method), None)
+
+
+def _is_method(name: str) -> bool:
+    return "." in name
+
+
+def _positional(function: cst.FunctionDef, method: bool) -> List[cst.Param]:
+    """The positional parameters, `self` of a method left out (a staticmethod has none)."""
+    params = [*function.params.posonly_params, *function.params.params]
+    static = any(isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in function.decorators)
+    return params[1:] if method and not static else params
+
+
+def _not_rewritable(function: cst.FunctionDef, method: bool = False) -> Optional[str]:
     """Why `function` cannot be wrapped, or None."""
     if function.asynchronous is not None:
         return "is a coroutine"
     params = function.params
     if params.star_arg is not None and isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None:
         return "takes *args or **kwargs, so ampify cannot tell which argument is the feature map"
-    required = [p for p in [*params.posonly_params, *params.params] if p.default is None]
+    required = [p for p in _positional(function, method) if p.default is None]
     if len(required) != 1:
         return ("takes more than one required argument, so ampify cannot tell which of them to copy to float32"
                 if len(required) > 1 else "takes no feature map")
@@ -122,7 +145,7 @@ def _not_rewritable(function: cst.FunctionDef) -> Optional[str]:
         return "is a generator"
     if any(isinstance(node, (cst.Global, cst.Nonlocal)) for node in _own_nodes(function)):
         return "rebinds names outside itself"
-    parameter = _feature_map_parameter(function)
+    parameter = _feature_map_parameter(function, method)
     for node in _own_nodes(function):
         # `y.div_(...)`, `y[...] = ...`: the caller sees the change; on a float32 copy it would not
         if (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value.endswith("_")
@@ -140,9 +163,8 @@ def _names(node: cst.BaseExpression, name: str) -> bool:
     return isinstance(node, cst.Name) and node.value == name
 
 
-def _feature_map_parameter(function: cst.FunctionDef) -> str:
-    params = function.params
-    return next(p for p in [*params.posonly_params, *params.params] if p.default is None).name.value
+def _feature_map_parameter(function: cst.FunctionDef, method: bool = False) -> str:
+    return next(p for p in _positional(function, method) if p.default is None).name.value
 
 
 def _own_nodes(function: cst.FunctionDef):
@@ -182,9 +204,6 @@ class _Replace(cst.CSTTransformer):
         self.replacements = replacements
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         return False
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
