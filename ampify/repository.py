@@ -157,6 +157,9 @@ class ModuleOutline:
     #: Gram matrix of a flattened feature map (MSG-Net's `GramMatrix.forward`): model code the
     #: training files importing this module run (gram_matrix_functions.py)
     gram_matrix_methods: List[Tuple[int, str]] = field(default_factory=list)
+    #: the module names a sigmoid and a log (bytes): it may take the log of a sigmoid's probability,
+    #: which a training file importing it would run under autocast (kit/log_of_sigmoid.py)
+    may_log_a_sigmoid: bool = False
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -731,6 +734,7 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
         outline.probability_clamps = probability_clamps(tree)
     if b"igmoid" in data or b"expit" in data:
         outline.sigmoid_models = sigmoid_model_classes(tree)
+        outline.may_log_a_sigmoid = b"log" in data
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             if isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
@@ -1272,6 +1276,20 @@ class ProjectView:
         found = []
         for path in self.index.imported_closure(self.path):
             if path == self.path.resolve():
+                continue
+            source = self.source_of(str(path))
+            if source is not None:
+                found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], source))
+        return found
+
+    def sigmoid_log_sources(self) -> List[Tuple[str, str, bytes]]:
+        """(key, "loss.py", source) for the project modules this module imports, directly or not,
+        that name a sigmoid and a log (ModuleOutline.may_log_a_sigmoid)."""
+        found = []
+        own = self.path.resolve()
+        for path in self.index.imported_closure(self.path):
+            outline = self.index.outline(path)
+            if outline is None or path == own or not outline.may_log_a_sigmoid:
                 continue
             source = self.source_of(str(path))
             if source is not None:

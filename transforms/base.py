@@ -77,6 +77,10 @@ class ProjectFacts(Protocol):
         """(key, display, function names, the module trains) for each project module with a Gram
         matrix function this module calls."""
 
+    def sigmoid_log_sources(self) -> Sequence[Tuple[str, str, bytes]]:
+        """(key, "loss.py", source) for the project modules this module imports that name a sigmoid
+        and a log."""
+
     def probability_models(self) -> Dict[str, str]:
         """The name a model class of another project module is called by here (`Discriminator`,
         `models.Discriminator`) -> "models.py:12 Discriminator", for those whose forward() returns a

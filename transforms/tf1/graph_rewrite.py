@@ -25,6 +25,7 @@ from ampify.transforms.base import Transform, TransformResult, UnitContext, Verd
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.calls import calls_within
 from ampify.transforms.kit.imports import ImportMap, dotted_name
+from ampify.transforms.kit.parsed_modules import parsed_module
 from ampify.transforms.kit.log_of_sigmoid import TENSORFLOW, log_of_probability_calls
 from ampify.transforms.tf1.gram_matrices import gram_matrix_calls
 from ampify.transforms.kit.positions import Positions
@@ -130,23 +131,6 @@ def _with_star_import_assumption(result: TransformResult, module: cst.Module) ->
     return TransformResult(result.module, result.verdict, [note, *result.findings], result.reason)
 
 
-#: imported modules parsed for the graph-wide checks, by source (the same modules serve every file of a run)
-_PARSED: Dict[bytes, Optional[tuple]] = {}
-
-
-def _parsed_module(source: bytes) -> Optional[tuple]:
-    """(module, imports, positions) of a project module's source, parsed once per process; None
-    when it does not parse."""
-    if source not in _PARSED:
-        if len(_PARSED) > 64:
-            _PARSED.clear()
-        try:
-            module = cst.parse_module(source)
-        except Exception:  # noqa: BLE001 - a module that does not parse is not followed
-            _PARSED[source] = None
-        else:
-            _PARSED[source] = (module, ImportMap.from_module(module), Positions(module))
-    return _PARSED[source]
 
 
 class _WrapAndReplace(cst.CSTTransformer):
@@ -486,7 +470,7 @@ class _GraphRewrite:
             if not all(any(m in source for m in (marker if isinstance(marker, tuple) else (marker,)))
                        for marker in markers):
                 continue
-            parsed = _parsed_module(source)
+            parsed = parsed_module(source)
             if parsed is not None:
                 found.append((display, *parsed))
         return found

@@ -28,6 +28,8 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import CompanionChange, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.kit.log_of_sigmoid import log_of_probability_calls
+from ampify.transforms.kit.parsed_modules import parsed_module
 from ampify.transforms.torch.autograd_functions import (
     GRADIENT_DROPPING_PACKAGES,
     gradient_dropping_functions,
@@ -490,8 +492,36 @@ class TorchConversion(abc.ABC):
         dropped = self._report_gradient_dropping(has_training)
         grams = self._report_imported_gram_matrices(has_training, blocked)
         clamps = self._report_probability_clamps(has_training)
+        logs = self._report_imported_logs_of_sigmoid(has_training)
         return self._report_unsafe_autograd_functions(has_training) or self._report_imported_overflows(has_training) \
-            or dropped or grams or clamps or blocked
+            or dropped or grams or clamps or logs or blocked
+
+    def _report_imported_logs_of_sigmoid(self, has_training: bool) -> bool:
+        """The model or loss code this file imports takes the log of a sigmoid's probability
+        (kuangliu/pytorch-retinanet's `pt = (2*xt+1).sigmoid(); loss = -w*pt.log()` in loss.py): under
+        autocast it is -inf once the logit is confident, as in this file (AMP229). The file is left
+        unconverted, naming each log. True when blocked."""
+        rule = self.rules.hazards.get(HazardKind.LOG_OF_PROBABILITY)
+        if not has_training or rule is None or self.project is None:
+            return False
+        found = []
+        for _, display, source in self.project.sigmoid_log_sources():
+            parsed = parsed_module(source)
+            if parsed is None:
+                continue
+            module, imports, positions = parsed
+            found += [f"{display}:{positions[call].start.line} {statements.code_of(call)}"
+                      for call, _ in log_of_probability_calls(module, imports)]
+        if not found:
+            return False
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
+        hazard = Hazard(HazardKind.LOG_OF_PROBABILITY, node, f"{shown} (in the code this file imports)")
+        self.warn(rule.code, rule.message.format(**_message_fields(self.structure, hazard, [], has_training,
+                                                                   self.scaling)), node)
+        if not self.blocked_reason and rule.file_reason:
+            self.blocked_reason = rule.file_reason
+        return rule.blocks_file
 
     def _report_probability_clamps(self, has_training: bool) -> bool:
         """`p = torch.clamp(p, 1e-4, 1.0 - 1e-4)` before `log(1 - p)` in this file or the model code it
