@@ -164,7 +164,7 @@ def test_a_converted_script_that_may_pick_the_cpu_runs_there_with_the_cpu_decora
     `"cuda" if torch.cuda.is_available() else "cpu"`: its Function gets the "cuda" and the "cpu"
     decorators, and the converted script trains on this CPU under float16 autocast with finite
     losses; without the decorators its first backward() raises."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from pathlib import Path
 
     source = (Path(__file__).resolve().parent.parent / "fixtures" / "torch_native"

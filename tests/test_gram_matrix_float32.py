@@ -5,7 +5,6 @@ of a converted two-module project whose float16 style loss is finite only with t
 import json
 import subprocess
 import sys
-import textwrap
 
 import libcst as cst
 import pytest

@@ -135,7 +135,7 @@ def test_the_converted_focal_loss_runs_on_cpu_and_stays_finite(bias, close):
     """The converted script, run with float16 autocast on CPU: with a moderate logit its loss is the
     fp32 loss; with a confident one (sigmoid(12) is 1.0 in float16) it stays finite, where the same
     script with the clamp left alone is NaN."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     conversion = convert_source(IN_FILE, Options())
     start = "import torch\ntorch.manual_seed(0)\n"
     setup = f"\nwith torch.no_grad():\n    model[0].weight.zero_()\n    model[0].bias.fill_({bias})\n"
