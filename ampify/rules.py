@@ -308,12 +308,12 @@ RULES: List[Rule] = [
          "classification = torch.clamp(classification, 1e-4, 1.0 - 1e-4)\n"
          "bce = -(targets * torch.log(classification) + (1.0 - targets) * torch.log(1.0 - classification))",
          MANUAL, incomplete=True),
-    Rule("AMP245", "info", "a Gram matrix function of a module the training file calls computes in float32: its body under `torch.autocast(..., enabled=False)` on a float32 copy of the feature map",
+    Rule("AMP245", "info", "a Gram matrix function computes in float32: its body under `torch.autocast(..., enabled=False)` on a float32 copy of the feature map",
          "Style transfer's Gram matrix (pytorch/examples' fast_neural_style `utils.gram_matrix`) sums h*w products, "
          "past float16's 65504 (AMP238). With autocast off inside the function and the feature map copied to "
          "float32, it computes exactly what the fp32 script did; the caller's autocast resumes on return. Done for a "
-         "module-level function whose one required parameter is the feature map, in a module of the same run, "
-         "written with the training file as one change set.",
+         "module-level function or a method whose one required parameter is the feature map, in the training file "
+         "or in a module of the same run (written with the training file as one change set).",
          "def gram_matrix(y):\n    (b, ch, h, w) = y.size()\n  -> def gram_matrix(y):\n"
          "         with torch.autocast(device_type=y.device.type, enabled=False):\n             y = y.float()\n"
          "             (b, ch, h, w) = y.size()", REVIEW),

@@ -172,3 +172,20 @@ def test_a_gram_matrix_module_outside_the_run_refuses_the_training_file(tmp_path
     assert "train.py: not converted" in completed.stdout
     assert "AMP238" in completed.stdout
     assert "utils.py is not in this run: run ampify on both files or on the repository" in completed.stdout
+
+
+def test_a_gram_matrix_function_of_the_training_file_runs_in_float32_under_cpu_autocast():
+    """The golden gram_matrix_function_in_the_training_file, converted, run on this CPU: the Gram
+    matrix comes out float32 inside the float16 autocast region, and the loss is finite."""
+    torch = pytest.importorskip("torch")
+    from pathlib import Path
+
+    converted = (Path(__file__).resolve().parent.parent / "fixtures" / "torch_native"
+                 / "gram_matrix_function_in_the_training_file.out.py").read_text()
+    code = converted.replace("range(10)", "range(2)") + (
+        "\nwith torch.autocast(device_type=device.type, dtype=torch.float16):\n"
+        "    GRAM_DTYPE = gram_matrix(net(x)).dtype\nLOSS = loss.item()\n")
+    namespace = {"__name__": "converted"}
+    exec(compile(code, "<converted>", "exec"), namespace)
+    assert namespace["GRAM_DTYPE"] == torch.float32
+    assert abs(namespace["LOSS"]) < float("inf")

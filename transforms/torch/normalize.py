@@ -31,6 +31,8 @@ from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid, fuse_impo
 from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_fills
 from ampify.transforms.torch.probability_clamps_float32 import Float32Clamps, float32_clamps
 from ampify.transforms.torch.autograd_functions import unsafe_autograd_functions
+from ampify.transforms.torch.gram_matrix_float32 import Float32Grams, float32_gram_functions
+from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
 from ampify.transforms.torch.autograd_functions_float32 import Float32Functions, autocast_devices, float32_functions
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
@@ -235,6 +237,18 @@ def converted_in_shape(
             if not any(f.code in _CLAMP_REFUSALS for f in clamped_result.findings) and (
                     clamped_result.verdict is Verdict.CONVERTED):
                 return _with_float32_clamps(module, clamps, clamp_code, clamped_result)
+    if imports is not None and any(f.code in _GRAM_REFUSALS for f in result.findings):
+        names = _own_gram_matrix_functions(module)
+        grams, why = float32_gram_functions(module, names) if names else (None, None)
+        if why is not None:
+            left = "; the training steps of this file were left unconverted"
+            result.findings = [replace(f, message=f.message.replace(left, f"; ampify did not rewrite it: {why}{left}", 1))
+                               if f.code in _GRAM_REFUSALS else f for f in result.findings]
+        if grams is not None:
+            gram_result = converted_in_shape(grams.module, convert, imports, context)
+            if not any(f.code in _GRAM_REFUSALS for f in gram_result.findings) and (
+                    gram_result.verdict is Verdict.CONVERTED):
+                return _with_float32_grams(module, grams, gram_result)
     if imports is not None and any(f.code in _FUNCTION_REFUSALS for f in result.findings):
         names = _own_unsafe_function_names(module)
         functions, why = float32_functions(module, names, autocast_devices(module.code)) if names else (None, None)
@@ -290,6 +304,9 @@ _FILL_REFUSALS = ("AMP213", "AMP313")
 
 #: the probability clamp warnings of the two backends -> the code reporting the clamps rewritten
 _CLAMP_REFUSALS = {"AMP244": "AMP246", "AMP337": "AMP339"}
+
+#: the native warning on Gram matrices (apex's amp.disable_casts() raises before amp.initialize)
+_GRAM_REFUSALS = ("AMP238",)
 
 #: the native warning on custom autograd Functions that break under autocast (apex O1 ignores the
 #: decorators that fix them)
@@ -356,6 +373,32 @@ def _with_float32_clamps(original: cst.Module, clamps: Float32Clamps, code: str,
     lines = LineMap(original.code, clamps.module.code)
     findings = [replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings]
     findings.append(Finding(code, clamps.describe(), clamps.rewritten[0][0], 0, Severity.INFO))
+    result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
+    return result
+
+
+def _own_gram_matrix_functions(module: cst.Module) -> List[str]:
+    """The module-level functions (`gram_matrix`) and methods of module-level classes
+    (`GramMatrix.forward`) of the module that compute a Gram matrix (gram_matrix_functions.py)."""
+    try:
+        tree = ast.parse(module.code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found = []
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and gram_matrix_line(statement):
+            found.append(statement.name)
+        elif isinstance(statement, ast.ClassDef):
+            found += [f"{statement.name}.{method.name}" for method in statement.body
+                      if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and gram_matrix_line(method)]
+    return found
+
+
+def _with_float32_grams(original: cst.Module, grams: Float32Grams, result: TransformResult) -> TransformResult:
+    """The module converted after its own Gram matrix functions were made to compute in float32."""
+    lines = LineMap(original.code, grams.module.code)
+    findings = [replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings]
+    findings.append(Finding("AMP245", grams.describe(), lines.original_line(grams.rewritten[0][1]), 0, Severity.INFO))
     result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
     return result
 

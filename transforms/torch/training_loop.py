@@ -543,6 +543,31 @@ def _keep_gradients_taken_in_training(structure: TrainingStructure) -> None:
     structure.hazards = [h for h in structure.hazards if id(h) not in dropped]
 
 
+def _switches_autocast_off(call: cst.Call, qualified: str) -> bool:
+    """`torch.autocast(..., enabled=False)` (also torch.amp.autocast): a float32 region, no mixed precision."""
+    return qualified.rsplit(".", 1)[-1] == "autocast" and any(
+        a.keyword is not None and a.keyword.value == "enabled" and isinstance(a.value, cst.Name)
+        and a.value.value == "False" for a in call.args)
+
+
+def _is_float32_block(node: cst.With, imports: ImportMap) -> bool:
+    """`with torch.autocast(..., enabled=False):` whose body first copies a name to float32
+    (`y = y.float()`), as gram_matrix_float32.py writes it."""
+    if not any(isinstance(item.item, cst.Call) and _switches_autocast_off(item.item, imports.resolve(item.item.func) or "")
+               for item in node.items):
+        return False
+    body = node.body.body if isinstance(node.body, cst.IndentedBlock) else []
+    first = body[0] if body else None
+    if not (isinstance(first, cst.SimpleStatementLine) and isinstance(first.body[0], cst.Assign)):
+        return False
+    assign = first.body[0]
+    value = assign.value
+    return (len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)
+            and isinstance(value, cst.Call) and not value.args and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value == "float" and isinstance(value.func.value, cst.Name)
+            and value.func.value.value == assign.targets[0].target.value)
+
+
 #: the names a log is taken through (log_of_sigmoid.py): without one, no model's probability is logged
 _LOG_NAMES = frozenset({"log", "log2", "log10", "log1p"})
 
@@ -704,6 +729,11 @@ class _Collector(cst.CSTVisitor):
         self.in_import = False
         # An import alone is no use: `try: from apex import amp / except ImportError: pass` with
         # `amp` never called is an fp32 trainer. Uses are the references found by the walk.
+        #: how many float32 blocks the walk is in (`with torch.autocast(..., enabled=False):` whose
+        #: body first copies a name to float32: gram_matrix_float32.py's rewrite)
+        self.float32_depth = 0
+        #: ids of `torch.autocast` references that switch autocast off: no use of mixed precision
+        self.switched_off: Set[int] = set()
 
     # scopes ---------------------------------------------------------------------------
 
@@ -811,6 +841,14 @@ class _Collector(cst.CSTVisitor):
     def visit_For(self, node: cst.For) -> None:
         self._bind(node.target, None, node, "for")
 
+    def visit_With(self, node: cst.With) -> None:
+        if _is_float32_block(node, self.imports):
+            self.float32_depth += 1
+
+    def leave_With(self, original_node: cst.With) -> None:
+        if _is_float32_block(original_node, self.imports):
+            self.float32_depth -= 1
+
     def visit_WithItem(self, node: cst.WithItem) -> None:
         if node.asname is not None:
             self._bind(node.asname.name, node.item, self._current_statement(node), "with")
@@ -840,7 +878,7 @@ class _Collector(cst.CSTVisitor):
         if qualified is None:
             if node.attr.value == "grad":
                 self.structure.grad_reads.append(GradRead(node, self._current_statement(node), self.scope))
-        elif not self.in_import and names.is_mixed_precision(qualified):
+        elif not self.in_import and names.is_mixed_precision(qualified) and id(node) not in self.switched_off:
             self.structure.mixed_precision_uses.append(node)
 
     # classes --------------------------------------------------------------------------
@@ -882,7 +920,14 @@ class _Collector(cst.CSTVisitor):
         site = CallSite(node, statement, receiver, self.scope)
 
         if qualified and names.is_mixed_precision(qualified):
-            structure.mixed_precision_uses.append(node)
+            if _switches_autocast_off(node, qualified):
+                # `torch.autocast(..., enabled=False)`: a float32 region, no use (nor is its `torch.amp`)
+                func = node.func
+                while isinstance(func, cst.Attribute):
+                    self.switched_off.add(id(func))
+                    func = func.value
+            else:
+                structure.mixed_precision_uses.append(node)
         if qualified == "torch.autograd.backward":
             structure.hazards.append(Hazard(HazardKind.AUTOGRAD_BACKWARD, node))
             return
@@ -956,7 +1001,7 @@ class _Collector(cst.CSTVisitor):
                 structure.hazards.append(Hazard(HazardKind.AUTOGRAD_GRAD, node))
             return
         gram = _gram_matrix_operand(node, qualified, method, lambda name: self._transposed_name(name, statement))
-        if gram is not None and self._flattened_feature_map(gram, statement):
+        if gram is not None and not self.float32_depth and self._flattened_feature_map(gram, statement):
             structure.hazards.append(Hazard(HazardKind.GRAM_MATRIX, node, code_of(node)))
             return
         if method in ("masked_fill", "masked_fill_"):
