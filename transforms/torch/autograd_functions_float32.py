@@ -39,6 +39,7 @@ import libcst as cst
 from ampify.findings import Finding, Severity
 from ampify.transforms.base import CompanionChange
 from ampify.transforms.kit.positions import Positions
+from ampify.transforms.torch.companion_modules import read_companion
 from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
 
 
@@ -164,19 +165,10 @@ def plan_float32_functions(project, here: str, code: str,
     companions: List[CompanionChange] = []
     notes: List[str] = []
     for key, display, names, trains in project.unsafe_autograd_function_modules():
-        if trains:
-            return [], [], (f"{display} has a training step of its own: convert it first (ampify {display}), then "
-                            "rerun ampify on this file")
-        if not project.in_this_run(key):
-            return [], [], (f"{display} is not in this run: run ampify on both files or on the repository, and ampify "
-                            "decorates them there")
-        source = project.source_of(key)
-        if source is None:
-            return [], [], f"{display} cannot be read"
-        try:
-            module = cst.parse_module(source)
-        except Exception as error:
-            return [], [], f"{display} does not parse ({type(error).__name__})"
+        read = read_companion(project, key, display, trains, "decorates")
+        if isinstance(read, str):
+            return [], [], read
+        source, module = read
         functions, refused = float32_functions(module, names, devices)
         if refused is not None:
             return [], [], f"in {display}, {refused}"

@@ -45,6 +45,7 @@ import libcst as cst
 from ampify.findings import Finding, Severity
 from ampify.transforms.base import CompanionChange
 from ampify.transforms.kit.positions import Positions
+from ampify.transforms.torch.companion_modules import read_companion
 from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
 from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
 
@@ -218,19 +219,10 @@ def plan_float32_grams(project, here: str, code: str) -> Tuple[List[CompanionCha
     companions: List[CompanionChange] = []
     notes: List[str] = []
     for key, display, functions, trains in project.gram_matrix_modules():
-        if trains:
-            return [], [], (f"{display} has a training step of its own: convert it first (ampify {display}), then "
-                            "rerun ampify on this file")
-        if not project.in_this_run(key):
-            return [], [], (f"{display} is not in this run: run ampify on both files or on the repository, and ampify "
-                            "rewrites it there")
-        source = project.source_of(key)
-        if source is None:
-            return [], [], f"{display} cannot be read"
-        try:
-            module = cst.parse_module(source)
-        except Exception as error:
-            return [], [], f"{display} does not parse ({type(error).__name__})"
+        read = read_companion(project, key, display, trains, "rewrites")
+        if isinstance(read, str):
+            return [], [], read
+        source, module = read
         rewritten, refused = float32_gram_functions(module, functions)
         if refused is not None:
             return [], [], f"in {display}, {refused}"

@@ -39,6 +39,7 @@ from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.torch import names as names
+from ampify.transforms.torch.companion_modules import read_companion
 from ampify.transforms.torch.training_loop import numeric_value
 
 _SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
@@ -518,19 +519,10 @@ def plan_imported_fill_limits(project, here: str) -> Tuple[List[CompanionChange]
     companions: List[CompanionChange] = []
     notes: List[str] = []
     for key, display, trains in project.float16_overflow_modules():
-        if trains:
-            return [], [], (f"{display} has a training step of its own: convert it first (ampify {display}), then "
-                            "rerun ampify on this file")
-        if not project.in_this_run(key):
-            return [], [], (f"{display} is not in this run: run ampify on both files or on the repository, and ampify "
-                            "rewrites it there")
-        source = project.source_of(key)
-        if source is None:
-            return [], [], f"{display} cannot be read"
-        try:
-            module = cst.parse_module(source)
-        except Exception as error:
-            return [], [], f"{display} does not parse ({type(error).__name__})"
+        read = read_companion(project, key, display, trains, "rewrites")
+        if isinstance(read, str):
+            return [], [], read
+        source, module = read
         imports = ImportMap.from_module(module)
         limited = float16_safe_fills(module, imports)
         if limited is None and not _has_overflowing_fill(module, imports):

@@ -28,6 +28,7 @@ from ampify.findings import Finding, Severity
 from ampify.transforms.base import CompanionChange
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.kit.positions import Positions
+from ampify.transforms.torch.companion_modules import read_companion
 from ampify.transforms.torch.probability_clamps import probability_clamps
 
 #: names a clamp is called through as a function, not as a tensor's method (as probability_clamps.py)
@@ -131,19 +132,10 @@ def plan_float32_clamps(project, here: str, code: str,
     companions: List[CompanionChange] = []
     notes: List[str] = []
     for key, display, trains in project.probability_clamp_modules(max_eps):
-        if trains:
-            return [], [], (f"{display} has a training step of its own: convert it first (ampify {display}), then "
-                            "rerun ampify on this file")
-        if not project.in_this_run(key):
-            return [], [], (f"{display} is not in this run: run ampify on both files or on the repository, and ampify "
-                            "rewrites it there")
-        source = project.source_of(key)
-        if source is None:
-            return [], [], f"{display} cannot be read"
-        try:
-            module = cst.parse_module(source)
-        except Exception as error:
-            return [], [], f"{display} does not parse ({type(error).__name__})"
+        read = read_companion(project, key, display, trains, "rewrites")
+        if isinstance(read, str):
+            return [], [], read
+        source, module = read
         clamps = float32_clamps(module, source, max_eps)
         if clamps is None:
             continue  # rewritten already, by the change set of another training file of this run
