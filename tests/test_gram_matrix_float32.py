@@ -81,6 +81,13 @@ def test_a_method_of_a_model_class_is_rewritten_after_self():
     assert float32_gram_functions(rewritten.module, ["GramMatrix.forward"]) == (None, None)
 
 
+def test_a_function_defined_twice_is_refused():
+    source = ("import torch\n\n\ndef gram(x):\n    f = x.view(2, 3 * 4)\n    return torch.mm(f, f.t())\n\n\n"
+              "def gram(x):\n    f = x.view(2, 3 * 4)\n    return torch.mm(f, f.t()) / 12\n")
+    rewritten, refused = float32_gram_functions(cst.parse_module(source), ["gram"])
+    assert rewritten is None and "defined 2 times" in refused
+
+
 def test_a_name_that_is_no_function_nor_method_is_refused():
     source = "import torch\n\n\nclass G:\n    def gram(self, x):\n        f = x.view(2, 12)\n        return torch.mm(f, f.t())\n"
     rewritten, refused = float32_gram_functions(cst.parse_module(source), ["gram"])

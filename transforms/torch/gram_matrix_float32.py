@@ -71,7 +71,11 @@ def float32_gram_functions(module: cst.Module,
     compute in float32. Returns (the result, None); (None, None) when there is nothing to rewrite;
     (None, the reason) when one of them cannot be rewritten safely."""
     wanted: Set[str] = set(functions)
-    definitions = {name: found for name in wanted for found in [_definition(module, name)] if found is not None}
+    found_all = {name: _definitions(module, name) for name in wanted}
+    for name in sorted(wanted):
+        if len(found_all[name]) > 1:
+            return None, f"{name}() is defined {len(found_all[name])} times, so ampify cannot tell which one runs"
+    definitions = {name: found[0] for name, found in found_all.items() if found}
     for name in sorted(wanted):
         if name not in definitions:
             return None, f"{name}() is not a function defined at the module's top level, nor a method of a class there"
@@ -108,16 +112,15 @@ def _computes_in_reduced_precision(function: cst.FunctionDef, module: cst.Module
     return any(gram_matrix_line(node) for node in tree.body)
 
 
-def _definition(module: cst.Module, name: str) -> Optional[cst.FunctionDef]:
-    """The module-level function `name`, or the method `Class.method` of a module-level class."""
+def _definitions(module: cst.Module, name: str) -> List[cst.FunctionDef]:
+    """The module-level functions `name`, or the methods `Class.method` of module-level classes
+    (more than one: defined again, and only the last runs)."""
     owner, _, method = name.rpartition(".")
-    body = module.body
+    bodies = [module.body]
     if owner:
-        klass = next((s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value == owner), None)
-        if klass is None or not isinstance(klass.body, cst.IndentedBlock):
-            return None
-        body = klass.body.body
-    return next((s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == method), None)
+        bodies = [s.body.body for s in module.body
+                  if isinstance(s, cst.ClassDef) and s.name.value == owner and isinstance(s.body, cst.IndentedBlock)]
+    return [s for body in bodies for s in body if isinstance(s, cst.FunctionDef) and s.name.value == method]
 
 
 def _is_method(name: str) -> bool:
