@@ -225,7 +225,7 @@ def test_a_reshaped_step_computes_what_the_fp32_step_computed(dtype, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("name", ["wgan_gp", "wgan_gp_solver_method", "gail_discriminator"])
+@pytest.mark.parametrize("name", ["wgan_gp", "wgan_gp_solver_method", "gail_discriminator", "r1_penalty_unpacked"])
 def test_a_scaled_gradient_penalty_equals_the_fp32_penalty(name, dtype, tmp_path):
     """The penalty of the converted WGAN-GP critic step (gradients of scaler.scale(outputs),
     divided by the scale) equals the fp32 penalty within the reduced dtype's tolerance: the loss

@@ -80,7 +80,5 @@ def write_apex_penalty(edits, site: PenaltySite, amp: str, loss_id: int, scale_n
     scaled = cst.parse_expression(f"{outputs}.float() * {scale_name}")
     arguments = [a.with_changes(value=scaled) if a is site.outputs else a for a in site.call.args]
     edits.replace_call(site.call, site.call.with_changes(args=arguments))
-    unscale = (f"{site.target} = {site.target} / {scale_name}" if site.indexed
-               else f"{site.target} = tuple(g / {scale_name} for g in {site.target})")
-    edits.insert_after(site.statement, unscale)
+    edits.insert_after(site.statement, site.unscale(scale_name))
     return scale

@@ -40,6 +40,16 @@ class PenaltySite:
     helper_calls: List[cst.Call] = field(default_factory=list)
     #: create_graph=True (a gradient penalty); False: a plain autograd.grad of a loss (MAML, FGSM)
     penalty: bool = True
+    #: `grad_real, = autograd.grad(...)` (stylegan2's R1): the names the gradients are unpacked to
+    unpacked: Tuple[str, ...] = ()
+
+    def unscale(self, scale: str, indent: str = "") -> str:
+        """The statement(s) dividing the gradients by `scale`, lines after the first indented by `indent`."""
+        if self.unpacked:
+            return f"\n{indent}".join(f"{name} = {name} / {scale}" for name in self.unpacked)
+        if self.indexed:
+            return f"{self.target} = {self.target} / {scale}"
+        return f"{self.target} = tuple(g / {scale} for g in {self.target})"
 
 
 def penalty_sites(s: TrainingStructure, scaler_name: str,
@@ -82,12 +92,20 @@ def _site(s: TrainingStructure, call: cst.Call, scaler_name: str) -> Optional[Pe
 
 
 def _assigned_site(s: TrainingStructure, call: cst.Call) -> Optional[PenaltySite]:
-    """`g = autograd.grad(outputs, ...)[0]` or `grads = autograd.grad(...)`: the site, helper unset."""
+    """`g = autograd.grad(outputs, ...)[0]`, `grads = autograd.grad(...)` or `g, = autograd.grad(...)`:
+    the site, helper unset."""
     statement = s.statement_of(call)
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return None
     assign = statement.body[0]
-    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+        return None
+    target = assign.targets[0].target
+    unpacked: Tuple[str, ...] = ()
+    if isinstance(target, (cst.Tuple, cst.List)) and assign.value is call and target.elements and all(
+            isinstance(e, cst.Element) and isinstance(e.value, cst.Name) for e in target.elements):
+        unpacked = tuple(e.value.value for e in target.elements)
+    elif not isinstance(target, cst.Name):
         return None
     value = assign.value
     indexed = (
@@ -105,7 +123,8 @@ def _assigned_site(s: TrainingStructure, call: cst.Call) -> Optional[PenaltySite
         outputs = call.args[0]
     if outputs is None:
         return None
-    return PenaltySite(call, statement, assign.targets[0].target.value, indexed, outputs)
+    return PenaltySite(call, statement, unpacked[0] if unpacked else target.value, indexed, outputs,
+                       unpacked=unpacked)
 
 
 def _decorated(function: cst.FunctionDef) -> bool:
@@ -132,15 +151,14 @@ def write_penalty(edits, site: PenaltySite, unit: TrainingUnit, s: TrainingStruc
                   scaler_name: str, indent: str) -> None:
     """Scale the outputs, unscale the gradients; for a helper, its new parameter and the calls."""
     outputs = statements.code_of(site.outputs.value)
-    unscale = (f"{site.target} = {site.target} / {{s}}.get_scale()" if site.indexed
-               else f"{site.target} = tuple(g / {{s}}.get_scale() for g in {site.target})")
     if site.helper is None:
         scaled = cst.parse_expression(f"{reference}.scale({outputs})")
-        edits.insert_after(site.statement, unscale.format(s=reference))
+        edits.insert_after(site.statement, site.unscale(f"{reference}.get_scale()"))
     else:
         plain = outputs if isinstance(site.outputs.value, (cst.Name, cst.Attribute)) else f"({outputs})"
         scaled = cst.parse_expression(f"{scaler_name}.scale({outputs}) if {scaler_name} is not None else {plain}")
-        edits.insert_after(site.statement, f"if {scaler_name} is not None:\n{indent}" + unscale.format(s=scaler_name))
+        edits.insert_after(site.statement, f"if {scaler_name} is not None:\n{indent}"
+                           + site.unscale(f"{scaler_name}.get_scale()", indent))
         edits.add_parameter(site.helper, scaler_name, default="None")
         for call in site.helper_calls:
             if s.contains(unit.owner, call):
