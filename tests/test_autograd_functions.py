@@ -181,11 +181,17 @@ def test_decorated_as_the_warning_says_the_project_converts(tmp_path):
     assert "scaler.scale(loss).backward()" in run.stdout
 
 
-def test_a_function_in_the_training_file_itself_blocks_it_without_a_project():
+def test_a_function_in_the_training_file_itself_is_decorated_without_a_project():
+    """Found in the training file's own tree (no project): decorated there (AMP247) and the step
+    converts; on apex, which ignores the decorators, still refused (AMP334)."""
     source = model_module(conv_function()) + "\nmodel = Net()\ndevice = 'cuda'\noptimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n" + TRAINING
     conversion = convert_source(source, Options())
-    assert conversion.status is FileStatus.UNCONVERTED, conversion
-    assert any(f.code == "AMP241" and "line 6 Conv" in f.message for f in conversion.findings), conversion.findings
+    assert conversion.status is FileStatus.CHANGED, conversion
+    assert any(f.code == "AMP247" and "Conv (line 6)" in f.message for f in conversion.findings), conversion.findings
+    assert '@torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)' in conversion.converted
+    apex = convert_source(source, Options(backend="apex"))
+    assert apex.status is FileStatus.UNCONVERTED, apex
+    assert any(f.code == "AMP334" and "line 6 Conv" in f.message for f in apex.findings), apex.findings
 
 
 @pytest.mark.parametrize("fixed", [False, True])
