@@ -22,7 +22,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tup
 
 from ampify.transforms.kit.ast_names import ast_dotted as _dotted
 from ampify.transforms.tf1.names import is_tf1_optimizer_class
-from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
+from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line, torch_names
 from ampify.transforms.torch.sigmoid_models import sigmoid_model_classes
 from ampify.transforms.torch.probability_clamps import (
     LOG_OF_COMPLEMENT as _LOG_OF_COMPLEMENT,
@@ -685,15 +685,16 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
     products = ((b"mm(" in data or b"matmul(" in data or b"@" in data) and (b"view(" in data or b"reshape(" in data)
                 and (b"transpose(" in data or b".t()" in data or b".T" in data or b"permute(" in data or b".mT" in data))
     lines = data.split(b"\n") if products else []
+    gram_names = torch_names(tree) if products else None
     outline.mixed_precision = any(marker in data for marker in (b"autocast", b"GradScaler", b"scale_loss"))
     for statement in _module_level(tree.body):
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
             outline.functions[statement.name] = _function_outline(
-                statement, tensorflow, products and _may_hold_a_gram_matrix(lines, statement))
+                statement, tensorflow, gram_names if products and _may_hold_a_gram_matrix(lines, statement) else None)
         elif isinstance(statement, ast.ClassDef):
             outline.classes[statement.name] = statement.lineno
             if products:
-                outline.gram_matrix_methods += _gram_matrix_methods(statement, lines)
+                outline.gram_matrix_methods += _gram_matrix_methods(statement, lines, gram_names)
             trainer = _training_class_outline(statement)
             if trainer is not None:
                 outline.training_classes[statement.name] = trainer
@@ -991,12 +992,13 @@ def _training_class_outline(klass: ast.ClassDef) -> Optional[FunctionOutline]:
     return FunctionOutline(klass.name, klass.lineno, params, False, False, True, is_class=True)
 
 
-def _gram_matrix_methods(klass: ast.ClassDef, lines: List[bytes]) -> List[Tuple[int, str]]:
-    """(line, "Class.method") for the methods of `klass` computing a Gram matrix."""
+def _gram_matrix_methods(klass: ast.ClassDef, lines: List[bytes], names) -> List[Tuple[int, str]]:
+    """(line, "Class.method") for the methods of `klass` computing a Gram matrix (`names`: the
+    module's torch_names())."""
     found = []
     for method in klass.body:
         if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and _may_hold_a_gram_matrix(lines, method):
-            line = gram_matrix_line(method)
+            line = gram_matrix_line(method, names)
             if line:
                 found.append((line, f"{klass.name}.{method.name}"))
     return found
@@ -1009,7 +1011,8 @@ def _may_hold_a_gram_matrix(lines: List[bytes], function) -> bool:
     return (b"view(" in text or b"reshape(" in text) and (b"mm(" in text or b"matmul(" in text or b"@" in text)
 
 
-def _function_outline(function, tensorflow: bool = False, products: bool = False) -> FunctionOutline:
+def _function_outline(function, tensorflow: bool = False, gram_names=None) -> FunctionOutline:
+    """`gram_names`: the module's torch_names() when the function may hold a Gram matrix, else None."""
     params = tuple(a.arg for a in [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs])
     moved = set()
     returns = []
@@ -1043,7 +1046,7 @@ def _function_outline(function, tensorflow: bool = False, products: bool = False
     return FunctionOutline(function.name, function.lineno, params, returns_moved, builds_optimizer, calls_backward,
                            grad_with_graph=grad_with_graph, local_calls=tuple(sorted(local_calls)),
                            tf_gradients=tf_gradients, applies_gradients=applies_gradients,
-                           gram_matrix=gram_matrix_line(function) if products else 0)
+                           gram_matrix=gram_matrix_line(function, gram_names) if gram_names is not None else 0)
 
 
 def _is_grad_with_graph(call: ast.Call) -> bool:

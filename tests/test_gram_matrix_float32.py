@@ -196,3 +196,18 @@ def test_a_gram_matrix_function_of_the_training_file_runs_in_float32_under_cpu_a
     exec(compile(code, "<converted>", "exec"), namespace)
     assert namespace["GRAM_DTYPE"] == torch.float32
     assert abs(namespace["LOSS"]) < float("inf")
+
+
+@pytest.mark.parametrize("imports, product", [
+    ("import torch as th", "th.bmm(f, th.transpose(f, 1, 2))"),
+    ("from torch import bmm", "bmm(f, f.transpose(1, 2))"),
+    ("from torch import bmm as batch_mm", "batch_mm(f, f.transpose(1, 2))"),
+])
+def test_a_gram_matrix_through_an_alias_of_torch_is_found(imports, product):
+    import ast
+
+    from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line, torch_names
+
+    tree = ast.parse(f"{imports}\n\n\ndef gram(t):\n    f = t.view(2, 3, 4 * 5)\n    return {product}\n")
+    assert gram_matrix_line(tree.body[1], torch_names(tree)) == 6
+    assert gram_matrix_line(tree.body[1]) == 0  # without the module's names: not taken for torch's

@@ -109,7 +109,8 @@ def _computes_in_reduced_precision(function: cst.FunctionDef, module: cst.Module
         tree = ast.parse(textwrap.dedent(module.code_for_node(function.with_changes(decorators=[], leading_lines=[]))))
     except (SyntaxError, ValueError, RecursionError):
         return True
-    return any(gram_matrix_line(node) for node in tree.body)
+    names = (frozenset({"torch"} | module_level_aliases(module, "torch")), frozenset())
+    return any(gram_matrix_line(node, names) for node in tree.body)
 
 
 def _definitions(module: cst.Module, name: str) -> List[cst.FunctionDef]:

@@ -23,7 +23,7 @@ counted.
 from __future__ import annotations
 
 import ast
-from typing import Dict, Optional, Set, Tuple
+from typing import Dict, FrozenSet, Optional, Set, Tuple
 
 from ampify.transforms.kit.ast_names import ast_dotted as _dotted
 
@@ -32,8 +32,24 @@ _PRODUCT_METHODS = frozenset({"mm", "bmm", "matmul"})
 _TRANSPOSE_METHODS = frozenset({"t", "transpose", "permute"})
 
 
-def gram_matrix_line(function: ast.AST) -> int:
-    """The line of the first Gram matrix of a flattened feature map in `function`'s body; 0 if none."""
+def torch_names(tree: ast.AST) -> Tuple[FrozenSet[str], FrozenSet[str]]:
+    """(the names bound to the torch module: `torch`, `th` of `import torch as th`; the names bound
+    to its product functions: `mm` of `from torch import mm`), for gram_matrix_line."""
+    modules, products = {"torch"}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.update(alias.asname for alias in node.names if alias.name == "torch" and alias.asname)
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch" and node.level == 0:
+            products.update(alias.asname or alias.name for alias in node.names if alias.name in _PRODUCT_METHODS)
+    return frozenset(modules), frozenset(products)
+
+
+_TORCH_ONLY = (frozenset({"torch"}), frozenset())
+
+
+def gram_matrix_line(function: ast.AST, names: Tuple[FrozenSet[str], FrozenSet[str]] = _TORCH_ONLY) -> int:
+    """The line of the first Gram matrix of a flattened feature map in `function`'s body; 0 if none.
+    `names`: torch_names() of its module (`th.mm(f, f.t())` after `import torch as th`)."""
     flattened: Set[str] = set()
     transposed: Dict[str, Optional[str]] = {}
     for node in ast.walk(function):
@@ -41,19 +57,19 @@ def gram_matrix_line(function: ast.AST) -> int:
             name = node.targets[0].id
             if _is_flattening(node.value):
                 flattened.add(name)
-            base = _transpose_of(node.value, {})
+            base = _transpose_of(node.value, {}, names[0])
             if base is not None:
                 transposed[name] = base if transposed.get(name, base) == base else None
     in_float32 = _inside_float32_blocks(function)
     for node in ast.walk(function):
         if id(node) in in_float32:
             continue
-        operands = _product_operands(node)
+        operands = _product_operands(node, names)
         if operands is None:
             continue
         sides = []
         for operand in operands:
-            base = _transpose_of(operand, transposed)
+            base = _transpose_of(operand, transposed, names[0])
             sides.append((base, True) if base is not None else (_dotted(operand), False))
         (left, left_transposed), (right, right_transposed) = sides
         if left is not None and left == right and left_transposed != right_transposed and left in flattened:
@@ -61,30 +77,35 @@ def gram_matrix_line(function: ast.AST) -> int:
     return 0
 
 
-def _product_operands(node: ast.AST) -> Optional[Tuple[ast.expr, ast.expr]]:
+def _product_operands(node: ast.AST, names: Tuple[FrozenSet[str], FrozenSet[str]] = _TORCH_ONLY
+                      ) -> Optional[Tuple[ast.expr, ast.expr]]:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
         return node.left, node.right
     if not isinstance(node, ast.Call) or node.keywords:
         return None
     name = _dotted(node.func) or ""
-    if name in _PRODUCT_FUNCTIONS and len(node.args) == 2:
+    root, _, last = name.rpartition(".")
+    function = (root in names[0] and last in _PRODUCT_METHODS) or (not root and name in names[1])
+    if function and len(node.args) == 2:
         return node.args[0], node.args[1]
     if isinstance(node.func, ast.Attribute) and node.func.attr in _PRODUCT_METHODS and len(node.args) == 1 \
-            and name not in _PRODUCT_FUNCTIONS:
+            and not function:
         return node.func.value, node.args[0]
     return None
 
 
-def _transpose_of(node: ast.expr, transposed: Dict[str, Optional[str]]) -> Optional[str]:
+def _transpose_of(node: ast.expr, transposed: Dict[str, Optional[str]],
+                  modules: FrozenSet[str] = frozenset({"torch"})) -> Optional[str]:
     if isinstance(node, ast.Name):
         return transposed.get(node.id)
     if isinstance(node, ast.Attribute) and node.attr in ("T", "mT"):
         return _dotted(node.value)
     if isinstance(node, ast.Call):
-        if isinstance(node.func, ast.Attribute) and node.func.attr in _TRANSPOSE_METHODS \
-                and _dotted(node.func) != "torch.transpose":
+        root, _, last = (_dotted(node.func) or "").rpartition(".")
+        function = root in modules and last == "transpose"
+        if isinstance(node.func, ast.Attribute) and node.func.attr in _TRANSPOSE_METHODS and not function:
             return _dotted(node.func.value)
-        if _dotted(node.func) == "torch.transpose" and node.args:
+        if function and node.args:
             return _dotted(node.args[0])
     return None
 

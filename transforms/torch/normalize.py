@@ -32,7 +32,7 @@ from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_
 from ampify.transforms.torch.probability_clamps_float32 import Float32Clamps, float32_clamps
 from ampify.transforms.torch.autograd_functions import unsafe_autograd_functions
 from ampify.transforms.torch.gram_matrix_float32 import Float32Grams, float32_gram_functions
-from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
+from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line, torch_names
 from ampify.transforms.torch.autograd_functions_float32 import Float32Functions, autocast_devices, float32_functions
 from ampify.transforms.torch.autocast_regions import LOSS_REDUCTIONS
 from ampify.transforms.kit.fast_walk import walk
@@ -385,12 +385,13 @@ def _own_gram_matrix_functions(module: cst.Module) -> List[str]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     found = []
+    names = torch_names(tree)
     for statement in tree.body:
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and gram_matrix_line(statement):
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and gram_matrix_line(statement, names):
             found.append(statement.name)
         elif isinstance(statement, ast.ClassDef):
             found += [f"{statement.name}.{method.name}" for method in statement.body
-                      if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and gram_matrix_line(method)]
+                      if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and gram_matrix_line(method, names)]
     return found
 
 
