@@ -233,34 +233,25 @@ def converted_in_shape(
     if imports is not None and clamp_code is not None:
         clamps = float32_clamps(module)
         if clamps is not None and clamps.rewritten and not clamps.left:
-            clamped_result = converted_in_shape(clamps.module, convert, imports, context)
-            if not any(f.code in _CLAMP_REFUSALS for f in clamped_result.findings) and (
-                    clamped_result.verdict is Verdict.CONVERTED):
-                return _with_float32_clamps(module, clamps, clamp_code, clamped_result)
+            fixed = _converted_without(clamps.module, _CLAMP_REFUSALS, convert, imports, context)
+            if fixed is not None:
+                return _with_float32_clamps(module, clamps, clamp_code, fixed)
     if imports is not None and any(f.code in _GRAM_REFUSALS for f in result.findings):
         names = _own_gram_matrix_functions(module)
         grams, why = float32_gram_functions(module, names) if names else (None, None)
         if why is not None:
-            left = "; the training steps of this file were left unconverted"
-            result.findings = [replace(f, message=f.message.replace(left, f"; ampify did not rewrite it: {why}{left}", 1))
-                               if f.code in _GRAM_REFUSALS else f for f in result.findings]
-        if grams is not None:
-            gram_result = converted_in_shape(grams.module, convert, imports, context)
-            if not any(f.code in _GRAM_REFUSALS for f in gram_result.findings) and (
-                    gram_result.verdict is Verdict.CONVERTED):
-                return _with_float32_grams(module, grams, gram_result)
+            result.findings = _with_reason(result.findings, _GRAM_REFUSALS, "rewrite", why)
+        fixed = _converted_without(grams.module, _GRAM_REFUSALS, convert, imports, context) if grams else None
+        if fixed is not None:
+            return _with_float32_grams(module, grams, fixed)
     if imports is not None and any(f.code in _FUNCTION_REFUSALS for f in result.findings):
         names = _own_unsafe_function_names(module)
         functions, why = float32_functions(module, names, autocast_devices(module.code)) if names else (None, None)
         if why is not None:
-            left = "; the training steps of this file were left unconverted"
-            result.findings = [replace(f, message=f.message.replace(left, f"; ampify did not decorate it: {why}{left}"))
-                               if f.code in _FUNCTION_REFUSALS else f for f in result.findings]
-        if functions is not None:
-            decorated_result = converted_in_shape(functions.module, convert, imports, context)
-            if not any(f.code in _FUNCTION_REFUSALS for f in decorated_result.findings) and (
-                    decorated_result.verdict is Verdict.CONVERTED):
-                return _with_float32_functions(module, functions, decorated_result)
+            result.findings = _with_reason(result.findings, _FUNCTION_REFUSALS, "decorate", why)
+        fixed = _converted_without(functions.module, _FUNCTION_REFUSALS, convert, imports, context) if functions else None
+        if fixed is not None:
+            return _with_float32_functions(module, functions, fixed)
     if imports is not None and any(f.code in _BCE_REFUSALS for f in result.findings):
         # only files the BCE hazard stopped pay for the attempt
         project = context.project if context is not None else None
@@ -292,6 +283,22 @@ def converted_in_shape(
                     converted.companions = [*converted.companions, companion]
                     return converted
     return result
+
+
+def _converted_without(fixed: cst.Module, codes, convert, imports, context) -> Optional[TransformResult]:
+    """The module converted again after a local fix of its own (float32 clamps, Gram matrices or
+    Functions): kept when it converts with none of the refusals `codes` left."""
+    fixed_result = converted_in_shape(fixed, convert, imports, context)
+    if fixed_result.verdict is Verdict.CONVERTED and not any(f.code in codes for f in fixed_result.findings):
+        return fixed_result
+    return None
+
+
+def _with_reason(findings, codes, verb: str, why: str):
+    """The refusals `codes` also say why ampify did not fix the hazard itself."""
+    left = "; the training steps of this file were left unconverted"
+    return [replace(f, message=f.message.replace(left, f"; ampify did not {verb} it: {why}{left}", 1))
+            if f.code in codes else f for f in findings]
 
 
 def _with_note_on_bce(findings, note: str):
