@@ -107,7 +107,7 @@ def log_of_probability_calls(module: cst.Module, imports: ImportMap, vocabulary:
     for scope, calls in index.calls_by_scope.items():
         judge = _Judge(imports, models)
         judge.probabilities = _probability_names(index.assignments_by_scope.get(scope, []), judge)
-        clamped = _float32_clamped_names(index.assignments_by_scope.get(scope, []))
+        clamped = _float32_clamped_names(index.assignments_by_scope.get(scope, []), imports)
         for call in calls:
             if id(call) in index.without_grad:
                 continue
@@ -507,7 +507,7 @@ class _Judge:
         return None
 
 
-def _float32_clamped_names(assignments: List[cst.Assign]) -> Set[str]:
+def _float32_clamped_names(assignments: List[cst.Assign], imports: "_Names") -> Set[str]:
     """Names bound (every time, in one scope) to a clamp of a float32 copy below 1:
     `p = torch.clamp(p.float(), 1e-7, 1 - 1e-7)`, `p = p.float().clamp(min=eps, max=1 - eps)`
     (probability_clamps_float32.py writes them)."""
@@ -515,16 +515,17 @@ def _float32_clamped_names(assignments: List[cst.Assign]) -> Set[str]:
     for assign in assignments:
         if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
             name = assign.targets[0].target.value
-            bound[name] = bound.get(name, True) and _is_float32_clamp(assign.value)
+            bound[name] = bound.get(name, True) and _is_float32_clamp(assign.value, imports)
     return {name for name, clamped in bound.items() if clamped}
 
 
-def _is_float32_clamp(value: cst.BaseExpression) -> bool:
+def _is_float32_clamp(value: cst.BaseExpression, imports: "_Names") -> bool:
     if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
             and value.func.attr.value in ("clamp", "clip")):
         return False
     receiver = value.func.value
-    method = not (isinstance(receiver, cst.Name) and receiver.value in ("torch", "th"))
+    # `torch.clamp(p.float(), ...)` (torch under any alias) takes the tensor first; `p.float().clamp(...)` is its receiver
+    method = imports.resolve(value.func) not in imports.vocabulary.through_functions
     clamped = receiver if method else (value.args[0].value if value.args else None)
     if not (isinstance(clamped, cst.Call) and isinstance(clamped.func, cst.Attribute)
             and clamped.func.attr.value in ("float", "double") and not clamped.args):
