@@ -160,6 +160,9 @@ class ModuleOutline:
     #: the module names a sigmoid and a log (bytes): it may take the log of a sigmoid's probability,
     #: which a training file importing it would run under autocast (kit/log_of_sigmoid.py)
     may_log_a_sigmoid: bool = False
+    #: module-level class -> its methods decorated `@torch.no_grad()` (or `inference_mode`):
+    #: what they return carries no gradient (stylegan2's `AdaptiveAugment.tune`)
+    no_grad_methods: Dict[str, FrozenSet[str]] = field(default_factory=dict)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -702,6 +705,9 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
             if own_backward is not None:
                 outline.loss_backwards[statement.name] = own_backward
             outline.class_shapes[statement.name] = _class_shape(statement)
+            no_grad = no_grad_methods(statement)
+            if no_grad:
+                outline.no_grad_methods[statement.name] = no_grad
         elif isinstance(statement, ast.Import):
             for alias in statement.names:
                 if alias.asname:
@@ -978,6 +984,22 @@ def _class_shape(klass: ast.ClassDef) -> Tuple[Tuple[str, ...], FrozenSet[str]]:
     bases = tuple(filter(None, (_dotted(base).rsplit(".", 1)[-1] if _dotted(base) else None for base in klass.bases)))
     methods = frozenset(node.name for node in klass.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
     return bases, methods
+
+
+def no_grad_methods(klass: ast.ClassDef) -> FrozenSet[str]:
+    """The methods of a class decorated `@torch.no_grad()` / `@torch.inference_mode()` (called or
+    not, through any module alias): no value they return carries a gradient."""
+    found = set()
+    for node in klass.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for decorator in node.decorator_list:
+            target = decorator.func if isinstance(decorator, ast.Call) else decorator
+            name = _dotted(target) or ""
+            if name.rsplit(".", 1)[-1] in ("no_grad", "inference_mode") and not (
+                    isinstance(decorator, ast.Call) and (decorator.args or decorator.keywords)):
+                found.add(node.name)
+    return frozenset(found)
 
 
 def _training_class_outline(klass: ast.ClassDef) -> Optional[FunctionOutline]:
@@ -1634,6 +1656,17 @@ class ProjectView:
         shape = target.class_shapes.get(name) if target is not None else None
         return str(path), name, shape is not None and any(
             base.endswith("Optimizer") and "sched" not in base.lower() for base in shape[0])
+
+    def no_grad_method(self, local: str, method: str) -> bool:
+        """Is `method` of the class this module imports from another project module as `local`
+        decorated `@torch.no_grad()` there (what it returns carries no gradient)?"""
+        outline = self._own_outline()
+        found = self.index.project_class(self.path, local, outline.imports) if outline is not None else None
+        if found is None:
+            return False
+        path, name, _ = found
+        target = self.index.outline(path)
+        return target is not None and method in target.no_grad_methods.get(name, frozenset())
 
     def only_inspects_parameter(self, dotted: str, position: Optional[int], keyword: Optional[str],
                                 allowed: Sequence[str]) -> bool:

@@ -770,3 +770,35 @@ def test_clipping_before_a_loop_over_the_optimizers_sees_unscaled_gradients_on_c
     scaled_norms, _ = run(conversion.converted.replace(
         "    for optimizer in optimizers:\n        scaler.unscale_(optimizer)\n", ""))
     assert all(norm > 1000 * full for norm, full in zip(scaled_norms, fp32_norms))
+
+
+def _lazy_regularization_log(folder: Path, *flags: str) -> dict:
+    import json
+    import subprocess
+
+    completed = subprocess.run([sys.executable, "train.py", "--augment", "--iter", "4", *flags], cwd=folder,
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    return json.loads(completed.stdout)
+
+
+def test_lazy_regularization_steps_run_with_one_update_per_stepped_optimizer(tmp_path):
+    """The golden stylegan2-style trainer (fixtures/repositories/lazy_regularization_steps), as
+    converted: each network is stepped again in an `if` every other iteration, so update() follows
+    its first step and the iteration's last update() sits in the generator's regularization branch.
+    On CPU float16 all four iterations run (GradScaler raises on a second step between updates and
+    on an update() with no step since the last one), and with a learning rate of 0 every loss and
+    penalty equals the fp32 one; with training on, every value stays finite."""
+    import shutil
+
+    case = Path(__file__).resolve().parent.parent / "fixtures" / "repositories" / "lazy_regularization_steps"
+    shutil.copytree(case / "input", tmp_path / "fp32")
+    shutil.copytree(case / "input", tmp_path / "mixed")
+    shutil.copy(case / "expected" / "train.py", tmp_path / "mixed" / "train.py")
+    fp32 = _lazy_regularization_log(tmp_path / "fp32", "--lr", "0")
+    mixed = _lazy_regularization_log(tmp_path / "mixed", "--lr", "0")
+    assert [len(mixed[key]) for key in ("d", "r1", "g", "path")] == [4, 2, 4, 2]
+    for key in fp32:
+        assert mixed[key] == pytest.approx(fp32[key], rel=2e-2, abs=1e-3), key
+    trained = _lazy_regularization_log(tmp_path / "mixed")
+    assert all(math.isfinite(value) for values in trained.values() for value in values), trained

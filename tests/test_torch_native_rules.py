@@ -391,19 +391,44 @@ for x in loader:
     # would rescale them
     ("", "    other_optimizer.zero_grad()\n    third = other(x).mean()\n    third.backward()\n    other_optimizer.step()",
      "no optimizer.zero_grad() and backward() between line 12 and its step at line 16"),
-    # the last step of the iteration is conditional: its update() could run without a step
-    ("    optimizer.zero_grad()", "",
+    # the steps after the first are all conditional, and not the same optimizer's alone: an
+    # update() in the first branch could leave the other's step without one, one after both could
+    # run with no step since the last
+    ("    optimizer.zero_grad()",
+     "    if x.mean() > 0:\n        other_optimizer.zero_grad()\n        third = other(x).mean()\n"
+     "        third.backward()\n        other_optimizer.step()",
      "leave the iteration's last update() without a step that always runs after it"),
 ])
 def test_an_optimizer_stepped_twice_is_refused_when_an_update_between_would_be_wrong(between, after, reason):
     source = _STEPPED_TWICE.format(between=between, after=after)
-    if not after:
+    if between:
         source = source.replace("    second.backward()\n    optimizer.step()",
                                 "    if x.sum() > 0:\n        second.backward()\n        optimizer.step()")
     conversion = convert_source(source)
     assert conversion.status is FileStatus.UNCONVERTED, conversion.status
     (finding,) = [f for f in conversion.findings if "stepped twice" in f.message]
     assert "optimizer is stepped twice in one iteration" in finding.message and reason in finding.message, finding.message
+
+
+def test_an_optimizer_stepped_again_in_a_last_branch_gets_the_last_update_in_that_branch():
+    """stylegan2's lazy regularization: the generator is stepped for its loss, then again in
+    `if g_regularize:`; update() follows the first step, and the iteration's last update() goes
+    after the conditional step, in its branch (never after the `if`, where it would run with no
+    step since the previous update() whenever the branch is skipped)."""
+    source = _STEPPED_TWICE.format(between="    optimizer.zero_grad()", after="").replace(
+        "    second.backward()\n    optimizer.step()",
+        "    if x.sum() > 0:\n        second.backward()\n        optimizer.step()")
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.CHANGED, conversion.findings
+    tail = conversion.converted.split("optimizer.zero_grad()\n", 2)[2]
+    assert tail.endswith(
+        "    with torch.autocast(device_type=\"cuda\", dtype=torch.float16):\n"
+        "        second = model(x).pow(2).mean()\n"
+        "    if x.sum() > 0:\n"
+        "        scaler.scale(second).backward()\n"
+        "        scaler.step(optimizer)\n"
+        "        scaler.update()\n\n"), tail
+    assert conversion.converted.count("scaler.update()") == 2
 
 
 def test_an_optimizer_stepped_twice_gets_an_update_after_its_first_step():
@@ -663,3 +688,100 @@ def test_an_autograd_grad_in_the_step_is_scaled_where_it_can_be_and_refused_else
     apex = convert_source(source, Options(backend="apex"))
     assert apex.status is FileStatus.UNCONVERTED
     assert [f.code for f in apex.findings if f.severity is Severity.WARNING] == ["AMP312"], apex.findings
+
+
+_HANDED_OPTIMIZER = """\
+import torch
+import torch.nn as nn
+
+
+def train(loader, net, opt):
+    for x in loader:
+        net.zero_grad()
+        loss = net(x).mean()
+        loss.backward()
+        opt.step()
+        net.zero_grad()
+        second = net(x).pow(2).mean()
+        second.backward()
+        opt.step()
+
+
+if __name__ == "__main__":
+    a = nn.Linear(4, 1).cuda()
+    b = nn.Linear(4, 1).cuda()
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.1)
+    train(loader, a, opt_a)
+{second_call}
+"""
+
+
+@pytest.mark.parametrize("second_call, converts", [
+    ("    train(loader, b, opt_b)", True),
+    # the second call hands the optimizer of another model: net.zero_grad() is not known to zero opt's
+    ("    train(loader, a, opt_b)", False),
+])
+def test_a_model_handed_in_with_its_optimizer_zeroes_its_gradients(second_call, converts):
+    """`net.zero_grad()` clears the gradients of `opt` when every call of the function hands it the
+    model that optimizer was built from (stylegan2's `discriminator.zero_grad()` in train(), its
+    d_optim built under `__main__`): the second step of one iteration then gets its own update()."""
+    conversion = convert_source(_HANDED_OPTIMIZER.format(second_call=second_call))
+    if converts:
+        assert conversion.status is FileStatus.CHANGED, conversion.findings
+        assert conversion.converted.count("scaler.update()") == 2
+    else:
+        assert conversion.status is FileStatus.UNCONVERTED
+        (finding,) = [f for f in conversion.findings if "stepped twice" in f.message]
+        assert "no opt.zero_grad() and backward() between" in finding.message, finding.message
+
+
+_TUNED_BETWEEN_STEPS = """\
+import torch
+import torch.nn as nn
+
+
+class Tuner:
+    def __init__(self):
+        self.p = 0.0
+
+    {decorator}
+    def tune(self, pred):
+        self.p = float(torch.sign(pred).mean())
+        return self.p
+
+
+model = nn.Linear(4, 1).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+tuner = Tuner()
+p = 0.0
+for i, x in enumerate(loader):
+    pred = model(x * p)
+    loss = pred.mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    if i > 10:
+        p = tuner.tune(pred)
+    if i % 4 == 0:
+        again = model(x * p).pow(2).mean()
+        optimizer.zero_grad()
+        again.backward()
+        optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("decorator", ["@torch.no_grad()", "@torch.inference_mode()", "@staticmethod"])
+def test_a_value_from_a_no_grad_method_is_no_forward_pass_of_the_next_loss(decorator):
+    """`p = tuner.tune(pred)` in an `if` before the regularization step: with tune() under
+    torch.no_grad() what it returns carries no gradient, so the step converts; a plain method may
+    run a model whose output the loss then needs outside any autocast region: refused."""
+    source = _TUNED_BETWEEN_STEPS.format(decorator=decorator)
+    if decorator == "@staticmethod":
+        source = source.replace("    @staticmethod\n", "")
+    conversion = convert_source(source)
+    if decorator == "@staticmethod":
+        assert conversion.status is FileStatus.UNCONVERTED
+        assert any("is outside the block that computes the loss" in f.message for f in conversion.findings)
+    else:
+        assert conversion.status is FileStatus.CHANGED, conversion.findings

@@ -86,6 +86,10 @@ class ProjectFacts(Protocol):
         `models.Discriminator`) -> "models.py:12 Discriminator", for those whose forward() returns a
         sigmoid's probability."""
 
+    def no_grad_method(self, local: str, method: str) -> bool:
+        """Is `method` of the class this module imports from another project module as `local`
+        decorated `@torch.no_grad()` there (what it returns carries no gradient)?"""
+
     def imported_module_sources(self) -> Sequence[Tuple[str, str, bytes]]:
         """(key, "vae.py", source) for the project modules this module imports, directly or not."""
 

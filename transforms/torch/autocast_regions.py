@@ -294,7 +294,40 @@ class AutocastPlanner:
         """Does the statement call something other than imported functions, tensor methods,
         builtins and this module's model-free helpers (StarGAN's `self.label2onehot(labels, dim)`):
         a model, a loss module, a helper that runs them?"""
-        return statements.calls_model(statement, self.imports, self._model_free())
+        model_free = self._model_free()
+        no_grad = self._no_grad_calls(statement)
+        if no_grad:
+            model_free = {**model_free, **{name: [] for name in no_grad}}
+        return statements.calls_model(statement, self.imports, model_free)
+
+    def _no_grad_calls(self, statement: cst.CSTNode) -> Set[str]:
+        """Calls in the statement of a method decorated `@torch.no_grad()` on an object built from
+        a class of this module or of another project module (stylegan2's `ada_aug_p =
+        ada_augment.tune(real_pred)`, AdaptiveAugment in non_leaking.py): what they return carries
+        no gradient, so they run no forward pass a loss is computed from."""
+        s = self.structure
+        found: Set[str] = set()
+        for call in statements.calls_within(statement):
+            func = call.func
+            if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
+                continue
+            bindings = s.bindings_visible(func.value.value, s.scope_of(call))
+            classes = {dotted_name(b.value.func) if isinstance(b.value, cst.Call) else None for b in bindings}
+            if len(classes) != 1 or None in classes:
+                continue
+            klass = classes.pop()
+            if self._no_grad_method(klass, func.attr.value):
+                found.add(f"{func.value.value}.{func.attr.value}")
+        return found
+
+    def _no_grad_method(self, klass: str, method: str) -> bool:
+        own = next((statement for statement in self.structure.module.body
+                    if isinstance(statement, cst.ClassDef) and statement.name.value == klass), None)
+        if own is not None:
+            return any(isinstance(member, cst.FunctionDef) and member.name.value == method
+                       and any(_is_no_grad_decorator(d.decorator) for d in member.decorators)
+                       for member in own.body.body)
+        return self.project is not None and self.project.no_grad_method(klass, method)
 
     def _calls_own_method_running_a_model(self, statement: cst.CSTNode, model_free) -> bool:
         """`loss = self.update(view_1, view_2)` (sthalles/PyTorch-BYOL): a method of this module's
@@ -507,6 +540,15 @@ class AutocastPlanner:
         return found
 
     # scaler.update() -------------------------------------------------------------------
+
+
+def _is_no_grad_decorator(decorator: cst.BaseExpression) -> bool:
+    """`@torch.no_grad()`, `@torch.no_grad`, `@torch.inference_mode()` (no arguments)."""
+    if isinstance(decorator, cst.Call):
+        if decorator.args:
+            return False
+        decorator = decorator.func
+    return (dotted_name(decorator) or "").rsplit(".", 1)[-1] in ("no_grad", "inference_mode")
 
 
 #: `_`: a value thrown away (`actions, _, _ = actor.get_action(obs)`, `for _ in range(k)`), never

@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence, Set
 import libcst as cst
 
 from ampify.transforms.kit.imports import dotted_name
-from ampify.transforms.torch.statements import calls_within
+from ampify.transforms.torch.statements import argument_for, calls_within, parameter_positions
 from ampify.transforms.torch.training_loop import TrainingStructure, TrainingUnit
 
 _PARAMETER_METHODS = ("parameters", "named_parameters")
@@ -67,7 +67,45 @@ def models_of(s: TrainingStructure, unit: TrainingUnit, optimizer: str) -> Set[s
                 sources += [b.value for b in s.bindings_visible(name, binding.scope) if b.value is not None]
         for source in sources:
             found |= _parameter_receivers_of(source)
+    if not found:
+        found = _models_passed_with(s, unit, optimizer)
     return found
+
+
+def _models_passed_with(s: TrainingStructure, unit: TrainingUnit, optimizer: str) -> Set[str]:
+    """The optimizer is a parameter of the unit's module-level function, which this module calls
+    (stylegan2-pytorch's `train(args, loader, generator, discriminator, g_optim, d_optim, ...)`, its
+    optimizers built under `if __name__ == "__main__":` from `discriminator.parameters()`): the
+    parameters through which every call passes the models that optimizer was built from, so that
+    `discriminator.zero_grad()` in the function is known to zero d_optim's gradients. Empty when a
+    call passes something else, the calls disagree, there is none, or the function rebinds them."""
+    function = unit.scope
+    if "." in optimizer or not isinstance(function, cst.FunctionDef) or function not in s.module.body:
+        return set()
+    positions = parameter_positions(function)
+    if optimizer not in positions:
+        return set()
+    calls = [call for call in calls_within(s.module) if dotted_name(call.func) == function.name.value]
+    agreed: Optional[Set[str]] = None
+    for call in calls:
+        passed = argument_for(call, optimizer, positions)
+        name = dotted_name(passed) if passed is not None else None
+        if name is None or "." in name:
+            return set()
+        caller = s.scope_of(call)
+        built_from: Set[str] = set()
+        for binding in s.bindings_visible(name, caller):
+            if isinstance(binding.value, cst.Call):
+                built_from |= _parameter_receivers_of(binding.value)
+        parameters = {parameter for parameter in positions
+                      if dotted_name(argument_for(call, parameter, positions) or cst.Name("_")) in built_from}
+        if not parameters or (agreed is not None and parameters != agreed):
+            return set()
+        agreed = parameters
+    if not agreed:
+        return set()
+    rebound = {binding.name for binding in s.bindings if binding.scope is function and binding.kind != "parameter"}
+    return set() if agreed & rebound else agreed
 
 
 def _parameter_receivers(arguments: Sequence[cst.Arg]) -> Set[str]:

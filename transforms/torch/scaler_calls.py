@@ -30,6 +30,10 @@ class ScalerCallPlanner:
         #: per unit (by id): steps after which scaler.update() also goes, their optimizer being
         #: stepped again later in the iteration
         self.restep_updates: Dict[int, List[cst.CSTNode]] = {}
+        #: per unit (by id): the conditional last step after which the iteration's last
+        #: `scaler.update()` goes, in its branch, when an update() already follows that
+        #: optimizer's earlier step (stylegan2's `if g_regularize: ... g_optim.step()`)
+        self.last_update_in_branch: Dict[int, cst.CSTNode] = {}
         #: clipping statements (by id) whose unscale_ is a loop over the optimizers a later loop
         #: steps: the iterable's code (`optimizers` for `for optimizer in optimizers: scaler.unscale_(optimizer)`)
         self.unscale_loops: Dict[int, str] = {}
@@ -88,7 +92,7 @@ class ScalerCallPlanner:
             self.early_exit_updates[id(unit)].append(exit_anchor)
         self.restep_updates[id(unit)] = self._updates_between_steps_of_one_optimizer(unit, steps, paths, common_depth)
         check_no_gradients_unscaled_twice(self.structure, unit, steps, self.zero_grads_of)
-        return body[last]
+        return self.last_update_in_branch.get(id(unit), body[last])
 
     def _updates_between_steps_of_one_optimizer(
         self, unit: TrainingUnit, steps: Sequence[StepCall], paths, common_depth: int
@@ -131,9 +135,34 @@ class ScalerCallPlanner:
             always = [k for k in range(index + 1, len(steps)) if len(paths[k]) == common_depth
                       and isinstance(paths[k][-1][1], cst.SimpleStatementLine)]
             if not always:
-                refuse("leave the iteration's last update() without a step that always runs after it")
+                last_in_branch = self._lone_conditional_last_step(steps, paths, index, common_depth)
+                if last_in_branch is None:
+                    refuse("leave the iteration's last update() without a step that always runs after it")
+                self.last_update_in_branch[id(unit)] = last_in_branch
             found.append(statement)
         return found
+
+    def _lone_conditional_last_step(self, steps: Sequence[StepCall], paths, index: int,
+                                    common_depth: int) -> Optional[cst.CSTNode]:
+        """The statement of the iteration's last step when it is the only step after steps[index],
+        steps the same optimizer again, and sits alone in the body of a plain `if` (no loop, no
+        jump) of the block holding the steps: stylegan2's generator, stepped for its loss, then in
+        `if g_regularize:` for the path-length penalty. `scaler.update()` then follows the first
+        step, and the iteration's last update() goes right after the conditional one, in its
+        branch: every update() has a step since the previous one, and no optimizer is stepped twice
+        between two. None otherwise."""
+        if index != len(steps) - 2 or steps[-1].receiver != steps[index].receiver or len(paths[index]) != common_depth:
+            return None
+        path = paths[-1]
+        if len(path) != common_depth + 1 or not isinstance(path[-1][1], cst.SimpleStatementLine):
+            return None
+        holder = path[common_depth - 1][1]
+        if not isinstance(holder, cst.If) or holder.orelse is not None or path[-1][0] is not holder.body:
+            return None
+        statement = path[-1][1]
+        if statements.find_jump(holder) is not None:
+            return None
+        return statement
 
     def _exclusive(self, node: cst.CSTNode, other: cst.CSTNode) -> bool:
         """Do the two calls never both run in one iteration? They sit in different branches of
