@@ -938,3 +938,16 @@ def test_folders_a_script_puts_on_sys_path_are_searched_for_its_imports(setup, t
     assert index.resolve_module(script, "core.engine") == (tmp_path / "lib" / "core" / "engine.py").resolve()
     script.write_text("import os\nimport sys\nfrom core.engine import train_one_epoch\n")
     assert RepositoryIndex(tmp_path).resolve_module(script, "core.engine") is None
+
+
+def test_a_step_helper_called_from_other_modules_is_refused_naming_them(tmp_path):
+    """The golden step_helper_in_a_base_class: BaseAgent.take_optimisation_step() is handed its
+    losses by agents in other modules (p-christ's layout); converting the helper alone would leave
+    their forward passes in float32 and their calls without the scaler, so it is refused naming
+    the caller's module."""
+    tree = tmp_path / "repo"
+    shutil.copytree(ROOT / "fixtures" / "repositories" / "step_helper_in_a_base_class" / "input", tree)
+    completed = subprocess.run([sys.executable, "-m", "ampify", "--check", str(tree)],
+                               capture_output=True, text=True, cwd=tmp_path)
+    assert completed.returncode == 1, completed.stdout + completed.stderr
+    assert "take_optimisation_step() steps the loss it is handed, and is called from agents/dqn.py" in completed.stdout

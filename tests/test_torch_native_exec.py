@@ -24,7 +24,8 @@ from torch_amp_runner import run_script  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "torch_native" / "exec"
 #: scripts that are golden inputs as they stand: run from there rather than kept twice
-GOLDEN_INPUTS = {"gan_forward_rebinds_input": "bce_forward_rebinds_input_name", "infogan_sigmoid_head": "bce_sigmoid_head_of_tuple"}
+GOLDEN_INPUTS = {"gan_forward_rebinds_input": "bce_forward_rebinds_input_name", "infogan_sigmoid_head": "bce_sigmoid_head_of_tuple",
+                 "step_helper_handed_the_loss": "step_helper_handed_the_loss"}
 
 
 def script_path(name: str) -> Path:
@@ -128,6 +129,9 @@ EXPECTED_CALLS = {
     # 2 iterations: eval_batch() three times under autocast, loss.backward(scaler=scaler) scales
     # self.acc_loss in the script's own SequenceLoss.backward()
     "loss_object_in_script": {"step": 2, "update": 2, "scale": 2, "load_state_dict": 0},
+    # 4 iterations: the critic and the actor stepped by take_optimisation_step(), the baseline by
+    # optimise(), each handed its loss: 3 steps, 3 updates, 3 scaled losses per iteration
+    "step_helper_handed_the_loss": {"step": 12, "update": 12, "scale": 12, "load_state_dict": 0},
 }
 
 
@@ -187,7 +191,8 @@ def test_converted_script_trains_in_reduced_precision(name, dtype, tmp_path):
         assert sum(evidence.scaler_calls.values()) == 0
 
 
-@pytest.mark.parametrize("name", ["cnn_classifier", "grad_accumulation", "trainer_class", "two_optimizers_clipped"])
+@pytest.mark.parametrize("name", ["cnn_classifier", "grad_accumulation", "trainer_class", "two_optimizers_clipped",
+                                  "step_helper_handed_the_loss"])
 def test_clipping_sees_unscaled_gradients(name, tmp_path):
     """scaler.unscale_ before clip_grad_norm_: the clipped norms stay the size of fp32 norms,
     not 65536 times larger (the GradScaler's initial scale). With two optimizers each clip gets
@@ -802,3 +807,18 @@ def test_lazy_regularization_steps_run_with_one_update_per_stepped_optimizer(tmp
         assert mixed[key] == pytest.approx(fp32[key], rel=2e-2, abs=1e-3), key
     trained = _lazy_regularization_log(tmp_path / "mixed")
     assert all(math.isfinite(value) for values in trained.values() for value in values), trained
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_losses_handed_to_step_helpers_train_as_in_fp32(dtype, tmp_path):
+    """p-christ's take_optimisation_step(): the callers' forward passes run under autocast and the
+    helper scales, unscales before its clipping, steps and updates; the critic, actor and baseline
+    losses of the converted run follow the fp32 run within the reduced dtype's tolerance (in
+    float16 the first iteration's: GradScaler's initial scale overflows the baseline's first
+    gradients, so that step is skipped, as designed, and the runs part by one SGD step)."""
+    fp32 = run_script(str(script_path("step_helper_handed_the_loss"))).script_globals["LOSSES"]
+    mixed = run_script(str(_convert("step_helper_handed_the_loss", dtype, tmp_path))).script_globals["LOSSES"]
+    assert len(mixed) == len(fp32) == 12 and all(math.isfinite(loss) for loss in mixed)
+    compared = 3 if dtype == "float16" else 12
+    for converted, original in zip(mixed[:compared], fp32[:compared]):
+        assert converted == pytest.approx(original, rel=3e-2, abs=2e-3), (mixed, fp32)

@@ -785,3 +785,52 @@ def test_a_value_from_a_no_grad_method_is_no_forward_pass_of_the_next_loss(decor
         assert any("is outside the block that computes the loss" in f.message for f in conversion.findings)
     else:
         assert conversion.status is FileStatus.CHANGED, conversion.findings
+
+
+_STEP_HELPER = """\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def take_step(optimizer, loss):
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+model = nn.Linear(4, 1).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+{call}
+"""
+
+
+@pytest.mark.parametrize("call, reason", [
+    ("    take_step(optimizer, F.mse_loss(model(x), y))",
+     "does not hand it the loss as a variable: bind the loss to a name before the call"),
+    ("    loss = F.mse_loss(model(x), y)\n    done = take_step(optimizer, loss)",
+     "is not a statement of its own"),
+    ("    loss = F.mse_loss(model(x), y)\n    take_step(optimizer, loss)\n    callbacks = [take_step]",
+     "uses it otherwise than by the calls ampify follows"),
+    ("    loss = F.mse_loss(y, y)\n    take_step(optimizer, loss)",
+     "is computed from tensors made elsewhere"),
+])
+def test_a_step_helper_whose_calls_cannot_be_followed_is_refused_with_the_reason(call, reason):
+    conversion = convert_source(_STEP_HELPER.format(call=call))
+    assert conversion.status is FileStatus.UNCONVERTED, conversion.status
+    assert any(reason in f.message for f in conversion.findings), [f.message for f in conversion.findings]
+
+
+def test_a_step_helper_handed_the_loss_gets_the_scaler_and_its_caller_the_autocast_region():
+    conversion = convert_source(_STEP_HELPER.format(call="    loss = F.mse_loss(model(x), y)\n    take_step(optimizer, loss)"))
+    assert conversion.status is FileStatus.CHANGED, conversion.findings
+    assert conversion.converted.endswith(
+        "for x, y in loader:\n"
+        "    with torch.autocast(device_type=device.type, dtype=torch.float16):\n"
+        "        loss = F.mse_loss(model(x), y)\n"
+        "    take_step(optimizer, loss, scaler=scaler)\n")
+    assert "def take_step(optimizer, loss, scaler):\n    optimizer.zero_grad()\n    scaler.scale(loss).backward()\n" \
+           "    scaler.step(optimizer)\n    scaler.update()\n" in conversion.converted

@@ -17,7 +17,7 @@ from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.saved_outputs import SavedForward, SavedOutputs
 from ampify.transforms.torch.training_loop import (
-    BackwardCall, Block, LossNotFound, TrainingStructure, TrainingUnit, Unconvertible, receiver_of,
+    BackwardCall, Block, LossNotFound, Scope, TrainingStructure, TrainingUnit, Unconvertible, receiver_of,
 )
 
 #: reductions allowed on the loss inside `<loss>.backward()` (`loss.mean().backward()`)
@@ -36,6 +36,10 @@ class AutocastPlanner:
         self._models: Set[str] = set()
         #: id(block) -> the SavedForward planned in it (a region outside the unit's function)
         self.saved_forwards: Dict[int, SavedForward] = {}
+        #: id(block) -> (the function holding it, the step helper its call hands a loss to): a region
+        #: around the forward pass of a loss that a caller computes and hands to the function that
+        #: steps (`take_optimisation_step(optimizer, network, loss)`)
+        self.caller_regions: Dict[int, Tuple[Scope, cst.FunctionDef]] = {}
         #: id of a `loss.backward()` call -> the loss object it runs the backward() of (loss_objects.py)
         self.loss_objects: Dict[int, Any] = {}
         self._data_helper_names: Optional[Set[str]] = None
@@ -112,6 +116,8 @@ class AutocastPlanner:
                     break
             if found:
                 break
+        if found is None and self._plan_caller_regions(backward, loss_names, barriers, by_block):
+            return
         if found is None:
             raise LossNotFound(
                 f"the loss of backward() ({', '.join(sorted(loss_names))}) is not computed in this loop, "
@@ -166,6 +172,92 @@ class AutocastPlanner:
         ranges = by_block.setdefault(id(block), (block, []))[1]
         ranges.append((start, end))
 
+    def _plan_caller_regions(self, backward: BackwardCall, loss_names: Set[str], barriers: Set[int],
+                             by_block: Dict[int, Tuple[Block, List[Tuple[int, int]]]]) -> bool:
+        """The loss is a parameter of the function that runs backward() and the step, a step helper
+        (p-christ's `take_optimisation_step(optimizer, network, loss, clipping_norm)`): each of its
+        calls in this module is a statement of its own that hands it a variable, computed before
+        it in the caller by a forward pass; that forward pass gets the autocast region. False when
+        the loss is no such parameter (the caller then refuses as before); Unconvertible, with the
+        reason, when a call cannot be followed."""
+        s = self.structure
+        function = s.scope_of(backward.call)
+        if not isinstance(function, cst.FunctionDef) or len(loss_names) != 1:
+            return False
+        (loss,) = loss_names
+        helper = helper_calls(s, function)
+        if helper is None:
+            return False
+        positions, calls = helper
+        if loss not in positions or any(b.scope is function and b.kind != "parameter"
+                                        for b in s.bindings if b.name == loss):
+            return False
+        name = function.name.value
+        elsewhere: Sequence[str] = ()
+        if self.project is not None:
+            klass = s.class_of(function)
+            if klass is None:
+                elsewhere = self.project.callers_elsewhere(name)
+            else:
+                spelled = self.project.attribute_spelled_elsewhere(klass.name.value, name)
+                elsewhere = [spelled] if spelled else []
+        if not calls:
+            where = f", and is called from {', '.join(elsewhere)}" if elsewhere else ", and no call of it in this file hands one"
+            raise Unconvertible(f"{name}() steps the loss it is handed{where}: a step helper whose callers are in "
+                                "other files is not converted yet; put torch.autocast around the forward pass of "
+                                "its callers by hand", backward.call)
+        stray = _other_uses(s, function, calls)
+        if stray is not None:
+            raise Unconvertible(f"{name}() steps the loss it is handed, and line {s.line(stray)} uses it otherwise than "
+                                "by the calls ampify follows (another class, a callback): put torch.autocast around "
+                                "the forward pass of its callers by hand", backward.call)
+        if elsewhere:
+            raise Unconvertible(f"{name}() steps the loss it is handed, and is also called from {', '.join(elsewhere)}, "
+                                "whose forward pass this run would leave in float32: run ampify on the repository, "
+                                "or put torch.autocast there by hand", backward.call)
+        caller_barriers = set(barriers)
+        for call in calls:
+            caller_barriers |= {id(ancestor) for ancestor in s.ancestors(call)}
+        for call in calls:
+            statement = s.statement_of(call)
+            if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+                    and isinstance(statement.body[0], cst.Expr) and statement.body[0].value is call):
+                raise Unconvertible(f"the call of {name}() at line {s.line(call)} is not a statement of its own: "
+                                    "put torch.autocast around the forward pass of its loss by hand", call)
+            passed = statements.argument_for(call, loss, positions)
+            if not isinstance(passed, cst.Name):
+                raise Unconvertible(f"the call of {name}() at line {s.line(call)} does not hand it the loss as a "
+                                    f"variable: bind the loss to a name before the call, then rerun ampify", call)
+            caller = s.scope_of(call)
+            stop = caller.body if isinstance(caller, cst.FunctionDef) else s.module
+            found = None
+            for block, holder in s.block_path(call, stop=stop):
+                body = list(block.body)
+                index = index_of(body, holder)
+                candidate = next((k for k in range(index - 1, -1, -1)
+                                  if passed.value in statements.assigned_names(body[k])), None)
+                if candidate is not None:
+                    found = (block, body, candidate)
+                    break
+            if found is None:
+                raise Unconvertible(f"the loss {name}() is handed at line {s.line(call)} ({passed.value}) is not "
+                                    "computed in the block of that call: put torch.autocast around its forward "
+                                    "pass by hand", call)
+            block, body, end = found
+            start, before_barrier, _ = self._forward_start(body, end, caller_barriers, {passed.value})
+            if before_barrier is not None:
+                raise Unconvertible(f"part of the forward pass of the loss {name}() is handed at line {s.line(call)} "
+                                    f"(line {s.line(body[before_barrier])}) runs before an earlier backward()/step(): "
+                                    "put torch.autocast around it by hand", call)
+            if not any(self._calls_model(body[k]) for k in range(start, end + 1)):
+                raise Unconvertible(f"the loss {name}() is handed at line {s.line(call)} ({passed.value}) is computed "
+                                    "from tensors made elsewhere, by no model ampify recognises: put torch.autocast "
+                                    "around its forward pass by hand", call)
+            start = self._stateful_forward_start(body, start, caller_barriers)
+            by_block.setdefault(id(block), (block, []))[1].append((start, end))
+            self.caller_regions[id(block)] = (caller, function)
+        return True
+
     def _plan_saved_forwards(self, needed: Set[str], backward: BackwardCall,
                              by_block: Dict[int, Tuple[Block, List[Tuple[int, int]]]]) -> bool:
         """The loss reads model outputs kept in a list that another function of this file fills
@@ -194,7 +286,10 @@ class AutocastPlanner:
         """The function whose names an autocast region's header may use: the unit's, or for a
         forward pass whose outputs are kept for the loss, the function that runs it."""
         forward = self.saved_forwards.get(id(block))
-        return forward.scope if forward is not None else unit_scope
+        if forward is not None:
+            return forward.scope
+        caller = self.caller_regions.get(id(block))
+        return caller[0] if caller is not None else unit_scope
 
     def _forward_in_earlier_region(self, body: Sequence[cst.CSTNode], end: int, barriers: Set[int],
                                    planned: List[Tuple[int, int]], outer_forwards: int = 0) -> bool:
@@ -540,6 +635,49 @@ class AutocastPlanner:
         return found
 
     # scaler.update() -------------------------------------------------------------------
+
+
+def helper_calls(s: TrainingStructure, function: cst.FunctionDef) -> Optional[Tuple[Dict[str, int], List[cst.Call]]]:
+    """(positions of its parameters as its calls pass them, its calls in this module) for a
+    module-level function (called by its name) or a method of a module-level class (called as
+    `self.<name>` in that class); None for anything else (nested functions, a name bound twice)."""
+    module = s.module
+    positions = statements.parameter_positions(function)
+    if function in module.body:
+        if sum(isinstance(st, (cst.FunctionDef, cst.ClassDef)) and st.name.value == function.name.value
+               for st in module.body) != 1:
+            return None
+        calls = [c for c in statements.calls_within(module) if isinstance(c.func, cst.Name)
+                 and c.func.value == function.name.value]
+        return positions, calls
+    klass = next((st for st in module.body if isinstance(st, cst.ClassDef) and function in st.body.body), None)
+    if klass is None or any(isinstance(d.decorator, cst.Name) and d.decorator.value in ("staticmethod", "classmethod")
+                            for d in function.decorators):
+        return None
+    if sum(isinstance(m, cst.FunctionDef) and m.name.value == function.name.value for m in klass.body.body) != 1:
+        return None
+    positions = {name: index - 1 for name, index in positions.items() if index > 0}
+    calls = [c for c in statements.calls_within(klass) if dotted_name(c.func) == f"self.{function.name.value}"]
+    return positions, calls
+
+
+def _other_uses(s: TrainingStructure, function: cst.FunctionDef, calls: Sequence[cst.Call]) -> Optional[cst.CSTNode]:
+    """A use of the step helper's name in the module besides its definition and `calls`: a call
+    from a subclass (`.take_step(` outside the class), the function handed on as a value."""
+    name = function.name.value
+    followed = {id(call.func) for call in calls}
+    followed |= {id(call.func.attr) for call in calls if isinstance(call.func, cst.Attribute)}
+
+    class _Uses(cst.CSTVisitor):
+        found: Optional[cst.CSTNode] = None
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value == name and node is not function.name and id(node) not in followed and self.found is None:
+                self.found = node
+
+    visitor = _Uses()
+    s.module.visit(visitor)
+    return visitor.found
 
 
 def _is_no_grad_decorator(decorator: cst.BaseExpression) -> bool:

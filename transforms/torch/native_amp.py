@@ -26,7 +26,6 @@ from ampify.transforms.base import CompanionChange, Transform, TransformResult, 
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.torch import screen as torch_screen
-from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.checkpoints import CheckpointWriter
 from ampify.transforms.torch.device_choice import DeviceChoice
@@ -634,6 +633,12 @@ class NativeConversion(TorchConversion):
                     f"are what the loss of line {s.line(unit.backwards[0].call)} is computed from",
                     first,
                 )
+                continue
+            caller = self.regions.caller_regions.get(id(block))
+            if caller is not None:
+                self.info("AMP201", f"forward pass and loss ({lines}) run under torch.autocast({device}, "
+                                    f"{self.options.dtype}): the loss is handed to {caller[1].name.value}() (line "
+                                    f"{s.line(caller[1])}), which runs its backward() and step", first)
                 continue
             fills = any(use.block is block and start <= use.index <= end for use, _ in plan.loss_objects)
             if fills or self._holds_a_loss(unit, body[start:end + 1]):
