@@ -834,3 +834,18 @@ def test_a_step_helper_handed_the_loss_gets_the_scaler_and_its_caller_the_autoca
         "    take_step(optimizer, loss, scaler=scaler)\n")
     assert "def take_step(optimizer, loss, scaler):\n    optimizer.zero_grad()\n    scaler.scale(loss).backward()\n" \
            "    scaler.step(optimizer)\n    scaler.update()\n" in conversion.converted
+
+
+def test_a_loss_computed_by_criteria_alone_from_logits_handed_in_is_refused():
+    """The golden loss_compute_handed_the_logits: the loss object's __call__ runs only its criteria
+    on logits the training loop computed; calling a criterion is no forward pass, so an autocast
+    region there would leave the model in float32 under a "changed" status."""
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parent.parent / "fixtures" / "torch_native"
+              / "loss_compute_handed_the_logits.in.py").read_text()
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.UNCONVERTED
+    (finding,) = conversion.findings
+    assert "computed from tensors made elsewhere" in finding.message
+    assert "self.clf_criterion(), self.lm_criterion() are losses, not a model" in finding.message

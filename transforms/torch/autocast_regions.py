@@ -151,7 +151,7 @@ class AutocastPlanner:
         # a helper of this module that runs no model (REINFORCE's loss summed from log-probabilities
         # kept during the rollout) is no forward pass
         model_free = self._model_free()
-        if not saved and not any(statements.calls_model(body[index], self.imports, model_free)
+        if not saved and not any(self._calls_beyond_losses(body[index], model_free)
                                  or self._calls_own_method_running_a_model(body[index], model_free)
                                  for index in range(start, end + 1)) and not self._forward_in_earlier_region(
                 body, end, barriers, planned, outer_forwards):
@@ -162,6 +162,11 @@ class AutocastPlanner:
                               for call in statements.calls_within(body[index])
                               if (name := dotted_name(call.func)) in model_free})
             via = f"; {', '.join(helpers)}, of this file, {'runs' if len(helpers) == 1 else 'run'} none" if helpers else ""
+            losses = sorted({name + "()" for index in range(start, end + 1)
+                             for call in statements.calls_within(body[index])
+                             if (name := dotted_name(call.func)) is not None and names_a_loss_function(name)})
+            if losses:
+                via += f"; {', '.join(losses)} {'is a loss' if len(losses) == 1 else 'are losses'}, not a model"
             raise LossNotFound(
                 f"the loss of backward() is computed from tensors made elsewhere: {lines} "
                 f"no model ampify recognises (a module built in this file, or one that is called like one{via}), "
@@ -249,7 +254,7 @@ class AutocastPlanner:
                 raise Unconvertible(f"part of the forward pass of the loss {name}() is handed at line {s.line(call)} "
                                     f"(line {s.line(body[before_barrier])}) runs before an earlier backward()/step(): "
                                     "put torch.autocast around it by hand", call)
-            if not any(self._calls_model(body[k]) for k in range(start, end + 1)):
+            if not any(self._calls_beyond_losses(body[k], self._model_free()) for k in range(start, end + 1)):
                 raise Unconvertible(f"the loss {name}() is handed at line {s.line(call)} ({passed.value}) is computed "
                                     "from tensors made elsewhere, by no model ampify recognises: put torch.autocast "
                                     "around its forward pass by hand", call)
@@ -394,6 +399,16 @@ class AutocastPlanner:
         if no_grad:
             model_free = {**model_free, **{name: [] for name in no_grad}}
         return statements.calls_model(statement, self.imports, model_free)
+
+    def _calls_beyond_losses(self, statement: cst.CSTNode, model_free) -> bool:
+        """calls_model, with calls of a loss function left out (`self.lm_criterion(lm_logits, x)`,
+        `criterion(out, y)`, `self.loss_fn(...)`): a loss computed by them alone from tensors
+        handed in runs no forward pass (pytorch-openai-transformer-lm's LossCompute, handed the
+        logits the model computed in train.py), so an autocast region around it leaves the model
+        in float32."""
+        losses = {name: [] for call in statements.calls_within(statement)
+                  if (name := dotted_name(call.func)) is not None and names_a_loss_function(name)}
+        return statements.calls_model(statement, self.imports, {**model_free, **losses} if losses else model_free)
 
     def _no_grad_calls(self, statement: cst.CSTNode) -> Set[str]:
         """Calls in the statement of a method decorated `@torch.no_grad()` on an object built from
@@ -635,6 +650,18 @@ class AutocastPlanner:
         return found
 
     # scaler.update() -------------------------------------------------------------------
+
+
+def names_a_loss_function(dotted: str) -> bool:
+    """`criterion`, `self.lm_criterion`, `criterion_GAN`, `self.loss_fn`, `loss_function`: by
+    convention a loss, not a model. A method of another object named `loss` (DARTS's
+    `self.model.loss(input, target)`, which runs the model) is not one."""
+    parts = dotted.split(".")
+    last = parts[-1].lower()
+    if "criterion" in last:
+        return True
+    direct = len(parts) == 1 or (len(parts) == 2 and parts[0] == "self")
+    return direct and last in ("loss_fn", "lossfn", "loss_func", "loss_function")
 
 
 def helper_calls(s: TrainingStructure, function: cst.FunctionDef) -> Optional[Tuple[Dict[str, int], List[cst.Call]]]:
