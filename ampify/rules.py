@@ -154,6 +154,13 @@ RULES: List[Rule] = [
          "takes with respect to inputs (a saliency map) are not flagged.",
          "gradient = core.flat_grad(pi_loss, pi_params)\ng = sess.run(gradient, feed_dict=inputs)", MANUAL,
          incomplete=True),
+    Rule("AMP125", "warning", "the training graph is built under `tf.device('/cpu:0')` and nothing in the file is placed on a GPU: the rewrite converts GPU ops only, so the ops stay float32",
+         "TensorFlow's auto_mixed_precision pass processes only nodes placed on a GPU (IsOnGPU in "
+         "auto_mixed_precision.cc; the rest are skipped as \"not on the GPU\"). A3C implementations build their whole "
+         "graph under a CPU device scope for their thread workers: the optimizer is wrapped and its loss scaled, "
+         "and nothing runs in float16.",
+         "with tf.device('/cpu:0'):\n    trainer = tf.train.AdamOptimizer(1e-4)\n    master_network = AC_Network(...)",
+         MANUAL, incomplete=True),
     Rule("AMP200", "error", "error: internal error in the PyTorch native transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP200 internal error in the torch-native-amp transform (RecursionError: ...); this file is left unchanged", MANUAL),

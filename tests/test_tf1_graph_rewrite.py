@@ -10,9 +10,7 @@ import pytest
 from ampify.convert import convert_source
 from ampify.findings import FileStatus, Severity
 from ampify.options import Options
-from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.tf1.graph_rewrite import TF1GraphRewrite
-from ampify.transforms.base import Verdict
 from golden import discover_cases
 
 ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE"
@@ -461,3 +459,41 @@ def test_a_session_config_is_not_given_the_rewrite_when_an_unscaled_optimizer_sh
     assert "auto_mixed_precision" not in conversion.converted
     without = convert_source(source.replace(unscaled, "None"), Options(), filename="style.py")
     assert "AMP105" in [f.code for f in without.findings], without.findings
+
+
+_PLACED = """\
+import tensorflow as tf
+
+x = tf.placeholder(tf.float32, [None, 4])
+{body}
+"""
+
+
+@pytest.mark.parametrize("body, pinned", [
+    # everything under the CPU scope, the training op built in it
+    ("with tf.device('/cpu:0'):\n    opt = tf.train.AdamOptimizer(1e-3)\n"
+     "    train_op = opt.minimize(tf.reduce_mean(tf.layers.dense(x, 1)))", True),
+    # the optimizer pinned, the training op built by a class its block calls (A3C's workers)
+    ("class Net:\n    def __init__(self, opt):\n        self.op = opt.minimize(tf.reduce_mean(tf.layers.dense(x, 1)))\n"
+     "with tf.device('/cpu:0'):\n    opt = tf.train.AdamOptimizer(1e-3)\n    net = Net(opt)", True),
+    # only the optimizer pinned: minimize() at module level places its ops by default (the GPU)
+    ("with tf.device('/cpu:0'):\n    opt = tf.train.AdamOptimizer(1e-3)\n"
+     "train_op = opt.minimize(tf.reduce_mean(tf.layers.dense(x, 1)))", False),
+    # towers on the GPUs (cifar10_multi_gpu): the optimizer on the CPU, the gradients on each GPU
+    ("with tf.device('/cpu:0'):\n    opt = tf.train.AdamOptimizer(1e-3)\n    for i in range(2):\n"
+     "        with tf.device('/gpu:%d' % i):\n            grads = opt.compute_gradients(tf.reduce_mean(tf.layers.dense(x, 1)))\n"
+     "    train_op = opt.apply_gradients(grads)", False),
+    # a device that is no literal may be a GPU
+    ("with tf.device(device_name):\n    opt = tf.train.AdamOptimizer(1e-3)\n"
+     "    train_op = opt.minimize(tf.reduce_mean(tf.layers.dense(x, 1)))", False),
+    # the embedding alone pinned (dennybritz's text CNN)
+    ("with tf.device('/cpu:0'):\n    emb = tf.Variable(tf.zeros([10, 4]))\nopt = tf.train.AdamOptimizer(1e-3)\n"
+     "train_op = opt.minimize(tf.reduce_mean(tf.layers.dense(x, 1)))", False),
+])
+def test_a_graph_pinned_to_the_cpu_is_changed_incomplete(body, pinned):
+    """The rewrite converts only ops placed on a GPU (auto_mixed_precision.cc's IsOnGPU): a graph
+    built entirely under tf.device('/cpu:0') keeps every op in float32, which AMP125 says."""
+    conversion = convert_source(_PLACED.format(body=body))
+    assert "AMP101" in codes(conversion)
+    assert ("AMP125" in codes(conversion)) is pinned
+    assert conversion.status is (FileStatus.CHANGED_INCOMPLETE if pinned else FileStatus.CHANGED)

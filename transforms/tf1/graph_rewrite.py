@@ -27,6 +27,7 @@ from ampify.transforms.kit.calls import calls_within
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.parsed_modules import parsed_module
 from ampify.transforms.kit.log_of_sigmoid import TENSORFLOW, log_of_probability_calls
+from ampify.transforms.tf1.cpu_placement import cpu_pinned_graph
 from ampify.transforms.tf1.gram_matrices import gram_matrix_calls
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.kit.source_facts import SourceFacts
@@ -403,6 +404,7 @@ class _GraphRewrite:
                                          "WHITELIST) set before TensorFlow is imported: " + self._matmul_reason,
                                          line, 0, Severity.INFO))
         self._report_eager_execution()
+        self._report_cpu_pinned_graph(to_wrap)
         wrapped = len(to_wrap)
         return TransformResult(
             new_module,
@@ -602,6 +604,26 @@ class _GraphRewrite:
                 "precision graph rewrite only changes graphs, so the optimizer is wrapped (its "
                 "loss is scaled) but every op still runs in float32; run the training step "
                 "inside tf.function (or use tf.keras.mixed_precision for eager code)",
+                position.line,
+                position.column,
+            )
+        )
+
+    def _report_cpu_pinned_graph(self, to_wrap: List[OptimizerSite]) -> None:
+        """The whole training graph is built under `tf.device("/cpu:0")` (A3C's thread workers):
+        the rewrite converts GPU ops only, so the wrapped optimizer scales its loss and every op
+        stays float32. Say so instead of reporting success (cpu_placement.py)."""
+        scope = cpu_pinned_graph(self.module, self.resolve, {id(site.call) for site in to_wrap})
+        if scope is None:
+            return
+        position = self.positions[scope].start
+        self.findings.append(
+            _warning(
+                "AMP125",
+                f"the training graph is built under {_code_of(scope)}: the mixed precision "
+                "graph rewrite converts only ops placed on a GPU, so the optimizer is wrapped (its loss is "
+                "scaled) but every op still runs in float32; build the model and its training ops outside the "
+                "CPU device scope (on the GPU) for mixed precision",
                 position.line,
                 position.column,
             )
