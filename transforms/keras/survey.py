@@ -57,6 +57,9 @@ class ModelBuild:
     kind: str  # "Sequential", "Model", "application", "subclass"
     output_layer: Optional[cst.Call] = None
     reason: str = ""  # why the output layer was not found
+    #: name -> layer call, as bound when the build runs (`outputs` rebound by a later cell is
+    #: another model's output layer)
+    layer_outputs: Dict[str, cst.Call] = field(default_factory=dict)
 
 
 @dataclass
@@ -166,7 +169,7 @@ class _Walker(cst.CSTVisitor):
         if member in ("Sequential", "models.Sequential"):
             self.survey.models.append(ModelBuild(node, "Sequential"))
         elif member in ("Model", "models.Model"):
-            self.survey.models.append(ModelBuild(node, "Model"))
+            self.survey.models.append(ModelBuild(node, "Model", layer_outputs=dict(self.survey.layer_outputs)))
         elif member.startswith("applications."):
             self.survey.models.append(ModelBuild(node, "application"))
 
@@ -201,7 +204,7 @@ def _find_output_layer(build: ModelBuild, survey: KerasSurvey) -> None:
     if outputs is None:
         positional = [arg.value for arg in build.call.args if arg.keyword is None]
         outputs = positional[1] if len(positional) > 1 else None
-    if isinstance(outputs, cst.Name) and outputs.value in survey.layer_outputs:
-        build.output_layer = survey.layer_outputs[outputs.value]
+    if isinstance(outputs, cst.Name) and outputs.value in build.layer_outputs:
+        build.output_layer = build.layer_outputs[outputs.value]
         return
     build.reason = "the model's outputs are not one layer call of this file"
