@@ -46,6 +46,8 @@ class AutocastPlanner:
         self._model_free_names: Optional[Dict[str, List[cst.FunctionDef]]] = None
         self._project_training_calls: Optional[List[cst.Call]] = None
         self._self_attributes: Optional[Set[str]] = None
+        #: (object, method, id(scope)) -> is it a no_grad method of the object's class (computed once)
+        self._no_grad_seen: Dict[Tuple[str, str, int], bool] = {}
 
     def _data_helpers(self) -> Set[str]:
         """The module's functions and methods that only prepare data (computed once)."""
@@ -421,12 +423,14 @@ class AutocastPlanner:
             func = call.func
             if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
                 continue
-            bindings = s.bindings_visible(func.value.value, s.scope_of(call))
-            classes = {dotted_name(b.value.func) if isinstance(b.value, cst.Call) else None for b in bindings}
-            if len(classes) != 1 or None in classes:
-                continue
-            klass = classes.pop()
-            if self._no_grad_method(klass, func.attr.value):
+            key = (func.value.value, func.attr.value, id(s.scope_of(call)))
+            known = self._no_grad_seen.get(key)
+            if known is None:
+                bindings = s.bindings_visible(func.value.value, s.scope_of(call))
+                classes = {dotted_name(b.value.func) if isinstance(b.value, cst.Call) else None for b in bindings}
+                known = len(classes) == 1 and None not in classes and self._no_grad_method(classes.pop(), func.attr.value)
+                self._no_grad_seen[key] = known
+            if known:
                 found.add(f"{func.value.value}.{func.attr.value}")
         return found
 

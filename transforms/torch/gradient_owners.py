@@ -82,6 +82,14 @@ def _models_passed_with(s: TrainingStructure, unit: TrainingUnit, optimizer: str
     function = unit.scope
     if "." in optimizer or not isinstance(function, cst.FunctionDef) or function not in s.module.body:
         return set()
+    cache = s.__dict__.setdefault("_models_passed_with", {})
+    key = (id(function), optimizer)
+    if key not in cache:
+        cache[key] = _models_passed_to(s, function, optimizer)
+    return cache[key]
+
+
+def _models_passed_to(s: TrainingStructure, function: cst.FunctionDef, optimizer: str) -> Set[str]:
     positions = parameter_positions(function)
     if optimizer not in positions:
         return set()
