@@ -849,3 +849,20 @@ def test_a_loss_computed_by_criteria_alone_from_logits_handed_in_is_refused():
     (finding,) = conversion.findings
     assert "computed from tensors made elsewhere" in finding.message
     assert "self.clf_criterion(), self.lm_criterion() are losses, not a model" in finding.message
+
+
+def test_a_step_helper_whose_loss_reads_a_forward_pass_before_its_block_gets_a_region_there():
+    """`out = model(x)` before `if i % 2 == 0: loss = F.mse_loss(out, y); take_step(optimizer, loss)`:
+    the model call gets an autocast block of its own, as for a loss computed in place."""
+    source = _STEP_HELPER.format(call="    out = model(x)\n    if x.sum() > 0:\n        loss = F.mse_loss(out, y)\n"
+                                      "        take_step(optimizer, loss)")
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.CHANGED, conversion.findings
+    assert conversion.converted.endswith(
+        "for x, y in loader:\n"
+        "    with torch.autocast(device_type=device.type, dtype=torch.float16):\n"
+        "        out = model(x)\n"
+        "    if x.sum() > 0:\n"
+        "        with torch.autocast(device_type=device.type, dtype=torch.float16):\n"
+        "            loss = F.mse_loss(out, y)\n"
+        "        take_step(optimizer, loss, scaler=scaler)\n")

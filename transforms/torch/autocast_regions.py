@@ -238,25 +238,29 @@ class AutocastPlanner:
             caller = s.scope_of(call)
             stop = caller.body if isinstance(caller, cst.FunctionDef) else s.module
             found = None
-            for block, holder in s.block_path(call, stop=stop):
+            path = s.block_path(call, stop=stop)
+            for level, (block, holder) in enumerate(path):
                 body = list(block.body)
                 index = index_of(body, holder)
                 candidate = next((k for k in range(index - 1, -1, -1)
                                   if passed.value in statements.assigned_names(body[k])), None)
                 if candidate is not None:
-                    found = (block, body, candidate)
+                    found = (block, body, candidate, level)
                     break
             if found is None:
                 raise Unconvertible(f"the loss {name}() is handed at line {s.line(call)} ({passed.value}) is not "
                                     "computed in the block of that call: put torch.autocast around its forward "
                                     "pass by hand", call)
-            block, body, end = found
-            start, before_barrier, _ = self._forward_start(body, end, caller_barriers, {passed.value})
+            block, body, end, level = found
+            start, before_barrier, needed = self._forward_start(body, end, caller_barriers, {passed.value})
             if before_barrier is not None:
                 raise Unconvertible(f"part of the forward pass of the loss {name}() is handed at line {s.line(call)} "
                                     f"(line {s.line(body[before_barrier])}) runs before an earlier backward()/step(): "
                                     "put torch.autocast around it by hand", call)
-            if not any(self._calls_beyond_losses(body[k], self._model_free()) for k in range(start, end + 1)):
+            # a model call before the block that computes the loss (`out = model(x)` before `if ...:`)
+            # gets a region of its own there, or the step is refused (as for a loss computed in place)
+            outer = self._check_outer_forward(path[level + 1:], needed, caller_barriers, by_block, backward)
+            if not outer and not any(self._calls_beyond_losses(body[k], self._model_free()) for k in range(start, end + 1)):
                 raise Unconvertible(f"the loss {name}() is handed at line {s.line(call)} ({passed.value}) is computed "
                                     "from tensors made elsewhere, by no model ampify recognises: put torch.autocast "
                                     "around its forward pass by hand", call)
