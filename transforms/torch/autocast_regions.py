@@ -236,7 +236,9 @@ class AutocastPlanner:
                 raise Unconvertible(f"the call of {name}() at line {s.line(call)} does not hand it the loss as a "
                                     f"variable: bind the loss to a name before the call, then rerun ampify", call)
             caller = s.scope_of(call)
-            stop = caller.body if isinstance(caller, cst.FunctionDef) else s.module
+            # the iteration the call runs in: its innermost loop, else the caller's whole body
+            loop = next((a for a in s.ancestors(call) if isinstance(a, (cst.For, cst.While, cst.FunctionDef))), None)
+            stop = loop.body if loop is not None else s.module
             found = None
             path = s.block_path(call, stop=stop)
             for level, (block, holder) in enumerate(path):
