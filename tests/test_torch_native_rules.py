@@ -866,3 +866,28 @@ def test_a_step_helper_whose_loss_reads_a_forward_pass_before_its_block_gets_a_r
         "        with torch.autocast(device_type=device.type, dtype=torch.float16):\n"
         "            loss = F.mse_loss(out, y)\n"
         "        take_step(optimizer, loss, scaler=scaler)\n")
+
+
+def test_a_model_bound_to_the_name_of_its_module_is_a_forward_pass_beside_a_criterion():
+    """meijieru/crnn.pytorch: `import models.crnn as crnn`, then `crnn = crnn.CRNN(...)`; the step's
+    `crnn(image)` is the forward pass (the name no longer holds the module), so the step converts
+    although its criterion call is no forward pass."""
+    source = textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        import models.crnn as crnn
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        criterion = nn.CTCLoss()
+        crnn = crnn.CRNN(32, 1, 37, 256).to(device)
+        optimizer = torch.optim.Adam(crnn.parameters())
+        for image, text, sizes, lengths in loader:
+            preds = crnn(image)
+            cost = criterion(preds, text, sizes, lengths)
+            optimizer.zero_grad()
+            cost.backward()
+            optimizer.step()
+        """)
+    conversion = convert_source(source)
+    assert conversion.status is FileStatus.CHANGED, conversion.findings
+    assert "        preds = crnn(image)\n        cost = criterion(preds, text, sizes, lengths)\n" in conversion.converted

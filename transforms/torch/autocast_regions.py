@@ -416,7 +416,15 @@ class AutocastPlanner:
         in float32."""
         losses = {name: [] for call in statements.calls_within(statement)
                   if (name := dotted_name(call.func)) is not None and names_a_loss_function(name)}
-        return statements.calls_model(statement, self.imports, {**model_free, **losses} if losses else model_free)
+        if statements.calls_model(statement, self.imports, {**model_free, **losses} if losses else model_free):
+            return True
+        # a model bound to the name of the module it was built from (meijieru/crnn.pytorch:
+        # `import models.crnn as crnn`, then `crnn = crnn.CRNN(...)`): a call of it is a forward pass
+        s = self.structure
+        return any(isinstance(call.func, cst.Name) and self.imports.resolve(call.func) is not None
+                   and any(b.kind == "assign" and isinstance(b.value, cst.Call)
+                           for b in s.bindings_visible(call.func.value, s.scope_of(call)))
+                   for call in statements.calls_within(statement))
 
     def _no_grad_calls(self, statement: cst.CSTNode) -> Set[str]:
         """Calls in the statement of a method decorated `@torch.no_grad()` on an object built from
