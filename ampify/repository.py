@@ -1647,12 +1647,10 @@ class ProjectView:
         that this module imports as `local` (`class Lookahead(Optimizer)` is one, seq2seq's
         wrapper `class Optimizer(object)` and a scheduler `class FindLR(_LRScheduler)` are not);
         None when `local` is no such class."""
-        outline = self._own_outline()
-        found = self.index.project_class(self.path, local, outline.imports) if outline is not None else None
+        found = self._imported_class(local)
         if found is None:
             return None
-        path, name, _ = found
-        target = self.index.outline(path)
+        path, name, target = found
         shape = target.class_shapes.get(name) if target is not None else None
         return str(path), name, shape is not None and any(
             base.endswith("Optimizer") and "sched" not in base.lower() for base in shape[0])
@@ -1660,13 +1658,18 @@ class ProjectView:
     def no_grad_method(self, local: str, method: str) -> bool:
         """Is `method` of the class this module imports from another project module as `local`
         decorated `@torch.no_grad()` there (what it returns carries no gradient)?"""
+        found = self._imported_class(local)
+        return found is not None and found[2] is not None and method in found[2].no_grad_methods.get(found[1], frozenset())
+
+    def _imported_class(self, local: str) -> Optional[Tuple[Path, str, Optional[ModuleOutline]]]:
+        """(its module's path, class name, that module's outline) for the class of another project
+        module this module imports as `local`; None when `local` is no such class."""
         outline = self._own_outline()
         found = self.index.project_class(self.path, local, outline.imports) if outline is not None else None
         if found is None:
-            return False
+            return None
         path, name, _ = found
-        target = self.index.outline(path)
-        return target is not None and method in target.no_grad_methods.get(name, frozenset())
+        return path, name, self.index.outline(path)
 
     def only_inspects_parameter(self, dotted: str, position: Optional[int], keyword: Optional[str],
                                 allowed: Sequence[str]) -> bool:
