@@ -216,8 +216,11 @@ def _output_layers(survey) -> List:
     receivers = list(survey.last_added)
     for build in survey.models:
         layer: Optional[cst.Call] = build.output_layer
-        if layer is None and build.kind == "Sequential" and len(receivers) == 1 and not [
-                b for b in survey.models if b is not build and b.kind == "Sequential"]:
+        if layer is None and build.kind == "Sequential" and build.sequential_name is None and len(receivers) == 1 \
+                and not [b for b in survey.models if b is not build and b.kind == "Sequential"] \
+                and [added for receiver, added, _ in survey.adds if receiver == receivers[0]][-1] is not None:
+            # one Sequential not bound to a plain name (`self.model = Sequential()`), one receiver of
+            # add() calls, the last of them a layer built there
             layer = survey.last_added[receivers[0]]
             build.reason = ""
         result.append((build, layer))

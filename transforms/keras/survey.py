@@ -60,6 +60,9 @@ class ModelBuild:
     #: name -> layer call, as bound when the build runs (`outputs` rebound by a later cell is
     #: another model's output layer)
     layer_outputs: Dict[str, cst.Call] = field(default_factory=dict)
+    #: a Sequential built empty and bound to a name: (that name, the block it is built in, how many
+    #: `add()` calls the module made before it), to find the layers added to it afterwards
+    sequential_name: Optional[Tuple[str, int, int]] = None
 
 
 @dataclass
@@ -79,6 +82,9 @@ class KerasSurvey:
     layer_outputs: Dict[str, cst.Call] = field(default_factory=dict)
     #: receiver name -> the last `receiver.add(Layer(...))` call's layer
     last_added: Dict[str, cst.Call] = field(default_factory=dict)
+    #: every `receiver.add(...)`, in order: (receiver, the layer call or None when the argument is
+    #: no layer built there, such as a pretrained `conv_base`, id of its block)
+    adds: List[Tuple[str, Optional[cst.Call], int]] = field(default_factory=list)
     #: classes that derive from keras Model
     subclassed_models: List[cst.ClassDef] = field(default_factory=list)
     #: (name, call) of every `name = Call(...)` (models built and bound to a name)
@@ -108,6 +114,14 @@ class _Walker(cst.CSTVisitor):
         super().__init__()
         self.imports = imports
         self.survey = KerasSurvey(roots=sorted({r for q in imports.aliases.values() if (r := keras_root_of(q))}))
+        #: the blocks the walk is in, innermost last (0: the module's body)
+        self._blocks: List[int] = [0]
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._blocks.append(id(node))
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock) -> None:
+        self._blocks.pop()
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         for base in node.bases:
@@ -158,16 +172,21 @@ class _Walker(cst.CSTVisitor):
                 self.survey.fit_calls.append(node)
             elif name == "apply_gradients":
                 self.survey.apply_gradients.append(node)
-            elif name == "add" and node.args and _is_layer_construction(node.args[0].value, self.imports):
+            elif name == "add" and node.args:
                 receiver = dotted_name(func.value)
+                layer = node.args[0].value if _is_layer_construction(node.args[0].value, self.imports) else None
+                if receiver and layer is not None:
+                    self.survey.last_added[receiver] = layer
                 if receiver:
-                    self.survey.last_added[receiver] = node.args[0].value
+                    self.survey.adds.append((receiver, layer, self._blocks[-1]))
         qualified = self.imports.resolve(func)
         if not keras_root_of(qualified):
             return
         member = keras_member(qualified)
         if member in ("Sequential", "models.Sequential"):
-            self.survey.models.append(ModelBuild(node, "Sequential"))
+            bound = [name for name, value in self.survey.assigned_calls if value is node]
+            self.survey.models.append(ModelBuild(node, "Sequential", sequential_name=(
+                bound[0], self._blocks[-1], len(self.survey.adds)) if bound else None))
         elif member in ("Model", "models.Model"):
             self.survey.models.append(ModelBuild(node, "Model", layer_outputs=dict(self.survey.layer_outputs)))
         elif member.startswith("applications."):
@@ -181,6 +200,23 @@ def survey_keras(module: cst.Module, imports: ImportMap) -> KerasSurvey:
     for build in survey.models:
         _find_output_layer(build, survey)
     return survey
+
+
+def _last_layer_added(build: ModelBuild, survey: KerasSurvey) -> Optional[cst.Call]:
+    """The layer of the last `model.add(Layer(...))` after `model = Sequential()` and before the
+    name is bound to another Sequential (a notebook builds several, one per cell), when every add
+    to it in between sits in the block the model is built in (an add under an `if` or in a loop
+    may not be the last one to run); None otherwise."""
+    if build.sequential_name is None:
+        return None
+    name, block, start = build.sequential_name
+    end = min((other.sequential_name[2] for other in survey.models
+               if other.sequential_name is not None and other.sequential_name[0] == name
+               and other.sequential_name[2] > start), default=len(survey.adds))
+    added = [(layer, where) for receiver, layer, where in survey.adds[start:end] if receiver == name]
+    if not added or any(where != block for _, where in added):
+        return None
+    return added[-1][0]  # None when the last thing added is no layer built there (a pretrained model)
 
 
 def _find_output_layer(build: ModelBuild, survey: KerasSurvey) -> None:
@@ -198,6 +234,9 @@ def _find_output_layer(build: ModelBuild, survey: KerasSurvey) -> None:
             build.reason = "the Sequential model's last layer is not built in its list"
             return
         build.reason = "layers added with model.add(...)"  # resolved below from the add() calls
+        layer = _last_layer_added(build, survey)
+        if layer is not None:
+            build.output_layer, build.reason = layer, ""
         return
     outputs = next((arg.value for arg in build.call.args if arg.keyword is not None and arg.keyword.value == "outputs"),
                    None)
