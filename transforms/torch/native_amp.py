@@ -794,13 +794,15 @@ class NativeConversion(TorchConversion):
                 )
                 return
             name = plan.threaded_function.name.value
-            direct = [c for c, reference in plan.threaded_calls
+            direct = [(c, reference) for c, reference in plan.threaded_calls
                       if reference != DISABLED_SCALER and dotted_name(c.func) in (name, f"self.{name}")]
+            passed = ", ".join(sorted({f"{self.scaler_name}={reference}" for _, reference in direct})) \
+                or f"{self.scaler_name}={self.scaler_name}"
             self.info(
                 "AMP204",
                 f"{plan.threaded_function.name.value}() takes the GradScaler as a new required parameter "
                 f"'{self.scaler_name}'; its {len(direct)} call(s) in this file pass it by keyword "
-                f"({self.scaler_name}={self.scaler_name}); calls from other files must pass it too",
+                f"({passed}); calls from other files must pass it too",
                 plan.threaded_function,
             )
 
