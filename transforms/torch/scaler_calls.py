@@ -145,7 +145,7 @@ class ScalerCallPlanner:
     def _lone_conditional_last_step(self, steps: Sequence[StepCall], paths, index: int,
                                     common_depth: int) -> Optional[cst.CSTNode]:
         """The statement of the iteration's last step when it is the only step after steps[index],
-        steps the same optimizer again, and sits alone in the body of a plain `if` (no loop, no
+        steps the same optimizer again, and sits directly in the body of a plain `if` (no loop, no
         jump) of the block holding the steps: stylegan2's generator, stepped for its loss, then in
         `if g_regularize:` for the path-length penalty. `scaler.update()` then follows the first
         step, and the iteration's last update() goes right after the conditional one, in its
