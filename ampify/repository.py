@@ -88,6 +88,15 @@ class FunctionOutline:
     gram_matrix: int = 0
 
 
+def _resolved(path: Path) -> Optional[Path]:
+    """`path.resolve()`, or None for a symlink loop (RuntimeError on Python 3.11, OSError later)
+    or a path the system refuses to resolve: a repository may hold such links, and the run goes on."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        return None
+
+
 @dataclass(frozen=True)
 class Call:
     """A call of a name in a module: `train_one_epoch(...)` or `engine.train_one_epoch(...)`."""
@@ -231,8 +240,8 @@ class RepositoryIndex:
         for local, (module, name, level) in outline.imports.items():
             if name is not None or level or "." in module:
                 continue
-            sibling = (importer.parent / f"{module}.py").resolve()
-            if sibling != importer and sibling.is_file():
+            sibling = _resolved(importer.parent / f"{module}.py")
+            if sibling is not None and sibling != importer and sibling.is_file():
                 helper = self.outline(sibling)
                 if helper is not None:
                     added += helper.sys_path_additions
@@ -256,12 +265,15 @@ class RepositoryIndex:
             candidate = base.joinpath(*parts) if parts else base
             for path in (candidate.with_suffix(".py") if parts else None, candidate / "__init__.py"):
                 if path is not None and path.is_file() and self._inside(path):
-                    return path.resolve()
+                    return _resolved(path)
         return None
 
     def _inside(self, path: Path) -> bool:
+        resolved = _resolved(path)
+        if resolved is None:
+            return False
         try:
-            path.resolve().relative_to(self.root)
+            resolved.relative_to(self.root)
         except ValueError:
             return False
         return True
@@ -275,7 +287,9 @@ class RepositoryIndex:
                 found.extend(Path(folder) / name for name in sorted(files) if name.endswith(".py"))
                 if len(found) >= MAX_MODULES_SCANNED:
                     break
-            self._all_modules = [path.resolve() for path in found[:MAX_MODULES_SCANNED]]
+            # a link that loops (`loop.py -> loop.py`) or dangles names no module: skipped
+            resolved = (_resolved(path) for path in found[:MAX_MODULES_SCANNED])
+            self._all_modules = [path for path in resolved if path is not None]
         return self._all_modules
 
     # ---- what modules hold -------------------------------------------------------------------

@@ -33,6 +33,22 @@ TF1_SCRIPT = textwrap.dedent(
     '''
 )
 
+TORCH_SCRIPT = textwrap.dedent(
+    '''\
+    import torch
+    import torch.nn as nn
+
+    device = torch.device("cuda")
+    model = nn.Linear(4, 1).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = ((model(x.to(device)) - y.to(device)) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+    '''
+)
+
 NOT_TRAINING = "import os\n\nprint(os.getcwd())\n"
 
 
@@ -162,6 +178,20 @@ def test_gitignore_excludes_junk_folders_and_symlinks(tmp_path):
     result = run_ampify("--no-gitignore", "--check", repo)
     assert "3 would be changed" in result.stdout
 
+
+
+def test_a_symlink_loop_in_the_repository_costs_no_torch_file_its_conversion(tmp_path):
+    """The repository model reads every module of the project around a torch file; a link that
+    loops (`loop.py -> loop.py`, where Path.resolve() raises) is skipped there too: the training
+    file beside it converts, with no internal error."""
+    repo = tmp_path / "repo"
+    make_tree(repo, {"train.py": "import loop\nimport models\n" + TORCH_SCRIPT,
+                     "models.py": "import torch.nn as nn\n\nNet = nn.Linear\n"})
+    (repo / "loop.py").symlink_to(repo / "loop.py")
+    result = run_ampify("--check", repo / "train.py")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "1 would be changed" in result.stdout, result.stdout
+    assert "internal error" not in result.stdout + result.stderr
 
 def test_json_report_lists_every_file_and_finding(tmp_path):
     make_tree(tmp_path, {"train.py": TF1_SCRIPT, "other.py": NOT_TRAINING, "broken.py": "import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\ndef f(:\n"})
