@@ -83,20 +83,42 @@ class DeviceChoice:
         local_classes |= {node.name.value for node in s.module.body if isinstance(node, cst.FunctionDef)
                           and not _NAMES_A_DEVICE.search(s.module.code_for_node(node))}
         models = set()
+        own_instances = False  # some optimizer trains `self`, an instance of a class of this file built here
         for binding in s.bindings:
             if binding.qualified_call and names.is_optimizer_qualname(binding.qualified_call) and binding.value is not None:
                 for call in statements.calls_within(binding.value):
                     if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("parameters", "named_parameters"):
-                        models.add((dotted_name(call.func.value) or "").split(".")[0])
-        if not models or "" in models:
+                        model = dotted_name(call.func.value) or ""
+                        if not model.startswith("self."):
+                            model = model.split(".")[0]  # `model.module.parameters()`: the model
+                        if model == "self":
+                            # `optim.Adam(self.parameters())` in a module class of this file (minimalRL's
+                            # QNet): the model is an instance of that class, built in this file
+                            if binding.klass is None or binding.klass.name.value not in local_classes:
+                                return None
+                            built = [b for b in s.bindings if _built_by(b, binding.klass.name.value)]
+                            if not built:
+                                return None
+                            own_instances = True
+                            continue
+                        models.add((model, binding.scope))
+        if any(model == "" for model, _ in models):
             return None
+        if not models:
+            return [] if own_instances else None
         elsewhere: List[str] = []
-        for model in models:
-            built = [b for b in s.bindings if b.name == model and b.statement is not None]
-            if not built:
+        for model, scope in models:
+            # the model's bindings seen where the optimizer is built (not a `q = self.fc_q(x)` of a method)
+            built = s.bindings_visible(model, scope)
+            if built and all(b.kind == "parameter" for b in built):
+                # a function's parameter (`def train(global_model, rank)`): what this file binds the
+                # name to outside its classes' methods (`global_model = ActorCritic()` in main)
+                built = [b for b in s.bindings if b.name == model and b.statement is not None
+                         and s.class_of(b.scope) is None]
+            if not built or any(b.statement is None for b in built):
                 return None
             for binding in built:
-                value = binding.value
+                value = _value_of(binding)
                 if not isinstance(value, cst.Call):
                     return None
                 called = binding.qualified_call or dotted_name(value.func) or ""
@@ -208,6 +230,35 @@ class DeviceChoice:
         devices = [b for b in s.device_bindings if b.klass is klass and b.name == f"self.{parts[2]}"]
         return bool(devices) and all(isinstance(b.scope, cst.FunctionDef) and b.scope.name.value == "__init__"
                                      for b in devices)
+
+
+def _value_of(binding) -> Optional[cst.BaseExpression]:
+    """The value a binding gives its name, also for `a, b = X(), Y()` (the matching element)."""
+    if binding.kind != "tuple":
+        return binding.value
+    statement = binding.statement
+    line = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+    if not isinstance(line, cst.Assign) or len(line.targets) != 1:
+        return None
+    target, value = line.targets[0].target, line.value
+    if not isinstance(target, (cst.Tuple, cst.List)) or not isinstance(value, (cst.Tuple, cst.List)):
+        return None
+    if len(target.elements) != len(value.elements):
+        return None
+    for element, assigned in zip(target.elements, value.elements):
+        if isinstance(element, cst.StarredElement) or isinstance(assigned, cst.StarredElement):
+            return None
+        if dotted_name(element.value) == binding.name:
+            return assigned.value
+    return None
+
+
+def _built_by(binding, class_name: str) -> bool:
+    """Does this binding give its name an instance of `class_name` (a plain call of it)?"""
+    if binding.statement is None:
+        return False
+    value = _value_of(binding)
+    return isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == class_name
 
 
 def _defaults_to_none(param: cst.Param) -> bool:
