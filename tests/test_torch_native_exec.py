@@ -132,6 +132,9 @@ EXPECTED_CALLS = {
     # 4 iterations: the critic and the actor stepped by take_optimisation_step(), the baseline by
     # optimise(), each handed its loss: 3 steps, 3 updates, 3 scaled losses per iteration
     "step_helper_handed_the_loss": {"step": 12, "update": 12, "scale": 12, "load_state_dict": 0},
+    # 3 iterations: two discriminators stepped from a list by index, each with its update; then the
+    # generator and encoder from a dict and the mapping network from a namespace, one update
+    "optimizers_in_collections": {"step": 15, "update": 9, "scale": 9, "load_state_dict": 0},
 }
 
 
@@ -822,3 +825,16 @@ def test_losses_handed_to_step_helpers_train_as_in_fp32(dtype, tmp_path):
     compared = 3 if dtype == "float16" else 12
     for converted, original in zip(mixed[:compared], fp32[:compared]):
         assert converted == pytest.approx(original, rel=3e-2, abs=2e-3), (mixed, fp32)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_optimizers_taken_from_collections_train_as_in_fp32(dtype, tmp_path):
+    """`optimizersD[i].step()` in a loop, `optims["G"].step()` and a namespace's
+    `extra_optims.mapping.step()`: each goes through scaler.step(), so every optimizer steps on
+    unscaled gradients and the discriminator and generator losses of the converted run follow the
+    fp32 run (an optimizer left out of the scaler would step 65536 times too far in float16)."""
+    fp32 = run_script(str(script_path("optimizers_in_collections"))).script_globals["LOSSES"]
+    mixed = run_script(str(_convert("optimizers_in_collections", dtype, tmp_path))).script_globals["LOSSES"]
+    assert len(mixed) == len(fp32) == 9
+    for converted, original in zip(mixed, fp32):
+        assert converted == pytest.approx(original, rel=3e-2, abs=3e-2), (mixed, fp32)

@@ -28,6 +28,8 @@ wraps it in `amp.scale_loss(loss, <the optimizer stepped after the helper call>)
 
 from __future__ import annotations
 
+import re
+
 from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
@@ -189,6 +191,39 @@ def backward_for_its_hooks(structure: TrainingStructure, unit: TrainingUnit) -> 
                     "and loss scaling (or autocast) would change that too; convert by hand",
                     backward.call,
                 )
+    return None
+
+
+#: receivers of a `.step()` that is no optimizer's: schedulers, profilers, progress bars, agents
+_STEPS_NOT_AN_OPTIMIZER = re.compile(r"sched|warmup|^lr_|_lr$|prof|timer|progress|bar$|^env|_env$|^self$", re.IGNORECASE)
+
+
+def unknown_step_after_backward(structure: TrainingStructure, unit: TrainingUnit) -> Optional[Tuple[str, cst.Call]]:
+    """A `.step()` ampify does not take for an optimizer's, after the unit's first backward() in its
+    iteration (`extra.mapping.step()` beside `optimizer.step()`): if it is an optimizer's, it
+    would step on scaled gradients. Schedulers, profilers, progress bars and
+    environments (by name or by the call that builds them) are not asked about. With a message;
+    None when there is no such step."""
+    if not unit.backwards or not unit.steps:
+        return None
+    first = min(structure.line(backward.call) for backward in unit.backwards)
+    for site in structure.other_steps:
+        if site.call.args or site.scope is not unit.scope or not structure.contains(unit.body, site.call):
+            continue
+        receiver = site.receiver or ""
+        if structure.line(site.call) <= first:
+            continue
+        if _STEPS_NOT_AN_OPTIMIZER.search(receiver.rsplit(".", 1)[-1]):
+            continue
+        built = [binding.qualified_call or "" for binding in structure.bindings_visible(receiver, site.scope)]
+        if any(_STEPS_NOT_AN_OPTIMIZER.search(call) or "lr_scheduler" in call for call in built):
+            continue
+        return (
+            f"{receiver}.step() (line {structure.line(site.call)}) runs after this backward() in its iteration, "
+            f"and ampify cannot tell whether {receiver} is an optimizer: if it is, it would step on scaled "
+            "gradients; convert by hand (or give the optimizer a name ampify knows: optimizer, optim, opt_*)",
+            site.call,
+        )
     return None
 
 

@@ -36,7 +36,7 @@ NOT_OPTIMIZER_PREFIXES = (
 )
 
 #: a name is optimizer-like when one of its words is one of these ("optimizerD", "opt_g", "g_optim")
-_OPTIMIZER_WORDS = {"optimizer", "optimiser", "optim", "opt", "optimizers"}
+_OPTIMIZER_WORDS = {"optimizer", "optimiser", "optim", "opt", "optimizers", "optimisers", "optims"}
 _NOT_OPTIMIZER_WORDS = {"sched", "scheduler", "schedulers", "lr", "warmup", "options", "opts"}
 _WORD_SPLIT = re.compile(r"_+|(?<=[a-z0-9])(?=[A-Z])")
 

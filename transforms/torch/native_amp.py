@@ -45,7 +45,7 @@ from ampify.transforms.torch.gradient_penalty import (
     sites_of_unit,
     write_penalty,
 )
-from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, pair_helper_backwards
+from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, unknown_step_after_backward, pair_helper_backwards
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.loss_objects import (
     BackwardToScale, LossObjectUse, backward_to_scale, find_loss_object, is_this_module, loss_class_of_backward,
@@ -444,6 +444,7 @@ class NativeConversion(TorchConversion):
             raise Unconvertible("no optimizer step in this training step")
         loss_objects = self._loss_objects_of(unit)
         unfollowed = (call_of_unfollowed_backward(self.structure, unit) or backward_for_its_hooks(self.structure, unit)
+                      or unknown_step_after_backward(self.structure, unit)
                       or self.loss_object_backward(unit) or gradients_reduced_by_hand(self.structure, unit))
         if unfollowed is not None:
             raise Unconvertible(*unfollowed)

@@ -23,6 +23,7 @@ from ampify.transforms.torch.training_loop import (
     TrainingStructure,
     TrainingUnit,
     Unconvertible,
+    collection_of_optimizers,
     method_calls,
 )
 
@@ -231,6 +232,10 @@ class ScalerPlacement:
         name, the loop over the optimizers only: no backward() in it) and the name is bound nowhere
         else in the unit's scope; None otherwise."""
         s = self.structure
+        collection = collection_of_optimizers(receiver)
+        if collection is not None:
+            # `optimizersD[i].step()`, `optims.discriminator.step()`: made with the collection
+            return collection
         bindings = s.bindings_visible(receiver, unit.scope)
         if not bindings or any(b.kind != "for" for b in bindings):
             return None

@@ -450,6 +450,10 @@ class TrainingStructure:
     def not_found_reason(self, name: str, scope: Scope) -> str:
         """Why no binding of `name` is visible from `scope`, naming where the file does bind it."""
         where = self._scope_label(scope)
+        collection = collection_of_optimizers(name)
+        if collection is not None:
+            return (f"{name} is an optimizer taken from {collection}, a collection of optimizers (a list, dict or "
+                    "namespace); ampify does not follow a collection to each optimizer's construction")
         elsewhere = [b for b in self.bindings if b.name == name and b.statement is not None]
         if elsewhere:
             first = elsewhere[0]
@@ -646,6 +650,38 @@ def _in_import(structure: TrainingStructure, node: cst.CSTNode) -> bool:
 def _call_receiver(call: cst.Call) -> Optional[str]:
     if isinstance(call.func, cst.Attribute):
         return dotted_name(call.func.value)
+    return None
+
+
+def _collection_member(receiver: cst.BaseExpression) -> Optional[str]:
+    """`optimizersD[i]`, `self.optims["G"]`, `optimizers[k].optimizer`: an optimizer taken from a
+    collection named like optimizers, spelled as written; None for anything else (`envs[i]`)."""
+    node = receiver
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    if not isinstance(node, cst.Subscript):
+        return None
+    base = node
+    while isinstance(base, (cst.Subscript, cst.Attribute)) and not (
+        isinstance(base, cst.Attribute) and dotted_name(base) is not None
+    ):
+        base = base.value
+    collection = dotted_name(base)
+    if collection is None or not names.looks_like_optimizer_name(collection):
+        return None
+    return cst.Module([]).code_for_node(receiver)
+
+
+def collection_of_optimizers(receiver: str) -> Optional[str]:
+    """The collection an optimizer step's receiver takes its optimizer from: `optimizersD` for
+    `optimizersD[i]`, `optims` for `optims.discriminator` (a Munch or namespace of optimizers,
+    clovaai/stargan-v2); None for a plain name or attribute."""
+    if "[" in receiver:
+        return receiver.split("[", 1)[0]
+    parts = receiver.split(".")
+    for index, part in enumerate(parts[:-1]):
+        if part != "self" and names.looks_like_optimizer_name(part) and not names.looks_like_optimizer_name(parts[-1]):
+            return ".".join(parts[: index + 1])
     return None
 
 
@@ -917,6 +953,8 @@ class _Collector(cst.CSTVisitor):
         qualified = self.imports.resolve(node.func)
         method = _method_name(node)
         receiver = _call_receiver(node)
+        if receiver is None and method == "step" and isinstance(node.func, cst.Attribute):
+            receiver = _collection_member(node.func.value)
         site = CallSite(node, statement, receiver, self.scope)
 
         if qualified and names.is_mixed_precision(qualified):
@@ -1190,7 +1228,7 @@ def _optimizer_reason(
             return f"{dotted_name(binding.value.func)}, a subclass of an optimizer"
     if receiver in collector.wrapper_classes:
         return None
-    if names.looks_like_optimizer_name(receiver):
+    if names.looks_like_optimizer_name(receiver) or collection_of_optimizers(receiver) is not None:
         return NAMED_LIKE_AN_OPTIMIZER
     return None
 
