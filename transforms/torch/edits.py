@@ -162,6 +162,10 @@ class _EditApplier(cst.CSTTransformer):
         assert isinstance(template, cst.With)
         leading = inner[0].leading_lines
         inner[0] = inner[0].with_changes(leading_lines=[])
+        # a line continued with a backslash keeps its own indentation (LibCST holds it as text):
+        # indent it with the block, as the lines of brackets are
+        deeper = _ContinuationIndent(self.config.default_indent)
+        inner = [statement.visit(deeper) for statement in inner]
         body = template.body.with_changes(body=inner)
         return template.with_changes(body=body, leading_lines=leading)
 
@@ -247,3 +251,19 @@ class _EditApplier(cst.CSTTransformer):
                 current = new
             result.append(current)
         return updated_node.with_changes(elements=result)
+
+
+class _ContinuationIndent(cst.CSTTransformer):
+    """Indents the lines a backslash continues by one more level."""
+
+    def __init__(self, indent: str) -> None:
+        super().__init__()
+        self.indent = indent
+
+    def leave_SimpleWhitespace(self, original_node: cst.SimpleWhitespace,
+                               updated_node: cst.SimpleWhitespace) -> cst.SimpleWhitespace:
+        value = updated_node.value
+        if "\\" not in value:
+            return updated_node
+        lines = value.split("\n")
+        return updated_node.with_changes(value="\n".join(lines[:1] + [self.indent + line for line in lines[1:]]))
