@@ -122,8 +122,9 @@ RULES: List[Rule] = [
     Rule("AMP116", "warning", "optimizer class from another module: wrap it where that module builds it, or by hand",
          "ampify reads one file at a time: an optimizer built elsewhere cannot be wrapped here.",
          "opt = optimization.create_optimizer(loss, lr, steps)", MANUAL, incomplete=True),
-    Rule("AMP117", "warning", "optimizer built inside TensorFlow (`optimize_loss`, canned Estimators given a name)",
-         "TensorFlow builds the optimizer itself, so there is nothing in the script to wrap.",
+    Rule("AMP117", "warning", "optimizer built inside TensorFlow (`optimize_loss` given a class or an unknown name, canned Estimators given a name)",
+         "TensorFlow builds the optimizer itself, so there is nothing in the script to wrap (an optimize_loss "
+         "given one of its own names is spelled out and wrapped: AMP126).",
          'tf.contrib.layers.optimize_loss(loss, step, lr, optimizer="Adam")', MANUAL, incomplete=True),
     Rule("AMP118", "warning", "optimizer class handed to code outside this file, or named by a string",
          "The class is instantiated elsewhere (or looked up by name), where ampify cannot wrap it.",
@@ -161,6 +162,12 @@ RULES: List[Rule] = [
          "and nothing runs in float16.",
          "with tf.device('/cpu:0'):\n    trainer = tf.train.AdamOptimizer(1e-4)\n    master_network = AC_Network(...)",
          MANUAL, incomplete=True),
+    Rule("AMP126", "info", "`optimize_loss(..., optimizer=\"Adam\")` spelled as `lambda lr: tf.train.AdamOptimizer(learning_rate=lr)` and wrapped",
+         "optimize_loss builds the optimizer a string names from its learning-rate tensor (after any decay "
+         "function) and calls a callable the same way, so the callable builds the same optimizer, in the file, "
+         "where the graph rewrite wraps it; optimize_loss then computes unscaled gradients with the wrapper "
+         "(its clipping and summaries see true values) and applies them through it.",
+         'train_op = tf.contrib.layers.optimize_loss(loss, step, lr, optimizer="Adam")', SAFE),
     Rule("AMP200", "error", "error: internal error in the PyTorch native transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP200 internal error in the torch-native-amp transform (RecursionError: ...); this file is left unchanged", MANUAL),

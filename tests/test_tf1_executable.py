@@ -82,11 +82,11 @@ CONVERTED_NODES = re.compile(r"Converted (\d+)/(\d+) nodes to float16")
 LOSS_LINE = re.compile(r"^step (\d+) loss ([-+0-9.eEnaif]+)$", re.MULTILINE)
 
 
-def _run(tmp_path: Path, name: str, source: str):
+def _run(tmp_path: Path, name: str, source: str, prelude: str = ""):
     script = tmp_path / name
     script.write_text(source)
     runner = tmp_path / "amp_runner.py"
-    runner.write_text(RUNNER)
+    runner.write_text(RUNNER.replace("script = sys.argv[1]\n", prelude + "\nscript = sys.argv[1]\n"))
     env = dict(os.environ)
     env.update(
         TF_USE_LEGACY_KERAS="1",
@@ -652,3 +652,55 @@ def test_an_optimizer_subclass_of_another_module_is_wrapped_and_trains(tmp_path)
     assert "AMPIFY_RUNNER loss-scale compute_gradients" in converted.stderr
     assert "PROJECT compute_gradients" in converted.stderr
     assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]
+
+
+#: tf.contrib is gone from TensorFlow 2: optimize_loss as tensorflow/contrib/layers/python/layers/
+#: optimizers.py wrote it, for the arguments the fixture passes (a learning-rate tensor, a string or
+#: a callable optimizer, clipping by global norm): the optimizer a string names is built from the
+#: learning rate, a callable is called with it, and the gradients go through compute_gradients and
+#: apply_gradients of whatever it built
+OPTIMIZE_LOSS_STAND_IN = '''
+import types
+
+_v1 = tf.compat.v1
+_NAMED = {"Adam": _v1.train.AdamOptimizer, "SGD": _v1.train.GradientDescentOptimizer}
+
+
+def _optimize_loss(loss, global_step, learning_rate, optimizer, clip_gradients=None):
+    lr = learning_rate
+    if isinstance(optimizer, str):
+        opt = _NAMED[optimizer](learning_rate=lr)
+    else:
+        opt = optimizer(lr)
+        assert isinstance(opt, _v1.train.Optimizer), opt
+    gradients = opt.compute_gradients(loss, _v1.trainable_variables())
+    if clip_gradients is not None:
+        grads, variables = zip(*gradients)
+        grads, _ = _v1.clip_by_global_norm(grads, clip_gradients)
+        gradients = list(zip(grads, variables))
+    update = opt.apply_gradients(gradients, global_step=global_step, name="train")
+    return _v1.tuple([loss], control_inputs=[update])[0]
+
+
+_v1.contrib = tf.contrib = types.SimpleNamespace(layers=types.SimpleNamespace(optimize_loss=_optimize_loss))
+'''
+
+
+def test_optimize_loss_given_an_optimizer_name_trains_with_the_wrapped_optimizer_it_is_handed(tmp_path):
+    """optimize_loss(optimizer="Adam") spelled as `lambda lr: WRAPPER(tf.train.AdamOptimizer(learning_rate=lr))`:
+    optimize_loss calls it with its decayed learning rate, the wrapper scales the loss in
+    compute_gradients and the graph runs in float16; the original, under the same runner, builds its
+    Adam inside optimize_loss and converts nothing. Both train, to the same losses within float16's
+    tolerance."""
+    source, conversion = _convert("exec_optimize_loss_named")
+    assert [f.code for f in conversion.findings if f.code in ("AMP126", "AMP117")] == ["AMP126"]
+    converted = _run(tmp_path, "converted.py", conversion.converted, OPTIMIZE_LOSS_STAND_IN)
+    original = _run(tmp_path, "original.py", source, OPTIMIZE_LOSS_STAND_IN)
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" in converted.stderr
+    assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" not in original.stderr
+    assert _converted_nodes(original.stderr) == 0, original.stderr[-4000:]
+    mixed, fp32 = _losses(converted.stdout), _losses(original.stdout)
+    _assert_trains(mixed)
+    _assert_trains(fp32)
+    assert mixed == pytest.approx(fp32, rel=2e-2, abs=2e-2), (mixed, fp32)

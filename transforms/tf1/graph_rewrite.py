@@ -55,6 +55,7 @@ from ampify.transforms.tf1.names import (
 from ampify.transforms.tf1.ngc_switch import ngc_switches, past_ngc_switches
 from ampify.transforms.tf1.optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
 from ampify.transforms.tf1.optimizer_hoist import StatementMove, move_statements
+from ampify.transforms.tf1.optimizer_names import NamedOptimizer, named_optimizers, spelled_out
 from ampify.transforms.tf1.own_session import call_at, calls_of_class, passes_session
 from ampify.transforms.tf1.session_config import (
     SessionConfigRefused,
@@ -98,6 +99,19 @@ class TF1GraphRewrite(Transform):
     def apply(
         self, module: cst.Module, imports: ImportMap, options: Options, context: UnitContext = UnitContext()
     ) -> TransformResult:
+        named = named_optimizers(module, imports)
+        if named:
+            # `optimize_loss(..., optimizer="Adam")`: convert the module with the optimizer spelled
+            # out; when that does not convert, the module as written says why (AMP117 among others)
+            spelled = spelled_out(module, named)
+            result = self._apply(spelled, imports, options, replace(context, source=spelled.bytes))
+            if result.verdict is Verdict.CONVERTED:
+                return _with_named_optimizers(result, module, named)
+        return self._apply(module, imports, options, context)
+
+    def _apply(
+        self, module: cst.Module, imports: ImportMap, options: Options, context: UnitContext
+    ) -> TransformResult:
         if not imports.uses("tensorflow") and _tf_from_star_import(imports):
             rewrite = _GraphRewrite(module, imports.with_alias("tf", "tensorflow"), options)
             return _with_star_import_assumption(rewrite.run(), module)
@@ -109,6 +123,23 @@ class TF1GraphRewrite(Transform):
                 lambda: _GraphRewrite(module, imports, options, context=context).run(),
             )
         return _GraphRewrite(module, imports, options, context=context).run()
+
+
+def _with_named_optimizers(result: TransformResult, module: cst.Module, named: List[NamedOptimizer]) -> TransformResult:
+    """The result, saying where each named optimizer was spelled out (AMP126)."""
+    positions = Positions(module)
+    notes = []
+    for item in named:
+        start = positions[item.argument].start
+        notes.append(Finding(
+            "AMP126",
+            f'optimize_loss(optimizer="{item.name}") builds its optimizer inside TensorFlow, out of reach of the '
+            f"wrapper: spelled as `{item.replacement}`, which optimize_loss calls with the same learning rate "
+            "(after its decay function) to build the same optimizer, now wrapped",
+            start.line, start.column, Severity.INFO,
+        ))
+    return TransformResult(result.module, result.verdict, notes + list(result.findings), result.reason,
+                           companions=result.companions)
 
 
 def _tf_from_star_import(imports: ImportMap) -> bool:
