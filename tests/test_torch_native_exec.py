@@ -135,6 +135,8 @@ EXPECTED_CALLS = {
     # 3 iterations: two discriminators stepped from a list by index, each with its update; then the
     # generator and encoder from a dict and the mapping network from a namespace, one update
     "optimizers_in_collections": {"step": 15, "update": 9, "scale": 9, "load_state_dict": 0},
+    # 4 batches; the clip function picked by getattr(torch.nn.utils, ...) gets its unscale_
+    "clip_picked_by_name": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
 }
 
 
@@ -195,7 +197,7 @@ def test_converted_script_trains_in_reduced_precision(name, dtype, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["cnn_classifier", "grad_accumulation", "trainer_class", "two_optimizers_clipped",
-                                  "step_helper_handed_the_loss"])
+                                  "step_helper_handed_the_loss", "clip_picked_by_name"])
 def test_clipping_sees_unscaled_gradients(name, tmp_path):
     """scaler.unscale_ before clip_grad_norm_: the clipped norms stay the size of fp32 norms,
     not 65536 times larger (the GradScaler's initial scale). With two optimizers each clip gets

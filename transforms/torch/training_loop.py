@@ -685,6 +685,18 @@ def collection_of_optimizers(receiver: str) -> Optional[str]:
     return None
 
 
+def _strings_within(node: cst.CSTNode) -> List[cst.SimpleString]:
+    """The string literals in an expression (`'clip_grad_%s_' % mode`, `"clip_grad_" + kind`)."""
+    found: List[cst.SimpleString] = []
+
+    class _Strings(cst.CSTVisitor):
+        def visit_SimpleString(self, string: cst.SimpleString) -> None:
+            found.append(string)
+
+    node.visit(_Strings())
+    return found
+
+
 def _method_name(call: cst.Call) -> Optional[str]:
     if isinstance(call.func, cst.Attribute):
         return call.func.attr.value
@@ -857,6 +869,19 @@ class _Collector(cst.CSTVisitor):
                 if wrapper is not None:
                     self.wrapper_classes[name] = wrapper
 
+    def _clip_looked_up(self, node: cst.Call) -> bool:
+        """`getattr(torch.nn.utils, 'clip_grad_%s_' % opt.grad_clip_mode)(params, value)`: a clip
+        function picked by name (ruotianluo/self-critical.pytorch); it reads the gradients as
+        clip_grad_norm_ does."""
+        looked_up = node.func
+        if not (isinstance(looked_up, cst.Call) and isinstance(looked_up.func, cst.Name)
+                and looked_up.func.value == "getattr" and len(looked_up.args) >= 2):
+            return False
+        owner = self.imports.resolve(looked_up.args[0].value) or ""
+        if not owner.startswith("torch.nn.utils"):
+            return False
+        return any("clip_grad" in string.value for string in _strings_within(looked_up.args[1].value))
+
     def _builds_device(self, value: Optional[cst.BaseExpression]) -> bool:
         """`torch.device(...)`, `current_accelerator()`, or a conditional choosing between them."""
         if isinstance(value, cst.IfExp):
@@ -987,7 +1012,7 @@ class _Collector(cst.CSTVisitor):
         if qualified in names.CLIP_FUNCTIONS or (
             qualified is None and method in names.CLIP_ATTRIBUTES and receiver is not None
             and receiver.endswith("utils")
-        ):
+        ) or self._clip_looked_up(node):
             structure.clips.append(site)
             return
         if method == "state_dict" and receiver is not None and not node.args:
