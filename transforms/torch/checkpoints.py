@@ -132,6 +132,14 @@ class CheckpointWriter:
             if first is not None and first != site.receiver and simple and self._is_sibling_file_load(argument):
                 self.info("AMP206", f"{reference} state is loaded once, with {first}'s (one scaler steps both)", site.call)
                 continue
+            if reference is not None and simple and reference not in self._sibling_saves \
+                    and self._is_sibling_file_load(argument) and not self._saves_state_here(site.receiver):
+                # the optimizer's file is written by another module (self-critical.pytorch's
+                # utils.save_checkpoint): a scaler file next to it would never exist to be loaded
+                self.warn("AMP224", f"{site.receiver}'s state is saved by another module, not in this file, so a "
+                                    f"scaler file next to it would never exist: save {reference}.state_dict() there and "
+                                    "load it here by hand", site.call)
+                continue
             if reference is not None and simple and self._load_from_sibling_file(statement, argument, reference):
                 self.info("AMP206", f"{reference} state is loaded too when its file exists", site.call)
                 continue
@@ -199,6 +207,10 @@ class CheckpointWriter:
         self.edits.insert_after(statement, f"{self.torch}.save({reference}.state_dict(), {statements.code_of(new_path)})")
         self.info("AMP206", f"{reference}.state_dict() saved too, to {statements.code_of(new_path)}", site.call)
         return True
+
+    def _saves_state_here(self, optimizer: Optional[str]) -> bool:
+        """Does this file save the optimizer's state itself (in any form)?"""
+        return any(site.receiver == optimizer for site in self.structure.optimizer_state_saves)
 
     def _is_sibling_file_load(self, argument) -> bool:
         """`torch.load(<a path named after an optimizer>)`."""
