@@ -122,7 +122,7 @@ RULES: List[Rule] = [
     Rule("AMP116", "warning", "optimizer class from another module: wrap it where that module builds it, or by hand",
          "ampify reads one file at a time: an optimizer built elsewhere cannot be wrapped here.",
          "opt = optimization.create_optimizer(loss, lr, steps)", MANUAL, incomplete=True),
-    Rule("AMP117", "warning", "optimizer built inside TensorFlow (`optimize_loss` given a class or an unknown name, canned Estimators given a name)",
+    Rule("AMP117", "warning", "optimizer built inside TensorFlow (`optimize_loss` given an unknown name or no learning rate, canned Estimators given a name)",
          "TensorFlow builds the optimizer itself, so there is nothing in the script to wrap (an optimize_loss "
          "given one of its own names is spelled out and wrapped: AMP126).",
          'tf.contrib.layers.optimize_loss(loss, step, lr, optimizer="Adam")', MANUAL, incomplete=True),
@@ -162,7 +162,7 @@ RULES: List[Rule] = [
          "and nothing runs in float16.",
          "with tf.device('/cpu:0'):\n    trainer = tf.train.AdamOptimizer(1e-4)\n    master_network = AC_Network(...)",
          MANUAL, incomplete=True),
-    Rule("AMP126", "info", "`optimize_loss(..., optimizer=\"Adam\")` spelled as `lambda lr: tf.train.AdamOptimizer(learning_rate=lr)` and wrapped",
+    Rule("AMP126", "info", "`optimize_loss(..., optimizer=\"Adam\")` (or a class) spelled as `lambda lr: tf.train.AdamOptimizer(learning_rate=lr)` and wrapped",
          "optimize_loss builds the optimizer a string names from its learning-rate tensor (after any decay "
          "function) and calls a callable the same way, so the callable builds the same optimizer, in the file, "
          "where the graph rewrite wraps it; optimize_loss then computes unscaled gradients with the wrapper "

@@ -497,3 +497,40 @@ def test_a_graph_pinned_to_the_cpu_is_changed_incomplete(body, pinned):
     assert "AMP101" in codes(conversion)
     assert ("AMP125" in codes(conversion)) is pinned
     assert conversion.status is (FileStatus.CHANGED_INCOMPLETE if pinned else FileStatus.CHANGED)
+
+
+OPTIMIZE_LOSS = '''\
+import tensorflow.compat.v1 as tf
+
+x = tf.placeholder(tf.float32, [None, 4])
+loss = tf.reduce_mean(tf.square(tf.layers.dense(x, 1)))
+step = tf.train.get_or_create_global_step()
+train_op = tf.contrib.layers.optimize_loss(loss, step, {arguments})
+with tf.Session() as sess:
+    sess.run(train_op)
+'''
+
+
+@pytest.mark.parametrize("arguments, written", [
+    ('0.01, "Adam"', 'lambda lr: WRAP(tf.train.AdamOptimizer(learning_rate=lr))'),
+    ('learning_rate=lr, optimizer="Momentum", clip_gradients=5.0',
+     'lambda lr: WRAP(tf.train.MomentumOptimizer(lr, momentum=0.9))'),
+    ("0.1, optimizer='SGD'", 'lambda lr: WRAP(tf.train.GradientDescentOptimizer(learning_rate=lr))'),
+    ("0.1, optimizer=tf.train.RMSPropOptimizer", 'lambda lr: WRAP(tf.train.RMSPropOptimizer(learning_rate=lr))'),
+    # optimize_loss would raise on these (no learning rate for a name, a name it does not know): left as written
+    ('None, "Adam"', None),
+    ('learning_rate=0.1, optimizer="Adadelta"', None),
+])
+def test_optimize_loss_names_are_spelled_as_the_optimizer_it_builds(arguments, written):
+    """optimize_loss builds `OPTIMIZER_CLS_NAMES[name](learning_rate=lr)` (Momentum with momentum=0.9) or
+    `cls(learning_rate=lr)` for a class, and calls a callable `optimizer(lr)`: the callable ampify
+    writes builds the same optimizer from the same learning rate, wrapped (AMP126); a string it
+    would refuse stays, refused with AMP117."""
+    conversion = convert(OPTIMIZE_LOSS.format(arguments=arguments))
+    codes = [f.code for f in conversion.findings]
+    if written is None:
+        assert conversion.status is FileStatus.UNCONVERTED and "AMP117" in codes, codes
+        return
+    assert conversion.status is FileStatus.CHANGED and "AMP126" in codes and "AMP117" not in codes, codes
+    wrapper = "tf.train.experimental.enable_mixed_precision_graph_rewrite"
+    assert written.replace("WRAP", wrapper) in conversion.converted, conversion.converted

@@ -133,7 +133,7 @@ def _with_named_optimizers(result: TransformResult, module: cst.Module, named: L
         start = positions[item.argument].start
         notes.append(Finding(
             "AMP126",
-            f'optimize_loss(optimizer="{item.name}") builds its optimizer inside TensorFlow, out of reach of the '
+            f"optimize_loss(optimizer={item.name}) builds its optimizer inside TensorFlow, out of reach of the "
             f"wrapper: spelled as `{item.replacement}`, which optimize_loss calls with the same learning rate "
             "(after its decay function) to build the same optimizer, now wrapped",
             start.line, start.column, Severity.INFO,

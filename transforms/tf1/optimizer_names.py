@@ -1,5 +1,8 @@
 """`optimize_loss(..., optimizer="Adam")` spelled as the optimizer it names, so it can be wrapped.
 
+Also `optimizer=tf.train.AdamOptimizer`, a class, which optimize_loss builds the same way
+(`optimizer(learning_rate=lr)`).
+
 `tf.contrib.layers.optimize_loss` builds the optimizer a string names inside TensorFlow
 (`OPTIMIZER_CLS_NAMES[optimizer](learning_rate=lr)`, lr its learning-rate tensor after any
 `learning_rate_decay_fn`), where no wrapper can reach it. A callable is called the same way
@@ -20,7 +23,7 @@ import libcst as cst
 
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap
-from ampify.transforms.tf1.names import normalise_tf_name
+from ampify.transforms.tf1.names import is_tf1_optimizer_class, normalise_tf_name
 
 #: optimize_loss's OPTIMIZER_CLS_NAMES (tensorflow/contrib/layers/python/layers/optimizers.py):
 #: the construction each name stands for, given the learning rate `lr`
@@ -43,6 +46,7 @@ class NamedOptimizer:
     """One `optimizer="Adam"` argument and the callable that builds the same optimizer."""
 
     argument: cst.Arg
+    #: as written: `"Adam"`, `tf.train.AdamOptimizer`
     name: str
     replacement: str
 
@@ -66,12 +70,17 @@ def named_optimizers(module: cst.Module, imports: ImportMap) -> List[NamedOptimi
                 return
             if isinstance(learning_rate.value, cst.Name) and learning_rate.value.value == "None":
                 return
+            if is_tf1_optimizer_class(normalise_tf_name(imports.resolve(optimizer.value))):
+                # a class: optimize_loss builds `optimizer(learning_rate=lr)`
+                shown = cst.Module([]).code_for_node(optimizer.value)
+                found.append(NamedOptimizer(optimizer, shown, f"lambda lr: {shown}(learning_rate=lr)"))
+                return
             if not isinstance(optimizer.value, cst.SimpleString):
                 return
             name = optimizer.value.evaluated_value
             template = _NAMED_OPTIMIZERS.get(name) if isinstance(name, str) else None
             if template is not None:
-                found.append(NamedOptimizer(optimizer, name, "lambda lr: " + template.format(tf=spelling)))
+                found.append(NamedOptimizer(optimizer, f'"{name}"', "lambda lr: " + template.format(tf=spelling)))
 
     walk(module, _Calls())
     return found
