@@ -209,6 +209,7 @@ class RepositoryIndex:
         self._wrapper_steps: Optional[List[WrapperStep]] = None
         self._definitions: Dict[str, int] = {}
         self._search_roots: Dict[Path, List[Path]] = {}
+        self._unsafe_holders: Optional[Dict[Path, ModuleOutline]] = None
 
     # ---- where modules are -------------------------------------------------------------------
 
@@ -311,6 +312,17 @@ class RepositoryIndex:
                 self._closures.clear()
             cached = self._outlines[path] = (version, _outline(path))
         return cached[1]
+
+    def unsafe_function_holders(self) -> Dict[Path, ModuleOutline]:
+        """The project modules defining custom autograd Functions that break under autocast, read
+        once per run (a repository has few, most have none)."""
+        if self._unsafe_holders is None:
+            self._unsafe_holders = {}
+            for path in self.modules():
+                outline = self.outline(path)
+                if outline is not None and outline.unsafe_autograd_functions:
+                    self._unsafe_holders[path] = outline
+        return self._unsafe_holders
 
     def imported_closure(self, start: Path) -> List[Path]:
         """The project modules `start` imports, directly or through each other (bounded by
@@ -1407,6 +1419,32 @@ class ProjectView:
             if outline is not None and path != own:
                 found += [f"{self.where(path, line)} {name}: {why}" for line, name, why in outline.unsafe_autograd_functions]
         return found
+
+    def unsafe_autograd_functions_run_beside(self) -> List[str]:
+        """The Functions of unsafe_autograd_functions() in project modules this module's imports do
+        not reach but a module that runs it does: an entry script importing this module (directly
+        or through others) and, through its own imports, the model code holding them. CenterNet's
+        trainer (trains/base_trainer.py) is handed its model; main.py builds it from
+        models/networks/, whose DCNv2 Functions call a compiled extension."""
+        index = self.index
+        own = self.path.resolve()
+        reached = set(index.imported_closure(self.path)) | {own}
+        holders = {path: outline for path, outline in index.unsafe_function_holders().items() if path not in reached}
+        if not holders:
+            return []
+        found: List[str] = []
+        for entry in index.modules():
+            if entry == own or entry in holders:
+                continue
+            closure = index.imported_closure(entry)
+            if own not in closure:
+                continue
+            through = self.where(entry, 0).rsplit(":", 1)[0]
+            for path, outline in holders.items():
+                if path in closure:
+                    found += [f"{self.where(path, line)} {name}: {why} (run beside this file by {through}, which "
+                              "imports both)" for line, name, why in outline.unsafe_autograd_functions]
+        return list(dict.fromkeys(found))
 
     def unsafe_autograd_function_modules(self) -> List[Tuple[str, str, Tuple[str, ...], bool]]:
         """(key, display, the Functions' class names, the module trains) for each project module this

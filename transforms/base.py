@@ -106,6 +106,10 @@ class ProjectFacts(Protocol):
         Functions of the project modules this module imports that fail or compute wrong values
         under autocast."""
 
+    def unsafe_autograd_functions_run_beside(self) -> Sequence[str]:
+        """The same, for Functions of model code this module's imports do not reach but a script
+        that runs it imports (a trainer handed its model by main.py)."""
+
     def unsafe_autograd_function_modules(self) -> Sequence[Tuple[str, str, Tuple[str, ...], bool]]:
         """(key, display, class names, the module trains) for each project module this module imports
         with custom autograd Functions that break under autocast."""

@@ -659,6 +659,12 @@ class TorchConversion(abc.ABC):
             else:
                 refused = f"; ampify did not decorate them: {why}"
         found += imported
+        if not found and self.project is not None:
+            # the model is handed in (a trainer given it by main.py): the Functions of the model code
+            # the scripts running this file import
+            found = list(self.project.unsafe_autograd_functions_run_beside())
+            if found:
+                refused = "; ampify did not decorate them: they are not in the modules this file imports"
         if not found:
             return False
         rule = self.rules.hazards[HazardKind.AUTOGRAD_FUNCTION]
