@@ -659,9 +659,9 @@ class TorchConversion(abc.ABC):
             else:
                 refused = f"; ampify did not decorate them: {why}"
         found += imported
-        if not found and self.project is not None:
-            # the model is handed in (a trainer given it by main.py): the Functions of the model code
-            # the scripts running this file import
+        if not found and self.project is not None and not self._builds_an_optimizer():
+            # the optimizer, and so the model, is handed in (a trainer given both by main.py): the
+            # Functions of the model code the scripts running this file import
             found = list(self.project.unsafe_autograd_functions_run_beside())
             if found:
                 refused = "; ampify did not decorate them: they are not in the modules this file imports"
@@ -673,6 +673,11 @@ class TorchConversion(abc.ABC):
         if not self.blocked_reason and rule.file_reason:
             self.blocked_reason = rule.file_reason
         return True
+
+    def _builds_an_optimizer(self) -> bool:
+        """Does this file construct an optimizer it steps (`torch.optim.Adam(...)`, not one handed in)?"""
+        return any(binding.qualified_call and names.is_optimizer_qualname(binding.qualified_call)
+                   for optimizer in self.structure.optimizers.values() for binding in optimizer.bindings)
 
     def _report_imported_overflows(self, has_training: bool) -> bool:
         """masked_fill(..., -1e9) in the model code of a project module this file imports raises
