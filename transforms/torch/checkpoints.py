@@ -129,18 +129,18 @@ class CheckpointWriter:
                 and statement.body[0].value is site.call
             )
             first = self._sibling_saves.get(reference) if reference is not None else None
-            if first is not None and first != site.receiver and simple and self._is_sibling_file_load(argument):
+            if first is not None and first != site.receiver and simple and self._is_sibling_file_load(argument, site.receiver):
                 self.info("AMP206", f"{reference} state is loaded once, with {first}'s (one scaler steps both)", site.call)
                 continue
             if reference is not None and simple and reference not in self._sibling_saves \
-                    and self._is_sibling_file_load(argument) and not self._saves_state_here(site.receiver):
+                    and self._is_sibling_file_load(argument, site.receiver) and not self._saves_state_here(site.receiver):
                 # the optimizer's file is written by another module (self-critical.pytorch's
                 # utils.save_checkpoint): a scaler file next to it would never exist to be loaded
                 self.warn("AMP224", f"{site.receiver}'s state is saved by another module, not in this file, so a "
                                     f"scaler file next to it would never exist: save {reference}.state_dict() there and "
                                     "load it here by hand", site.call)
                 continue
-            if reference is not None and simple and self._load_from_sibling_file(statement, argument, reference):
+            if reference is not None and simple and self._load_from_sibling_file(statement, argument, reference, site.receiver):
                 self.info("AMP206", f"{reference} state is loaded too when its file exists", site.call)
                 continue
             if reference is None or key_node is None or not simple or dotted_name(argument.value) is None:
@@ -196,7 +196,7 @@ class CheckpointWriter:
             return False
         path = next((a.value for a in call.args[1:2] if a.keyword is None), None)
         path = path or next((a.value for a in call.args if a.keyword and a.keyword.value == "f"), None)
-        new_path = statements.renamed_optimizer_path(path) if path is not None else None
+        new_path = statements.renamed_optimizer_path(path, site.receiver) if path is not None else None
         if new_path is None:
             return False
         first = self._sibling_saves.setdefault(reference, site.receiver)
@@ -212,19 +212,21 @@ class CheckpointWriter:
         """Does this file save the optimizer's state itself (in any form)?"""
         return any(site.receiver == optimizer for site in self.structure.optimizer_state_saves)
 
-    def _is_sibling_file_load(self, argument) -> bool:
+    def _is_sibling_file_load(self, argument, optimizer: Optional[str]) -> bool:
         """`torch.load(<a path named after an optimizer>)`."""
         return (isinstance(argument, cst.Call) and self.imports.resolve(argument.func) == "torch.load"
-                and bool(argument.args) and statements.renamed_optimizer_path(argument.args[0].value) is not None)
+                and bool(argument.args)
+                and statements.renamed_optimizer_path(argument.args[0].value, optimizer) is not None)
 
-    def _load_from_sibling_file(self, statement: cst.CSTNode, argument, reference: str) -> bool:
+    def _load_from_sibling_file(self, statement: cst.CSTNode, argument, reference: str,
+                                optimizer: Optional[str]) -> bool:
         """`optimizer.load_state_dict(torch.load(".../optimizer.pt"))`: load the scaler's file too,
         when it exists (checkpoints written before the conversion have none)."""
         if not (isinstance(argument, cst.Call) and self.imports.resolve(argument.func) == "torch.load"):
             return False
         if not argument.args:
             return False
-        new_path = statements.renamed_optimizer_path(argument.args[0].value)
+        new_path = statements.renamed_optimizer_path(argument.args[0].value, optimizer)
         if new_path is None:
             return False
         new_load = argument.with_changes(args=[argument.args[0].with_changes(value=new_path)] + list(argument.args[1:]))

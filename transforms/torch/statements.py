@@ -5,6 +5,8 @@ which argument a call passes for a parameter. Pure functions on LibCST nodes, no
 
 from __future__ import annotations
 
+import re
+
 from typing import Collection, Dict, List, Optional, Set
 
 import libcst as cst
@@ -16,17 +18,26 @@ from ampify.transforms.kit.imports import dotted_name
 
 
 class _OptimizerPathRenamer(cst.CSTTransformer):
-    """"optimizer.pt" -> "scaler.pt" inside the string parts of a path expression."""
+    """"optimizer.pt" -> "scaler.pt" inside the string parts of a path expression; with the
+    optimizer's name, also a file named after it (`root / "optG.pt"`, descriptinc/melgan-neurips)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: Optional[str] = None) -> None:
         super().__init__()
         self.renamed = False
+        last = name.rsplit(".", 1)[-1] if name else ""
+        #: the optimizer's name as a file name's stem or part of it: `optG.pt`, `ckpt_optG_10.pt`
+        self.own_name = re.compile(rf"(?:^|(?<=[\"'/\\._-])){re.escape(last)}(?=[._\"'-]|$)") if len(last) >= 3 else None
 
     def _rename(self, text: str) -> str:
         for word in ("optimizer", "optimiser", "optim"):
             if word in text:
                 self.renamed = True
                 return text.replace(word, "scaler", 1)
+        if self.own_name is not None:
+            renamed = self.own_name.sub("scaler", text, count=1)
+            if renamed != text:
+                self.renamed = True
+                return renamed
         return text
 
     def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> cst.SimpleString:
@@ -40,9 +51,10 @@ class _OptimizerPathRenamer(cst.CSTTransformer):
         return updated_node.with_changes(value=self._rename(updated_node.value))
 
 
-def renamed_optimizer_path(path: cst.BaseExpression) -> Optional[cst.BaseExpression]:
-    """The path with "optimizer" renamed to "scaler" in its string parts; None if it has none."""
-    renamer = _OptimizerPathRenamer()
+def renamed_optimizer_path(path: cst.BaseExpression, name: Optional[str] = None) -> Optional[cst.BaseExpression]:
+    """The path with "optimizer" (or the optimizer's own `name`) renamed to "scaler" in its string
+    parts; None if it has neither."""
+    renamer = _OptimizerPathRenamer(name)
     new_path = path.visit(renamer)
     return new_path if renamer.renamed else None
 
