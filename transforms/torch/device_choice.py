@@ -13,7 +13,7 @@ import libcst as cst
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
-from ampify.transforms.torch.training_loop import Scope, TrainingStructure
+from ampify.transforms.torch.training_loop import Scope, TrainingStructure, names_passed_for
 
 
 #: what a function naming a device, or CUDA, contains
@@ -111,10 +111,17 @@ class DeviceChoice:
             # the model's bindings seen where the optimizer is built (not a `q = self.fc_q(x)` of a method)
             built = s.bindings_visible(model, scope)
             if built and all(b.kind == "parameter" for b in built):
-                # a function's parameter (`def train(global_model, rank)`): what this file binds the
-                # name to outside its classes' methods (`global_model = ActorCritic()` in main)
-                built = [b for b in s.bindings if b.name == model and b.statement is not None
-                         and s.class_of(b.scope) is None]
+                passed = names_passed_for(s, model, built[0].scope)
+                if passed is not None:
+                    # `def train(model): ...` called as `train(net_batchnorm)`: what the callers hand in
+                    built = [b for name, _, caller in passed for b in s.bindings_visible(name, caller)]
+                    if len(built) < len(passed):
+                        return None
+                else:
+                    # a function's parameter (`def train(global_model, rank)`): what this file binds
+                    # the name to outside its classes' methods (`global_model = ActorCritic()` in main)
+                    built = [b for b in s.bindings if b.name == model and b.statement is not None
+                             and s.class_of(b.scope) is None]
             if not built or any(b.statement is None for b in built):
                 return None
             for binding in built:

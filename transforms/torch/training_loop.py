@@ -1383,6 +1383,14 @@ def _names_passed_for(structure: TrainingStructure, parameter: str, function: Sc
         if node is function.name:
             continue
         call = structure.parent(node)
+        if isinstance(call, cst.Attribute) and call.attr is node:
+            continue  # `model.train()`: another object's method of the same name
+        if isinstance(call, (cst.Arg, cst.Param)) and (getattr(call, "keyword", None) is node or
+                                                       getattr(call, "name", None) is node):
+            continue  # `MNIST(..., train=True)`, `def test(model, train):`: a keyword, a parameter
+        visible = structure.bindings_visible(node.value, structure.scope_of(node))
+        if visible and not isinstance(visible[0].scope, cst.Module):
+            continue  # a local name of another function (that parameter `train`)
         if not (isinstance(call, cst.Call) and call.func is node):
             return None
         value = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == parameter), None)
@@ -1395,6 +1403,10 @@ def _names_passed_for(structure: TrainingStructure, parameter: str, function: Sc
             return None
         found.append((value.value, call, structure.scope_of(call)))
     return found or None
+
+
+#: what the calls of a module-level function hand one of its parameters (see _names_passed_for)
+names_passed_for = _names_passed_for
 
 
 def _first_argument(call: cst.Call) -> cst.BaseExpression:
