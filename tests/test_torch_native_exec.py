@@ -25,7 +25,8 @@ from torch_amp_runner import run_script  # noqa: E402
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "torch_native" / "exec"
 #: scripts that are golden inputs as they stand: run from there rather than kept twice
 GOLDEN_INPUTS = {"gan_forward_rebinds_input": "bce_forward_rebinds_input_name", "infogan_sigmoid_head": "bce_sigmoid_head_of_tuple",
-                 "step_helper_handed_the_loss": "step_helper_handed_the_loss"}
+                 "step_helper_handed_the_loss": "step_helper_handed_the_loss",
+                 "optimizers_compared_in_a_zip": "optimizers_compared_in_a_zip"}
 
 
 def script_path(name: str) -> Path:
@@ -137,6 +138,8 @@ EXPECTED_CALLS = {
     "optimizers_in_collections": {"step": 15, "update": 9, "scale": 9, "load_state_dict": 0},
     # 4 batches; the clip function picked by getattr(torch.nn.utils, ...) gets its unscale_
     "clip_picked_by_name": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
+    # 4 batches x 3 networks, each trained in turn in `for net, opt in zip(nets, optimizers):`
+    "optimizers_compared_in_a_zip": {"step": 12, "update": 12, "scale": 12, "load_state_dict": 0},
 }
 
 

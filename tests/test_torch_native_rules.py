@@ -283,10 +283,12 @@ def test_the_bce_warning_names_every_sigmoid_when_there_are_several():
     assert "nn.Sigmoid at lines 4 and 7: drop the one that ends the model feeding this loss" in warning.message
 
 
-def test_optimizers_drawn_from_a_list_in_the_loop_are_refused_with_that_reason():
+def test_optimizers_drawn_from_a_list_in_the_loop_convert_one_step_and_update_per_iteration():
     """MorvanZhou's optimizer comparison trains four nets, `for net, opt in zip(nets, optimizers)`:
-    the refusal says the optimizer is a loop variable over a collection (it used to say that the
-    optimizer is created inside the training loop, which it is not)."""
+    each iteration of that loop is a whole training step, so it gets scaler.step(opt) and its
+    update(), the scaler created with the list. A list built in the loop header (`zip(nets,
+    [sgd, adam])`) is not followed: refused, saying the optimizer is a loop variable over a
+    collection (it used to say that the optimizer is created inside the training loop)."""
     source = textwrap.dedent("""\
         import torch
         nets = [torch.nn.Linear(2, 1) for _ in range(2)]
@@ -299,8 +301,13 @@ def test_optimizers_drawn_from_a_list_in_the_loop_are_refused_with_that_reason()
                 opt.step()
         """)
     conversion = convert_source(source)
-    assert conversion.status is FileStatus.UNCONVERTED and conversion.converted is None
-    (finding,) = [f for f in conversion.findings if f.code == "AMP215"]
+    assert conversion.status is FileStatus.CHANGED, conversion.findings
+    assert "scaler.scale(loss).backward()\n        scaler.step(opt)\n        scaler.update()" in conversion.converted
+    assert conversion.converted.index("scaler = torch.amp.GradScaler") > conversion.converted.index("optimizers = [")
+    literal = source.replace("zip(nets, optimizers)", "zip(nets, [optimizers[0], optimizers[1]])")
+    refused = convert_source(literal)
+    assert refused.status is FileStatus.UNCONVERTED and refused.converted is None
+    (finding,) = [f for f in refused.findings if f.code == "AMP215"]
     assert "opt is a loop variable, drawn from a collection of optimizers in the loop" in finding.message
 
 

@@ -237,22 +237,24 @@ class ScalerPlacement:
             # `optimizersD[i].step()`, `optims.discriminator.step()`: made with the collection
             return collection
         bindings = s.bindings_visible(receiver, unit.scope)
-        if not bindings or any(b.kind != "for" for b in bindings):
+        if not bindings or any(b.kind not in ("for", "tuple") or not isinstance(b.statement, cst.For) for b in bindings):
             return None
         loops = list({id(b.statement): b.statement for b in bindings}.values())
         # every loop binding it walks the same collection (`for optimizer in optimizers:` around the
-        # zero_grad() calls, again around the steps)
-        if not all(isinstance(loop, cst.For) and isinstance(loop.target, cst.Name) and loop.target.value == receiver
-                   and isinstance(loop.iter, cst.Name) for loop in loops):
-            return None
-        if len({loop.iter.value for loop in loops}) != 1:
+        # zero_grad() calls, again around the steps; `for net, opt in zip(nets, optimizers):`)
+        walked = {_walked_collection(loop, receiver) for loop in loops}
+        if len(walked) != 1 or None in walked:
             return None
         steps = [step for step in unit.steps if step.receiver == receiver]
         if not steps or not all(any(s.contains(loop, step.call) for loop in loops) for step in steps):
             return None
         if any(s.contains(loop, backward.call) for loop in loops for backward in unit.backwards):
-            return None
-        return loops[0].iter.value
+            # a whole training step per optimizer (MorvanZhou's optimizer comparison: forward,
+            # backward and step of each net in `for net, opt in zip(nets, optimizers):`): one
+            # iteration of that loop is the unit, stepped and updated once
+            if not any(unit.owner is loop for loop in loops):
+                return None
+        return walked.pop()
 
     def _variable_home(
         self, receivers: List[str], scope: Scope, use_statement: Optional[cst.CSTNode], node: cst.CSTNode
@@ -699,3 +701,23 @@ def callers_elsewhere_note(project: Optional[ProjectFacts], klass: Optional[cst.
         return ""
     shown = ", ".join(callers[:3]) + (f" and {len(callers) - 3} more" if len(callers) > 3 else "")
     return f"; it is called from {shown} (ampify does not thread the scaler across files yet)"
+
+
+def _walked_collection(loop: cst.For, receiver: str) -> Optional[str]:
+    """The plain name of the collection `loop` draws `receiver` from: `optimizers` in `for
+    optimizer in optimizers:` or in `for net, opt in zip(nets, optimizers):`; None otherwise."""
+    target, walked = loop.target, loop.iter
+    if isinstance(target, cst.Name):
+        return walked.value if target.value == receiver and isinstance(walked, cst.Name) else None
+    if not isinstance(target, (cst.Tuple, cst.List)) or not isinstance(walked, cst.Call):
+        return None
+    if not (isinstance(walked.func, cst.Name) and walked.func.value == "zip"):
+        return None
+    names = [element.value.value if isinstance(element.value, cst.Name) and not isinstance(element, cst.StarredElement)
+             else None for element in target.elements]
+    arguments = [arg for arg in walked.args if arg.keyword is None and not arg.star]
+    if receiver not in names or names.count(receiver) != 1 or len(arguments) != len(walked.args) \
+            or len(arguments) != len(names):
+        return None
+    drawn = arguments[names.index(receiver)].value
+    return drawn.value if isinstance(drawn, cst.Name) else None
