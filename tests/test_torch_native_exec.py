@@ -843,3 +843,17 @@ def test_optimizers_taken_from_collections_train_as_in_fp32(dtype, tmp_path):
     assert len(mixed) == len(fp32) == 9
     for converted, original in zip(mixed, fp32):
         assert converted == pytest.approx(original, rel=3e-2, abs=3e-2), (mixed, fp32)
+
+
+def test_a_probability_read_by_a_log_is_taken_from_the_logit_in_float32():
+    """The premise of `torch.sigmoid(D(x).float())` where the fused model's output feeds a log (a GAIL
+    reward, golden gail_reward_log_of_the_probability): under autocast the logit is float16, and a
+    float16 sigmoid of a logit below about -17 rounds to 0, whose log is inf; the fp32 script's
+    reward there is finite (20 for a logit of -20), and so is the converted one's."""
+    import numpy as np
+
+    logit = torch.tensor([-20.0], dtype=torch.float16)
+    assert np.isinf(-np.log(torch.sigmoid(logit).numpy()))
+    assert -np.log(torch.sigmoid(logit.float()).numpy())[0] == pytest.approx(20.0, rel=1e-3)
+    converted = (SCRIPTS.parent / "gail_reward_log_of_the_probability.out.py").read_text()
+    assert "-np.log(torch.sigmoid(discriminator(state_action).float()).cpu().data.numpy())" in converted

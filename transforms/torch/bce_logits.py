@@ -34,6 +34,8 @@ from ampify.transforms.torch.torch_import import add_import_torch
 _DEVICE_MOVES = {"cuda", "cpu", "to"}
 #: a sigmoid applied as a function at the end of forward() (`return torch.sigmoid(self.fc(x))`)
 _FUNCTIONAL_SIGMOIDS = ("torch.sigmoid", "torch.nn.functional.sigmoid")
+#: functions and methods taking a log (of a probability the fusion hands them)
+_LOGS = {"log", "log2", "log10", "log1p"}
 _SHAPE_METHODS = {"view", "squeeze", "unsqueeze", "reshape", "flatten", "view_as", "contiguous"}
 _MODEL_ATTRIBUTES = {
     "parameters", "named_parameters", "apply", "to", "cuda", "cpu", "state_dict", "load_state_dict", "train",
@@ -249,6 +251,8 @@ class _Fuser:
             walk(module, index)
         self.index = index
         self.replace: Dict[int, cst.CSTNode] = {}
+        #: reads wrapped as `torch.sigmoid(x.float())`: their probability goes into a log
+        self.float_reads: Set[int] = set()
         self._positions: Optional[Positions] = None  # computed on the first line asked for
         self._instance_names: Set[str] = set()
         #: the `nn.Sequential(...)` (with its device moves) bound to a variable, in that form
@@ -324,7 +328,7 @@ class _Fuser:
                 f"{owner[0].name.value}.forward() (line {self._line(node)}), the criterion at line "
                 f"{self._line(criterion_call)} is nn.BCEWithLogitsLoss (the same loss, computed from logits)")
             fusion.wrapped.sort()
-            return _with_torch_imported(self.module.visit(_Replace(self.replace)), needs_import), fusion
+            return _with_torch_imported(self.module.visit(_Replace(self.replace, self.float_reads)), needs_import), fusion
         self._plan_sequential_drop(sigmoid)
         fusion.wrapped.sort()
         if self.condition is not None:
@@ -335,7 +339,7 @@ class _Fuser:
                 f"{flag} is {'true' if truthy else 'false'}), the criterion at line {fusion.criterion_line} is "
                 "nn.BCEWithLogitsLoss (the same loss, computed from logits); reads of the output where "
                 f"{flag} is {'false' if truthy else 'true'} keep the raw output they saw before")
-        return _with_torch_imported(self.module.visit(_Replace(self.replace)), needs_import), fusion
+        return _with_torch_imported(self.module.visit(_Replace(self.replace, self.float_reads)), needs_import), fusion
 
     def _plan_sequential_drop(self, sigmoid: cst.Call) -> None:
         """The Sigmoid, last argument of its nn.Sequential, goes; the layout around it stays."""
@@ -392,7 +396,7 @@ class _Fuser:
                 current = self.parent(current)
             _need(self._condition_of(assign, klass) is None)
             self._plan_sequential_drop(sigmoid)
-        return self.module.visit(_Replace(self.replace)), self._line(sigmoid), self.head
+        return self.module.visit(_Replace(self.replace, self.float_reads)), self._line(sigmoid), self.head
 
     def fuse_with_imported_model(self, local: str, head, sigmoid_line: int, model_display: str):
         """This training module builds the model class it imports as `local`, whose final sigmoid
@@ -415,7 +419,7 @@ class _Fuser:
             f"BCE after a Sigmoid fused: the final sigmoid of {local} ({model_display}:{sigmoid_line}) dropped there, "
             f"the criterion at line {fusion.criterion_line} is nn.BCEWithLogitsLoss (the same loss, computed from "
             "logits); both files are written as one change set")
-        return _with_torch_imported(self.module.visit(_Replace(self.replace)), needs_import), fusion
+        return _with_torch_imported(self.module.visit(_Replace(self.replace, self.float_reads)), needs_import), fusion
 
     # ---- the model -------------------------------------------------------------------------
 
@@ -1170,7 +1174,26 @@ class _Fuser:
         if id(node) in self.replace:
             return
         self.replace[id(node)] = cst.Call(func=cst.parse_expression("torch.sigmoid"), args=[cst.Arg(node)])
+        if self._read_by_a_log(node):
+            # `-np.log(D(s, a).cpu().numpy())` (a GAIL reward): computed under autocast the logit is
+            # float16, and so would its sigmoid be, which rounds to 0 below about -17 (the log is
+            # inf) where the fp32 script's was finite: the probability is taken in float32
+            self.float_reads.add(id(node))
         fusion.wrapped.append(self._line(node))
+
+    def _read_by_a_log(self, node: cst.CSTNode) -> bool:
+        """Is this read, through the expression holding it, an argument of a log (`np.log(...)`,
+        `torch.log(...)`, `math.log(...)`, `(...).log()`)?"""
+        child, current = node, self.parent(node)
+        while current is not None and not isinstance(current, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+            if isinstance(current, cst.Call) and child is not current.func:
+                name = dotted_name(current.func) or ""
+                if name.rsplit(".", 1)[-1] in _LOGS:
+                    return True
+            if isinstance(current, cst.Attribute) and current.attr.value in _LOGS and child is current.value:
+                return True
+            child, current = current, self.parent(current)
+        return False
 
     # ---- small queries ---------------------------------------------------------------------
 
@@ -1329,14 +1352,20 @@ def _outermost_shape_op(call: cst.Call, parent) -> cst.BaseExpression:
 
 
 class _Replace(cst.CSTTransformer):
-    def __init__(self, replace: Dict[int, cst.CSTNode]) -> None:
+    def __init__(self, replace: Dict[int, cst.CSTNode], float_reads: Set[int] = frozenset()) -> None:
         super().__init__()
         self.replace = replace
+        self.float_reads = float_reads
 
     def on_leave(self, original_node, updated_node):
         new = self.replace.get(id(original_node))
         if new is None:
             return updated_node
         if isinstance(new, cst.Call) and isinstance(new.func, cst.Attribute) and dotted_name(new.func) == "torch.sigmoid":
+            if id(original_node) in self.float_reads:
+                value = updated_node
+                if not isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not value.lpar:
+                    value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                updated_node = cst.Call(func=cst.Attribute(value=value, attr=cst.Name("float")))
             return new.with_changes(args=[cst.Arg(updated_node)])
         return new  # the criterion and the Sequential: nothing inside them is replaced
