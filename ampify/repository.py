@@ -577,6 +577,22 @@ class RepositoryIndex:
             return None
         return path, name, outline.classes[name]
 
+    def module_class(self, importer: Path, dotted: str,
+                     imports: Dict[str, Tuple[str, Optional[str], int]]) -> Optional[Tuple[Path, str, int]]:
+        """(module, class name, line) for `module.Class` where `importer` binds `module` by `import
+        module` (or `import package.module as module`) to a project module defining Class."""
+        head, _, name = dotted.rpartition(".")
+        if head not in imports or "." in name:
+            return None
+        module, imported, level = imports[head]
+        if imported is not None:
+            return None
+        path = self.resolve_module(importer, module, level)
+        outline = self.outline(path) if path is not None else None
+        if outline is None or name not in outline.classes or path == importer.resolve():
+            return None
+        return path, name, outline.classes[name]
+
     def users_of(self, defining: Path, name: str, besides: Sequence[Path]) -> List[Path]:
         """Project modules other than `defining` and `besides` that may use `defining`'s `name`:
         they import it (or its module, or a module re-exporting it) and spell the name."""
@@ -1664,11 +1680,14 @@ class ProjectView:
 
     def imported_class(self, local: str) -> Optional[Tuple[str, str, str, int, bool]]:
         """(key, "models.py", class name, line, its module trains) for a class of another project
-        module that this module imports as `local`; None otherwise."""
+        module that this module imports as `local`, or reaches as `module.Class` through `import
+        module` (znxlwm's pix2pix: `network.discriminator(...)`); None otherwise."""
         outline = self._own_outline()
         if outline is None:
             return None
         found = self.index.project_class(self.path, local, outline.imports)
+        if found is None and "." in local:
+            found = self.index.module_class(self.path, local, outline.imports)
         if found is None:
             return None
         path, name, line = found

@@ -951,3 +951,31 @@ def test_a_step_helper_called_from_other_modules_is_refused_naming_them(tmp_path
                                capture_output=True, text=True, cwd=tmp_path)
     assert completed.returncode == 1, completed.stdout + completed.stderr
     assert "take_optimisation_step() steps the loss it is handed, and is called from agents/dqn.py" in completed.stdout
+
+
+def _losses_of(tree: Path) -> list:
+    completed = subprocess.run(
+        [sys.executable, "-c", "import json, runpy; print(json.dumps(runpy.run_path('train.py')['LOSSES']))"],
+        cwd=tree, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def test_a_sigmoid_fused_through_its_module_computes_the_fp32_losses_and_the_conversion_trains(tmp_path):
+    """bce_model_reached_through_its_module: with network.py's sigmoid dropped and the criterion
+    BCEWithLogitsLoss (the fusion alone, in float32), every loss equals the original's to 1e-6; the
+    whole conversion (CPU float16 autocast, GradScaler) trains with finite losses."""
+    pytest.importorskip("torch")
+    case = ROOT / "fixtures" / "repositories" / "bce_model_reached_through_its_module"
+    original, fused, converted = tmp_path / "original", tmp_path / "fused", tmp_path / "converted"
+    shutil.copytree(case / "input", original)
+    shutil.copytree(case / "input", fused)
+    shutil.copytree(case / "expected", converted)
+    shutil.copy(case / "expected" / "network.py", fused / "network.py")
+    script = fused / "train.py"
+    script.write_text(script.read_text().replace("nn.BCELoss()", "nn.BCEWithLogitsLoss()"))
+    reference, fusion_only = _losses_of(original), _losses_of(fused)
+    assert len(reference) == len(fusion_only) == 6
+    assert fusion_only == pytest.approx(reference, rel=1e-6, abs=1e-6)
+    trained = _losses_of(converted)
+    assert len(trained) == 6 and all(math.isfinite(loss) for loss in trained), trained

@@ -34,6 +34,8 @@ from ampify.transforms.torch.torch_import import add_import_torch
 _DEVICE_MOVES = {"cuda", "cpu", "to"}
 #: a sigmoid applied as a function at the end of forward() (`return torch.sigmoid(self.fc(x))`)
 _FUNCTIONAL_SIGMOIDS = ("torch.sigmoid", "torch.nn.functional.sigmoid")
+#: what a read of the output may ask without its values: the same for logits and probabilities
+_SHAPE_READS = {"size", "shape", "dim", "ndim", "numel", "device", "dtype", "is_cuda"}
 #: functions and methods taking a log (of a probability the fusion hands them)
 _LOGS = {"log", "log2", "log10", "log1p"}
 _SHAPE_METHODS = {"view", "squeeze", "unsqueeze", "reshape", "flatten", "view_as", "contiguous"}
@@ -88,7 +90,11 @@ def fuse_imported_sigmoid_model(module: cst.Module, imports: ImportMap, project,
     if not any(imports.resolve(c.func) == "torch.nn.BCELoss" for c in calls):
         return None  # only an nn.BCELoss criterion is followed across modules
     # the classes this file builds and binds to a name (`netD = Discriminator().to(device)`)
-    locals_called = sorted({c.func.value for c in calls if isinstance(c.func, cst.Name)})
+    locals_called = sorted({c.func.value for c in calls if isinstance(c.func, cst.Name)} |
+                           {dotted for c in calls if isinstance(c.func, cst.Attribute)
+                            and (dotted := dotted_name(c.func)) is not None and dotted.count(".") == 1
+                            and not dotted.startswith("self.")
+                            and not (imports.resolve(c.func) or "").startswith(("torch.", "numpy.", "torchvision."))})
     found = []
     for local in locals_called:
         described = imported_class(local)
@@ -929,7 +935,8 @@ class _Fuser:
                 if isinstance(value, cst.Name) and value.value == instance:
                     continue  # `D = D.cuda()`: the same model, moved
                 _need(klass_name is not None)
-                _need(isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == klass_name)
+                _need(isinstance(value, cst.Call) and isinstance(value.func, (cst.Name, cst.Attribute))
+                      and dotted_name(value.func) == klass_name)
             for name in self._references(instance):
                 holder = self.parent(name)
                 if isinstance(holder, cst.AssignTarget):
@@ -946,8 +953,24 @@ class _Fuser:
                     # is the model, and its calls are the model's outputs
                     results += self._results_through_parameter(holder, instances)
                     continue
+                if self._initializer_call(holder, name):
+                    continue
                 _need(isinstance(holder, cst.Attribute) and holder.value is name and holder.attr.value in _MODEL_ATTRIBUTES)
         return results
+
+    def _initializer_call(self, holder: cst.CSTNode, name: cst.Name) -> bool:
+        """`D.weight_init(mean=0.0, std=0.02)` (znxlwm's pix2pix and DCGAN), `net.init_weights()`,
+        `net.reset_parameters()`, a statement of its own: a weight initializer, which runs no forward
+        pass and returns nothing the script reads."""
+        if not (isinstance(holder, cst.Attribute) and holder.value is name):
+            return False
+        method = holder.attr.value.lower()
+        if not ("init" in method or method == "reset_parameters"):
+            return False
+        call = self.parent(holder)
+        if not (isinstance(call, cst.Call) and call.func is holder):
+            return False
+        return isinstance(self.parent(call), cst.Expr)
 
     def _verify_helper_parameter(self, function: cst.FunctionDef, parameter: str, instances: Set[str]) -> None:
         """Every call of the module-level `function` passes an instance as `parameter`."""
@@ -1173,6 +1196,9 @@ class _Fuser:
     def _wrap(self, node: cst.BaseExpression, fusion: Fusion) -> None:
         if id(node) in self.replace:
             return
+        holder = self.parent(node)
+        if isinstance(holder, cst.Attribute) and holder.value is node and holder.attr.value in _SHAPE_READS:
+            return  # `torch.ones(D_result.size())`: logits and probabilities have one shape, device, dtype
         self.replace[id(node)] = cst.Call(func=cst.parse_expression("torch.sigmoid"), args=[cst.Arg(node)])
         if self._read_by_a_log(node):
             # `-np.log(D(s, a).cpu().numpy())` (a GAIL reward): computed under autocast the logit is
@@ -1216,6 +1242,16 @@ class _Fuser:
 
     def _attribute_references(self, name: str) -> List[cst.Attribute]:
         attribute = name.split(".", 1)[1]
+        if not name.startswith("self."):
+            # `network.discriminator`, a class reached through its module: every `.discriminator`
+            # of the file must spell it so
+            found = []
+            for node in self.index.names.get(attribute, []):
+                holder = self.parent(node)
+                if isinstance(holder, cst.Attribute) and holder.attr is node:
+                    _need(dotted_name(holder) == name)
+                    found.append(holder)
+            return found
         _need(self._trainer_class is not None)
         found = []
         for node in self.index.names.get(attribute, []):
