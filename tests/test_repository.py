@@ -549,12 +549,15 @@ def _loss_object_tree(tmp_path, folder: str) -> Path:
     return tree
 
 
-def _run_main(tree: Path) -> list:
-    completed = subprocess.run(
-        [sys.executable, "-c", "import json, sys; sys.path.insert(0, '.'); import main; print(json.dumps(main.main()))"],
-        cwd=tree, capture_output=True, text=True, timeout=300)
+def _printed_json(tree: Path, code: str):
+    """What `code`, run in `tree`, prints as JSON on its last line."""
+    completed = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr
     return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def _run_main(tree: Path) -> list:
+    return _printed_json(tree, "import json, sys; sys.path.insert(0, '.'); import main; print(json.dumps(main.main()))")
 
 
 def test_a_loss_object_scaled_in_its_own_class_trains_as_the_fp32_project_does(tmp_path):
@@ -954,11 +957,7 @@ def test_a_step_helper_called_from_other_modules_is_refused_naming_them(tmp_path
 
 
 def _losses_of(tree: Path) -> list:
-    completed = subprocess.run(
-        [sys.executable, "-c", "import json, runpy; print(json.dumps(runpy.run_path('train.py')['LOSSES']))"],
-        cwd=tree, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return _printed_json(tree, "import json, runpy; print(json.dumps(runpy.run_path('train.py')['LOSSES']))")
 
 
 def test_a_sigmoid_fused_through_its_module_computes_the_fp32_losses_and_the_conversion_trains(tmp_path):

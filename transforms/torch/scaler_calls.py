@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
+from ampify.transforms.kit.calls import nodes_within
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
@@ -450,7 +451,7 @@ class ScalerCallPlanner:
         clip_codes = {statements.code_of(test) for test in clip_tests}
         if any(statements.code_of(test) not in clip_codes for test in step_tests):
             return False
-        tested = {n.value for test in step_tests for n in _names_in(test)}
+        tested = {n.value for test in step_tests for n in nodes_within(test, cst.Name)}
         return not any(b.name in tested and b.statement is not None and s.contains(unit.owner, b.statement)
                        for b in s.bindings)
 
@@ -573,17 +574,6 @@ class ScalerCallPlanner:
         return statement
 
     # where the scaler lives ------------------------------------------------------------
-
-
-def _names_in(node: cst.CSTNode) -> List[cst.Name]:
-    found: List[cst.Name] = []
-
-    class _Names(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.append(name)
-
-    node.visit(_Names())
-    return found
 
 
 def check_no_gradients_unscaled_twice(s: TrainingStructure, unit: TrainingUnit, steps: Sequence[StepCall],

@@ -50,6 +50,7 @@ import libcst as cst
 from libcst.metadata import CodePosition
 
 from ampify.transforms.torch import names as names
+from ampify.transforms.kit.calls import nodes_within
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.hand_written_precision import fp16_utils_evidence, loss_scaling_evidence
 from ampify.transforms.kit.imports import ImportMap, dotted_name
@@ -685,18 +686,6 @@ def collection_of_optimizers(receiver: str) -> Optional[str]:
     return None
 
 
-def _strings_within(node: cst.CSTNode) -> List[cst.SimpleString]:
-    """The string literals in an expression (`'clip_grad_%s_' % mode`, `"clip_grad_" + kind`)."""
-    found: List[cst.SimpleString] = []
-
-    class _Strings(cst.CSTVisitor):
-        def visit_SimpleString(self, string: cst.SimpleString) -> None:
-            found.append(string)
-
-    node.visit(_Strings())
-    return found
-
-
 def _method_name(call: cst.Call) -> Optional[str]:
     if isinstance(call.func, cst.Attribute):
         return call.func.attr.value
@@ -880,7 +869,7 @@ class _Collector(cst.CSTVisitor):
         owner = self.imports.resolve(looked_up.args[0].value) or ""
         if not owner.startswith("torch.nn.utils"):
             return False
-        return any("clip_grad" in string.value for string in _strings_within(looked_up.args[1].value))
+        return any("clip_grad" in string.value for string in nodes_within(looked_up.args[1].value, cst.SimpleString))
 
     def _builds_device(self, value: Optional[cst.BaseExpression]) -> bool:
         """`torch.device(...)`, `current_accelerator()`, or a conditional choosing between them."""
