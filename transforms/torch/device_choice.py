@@ -83,6 +83,7 @@ class DeviceChoice:
         local_classes |= {node.name.value for node in s.module.body if isinstance(node, cst.FunctionDef)
                           and not _NAMES_A_DEVICE.search(s.module.code_for_node(node))}
         models = set()
+        self._drawn_calls: List[cst.Call] = []
         own_instances = False  # some optimizer trains `self`, an instance of a class of this file built here
         for binding in s.bindings:
             if binding.qualified_call and names.is_optimizer_qualname(binding.qualified_call) and binding.value is not None:
@@ -102,12 +103,28 @@ class DeviceChoice:
                             own_instances = True
                             continue
                         models.add((model, binding.scope))
+            elif isinstance(binding.value, (cst.ListComp, cst.GeneratorExp)) and binding.statement is not None:
+                # `opts = [torch.optim.Adam(net.parameters(), lr=LR) for net in nets]` (MorvanZhou's
+                # batch-norm comparison): the models are the elements of `nets`
+                drawn = self._models_drawn_by(binding)
+                if drawn is None:
+                    continue
+                if drawn is False:
+                    return None
+                models.update(drawn)
         if any(model == "" for model, _ in models):
             return None
         if not models:
             return [] if own_instances else None
         elsewhere: List[str] = []
         for model, scope in models:
+            if model == _DRAWN:
+                for value in self._drawn_calls:
+                    called = dotted_name(value.func) or ""
+                    qualified = s.imports.resolve(value.func) or called
+                    if not (qualified.startswith(("torch.nn.", "torchvision.models.")) or called in local_classes):
+                        return None
+                continue
             # the model's bindings seen where the optimizer is built (not a `q = self.fc_q(x)` of a method)
             built = s.bindings_visible(model, scope)
             if built and all(b.kind == "parameter" for b in built):
@@ -137,6 +154,31 @@ class DeviceChoice:
                 if place not in elsewhere:
                     elsewhere.append(place)
         return elsewhere
+
+    def _models_drawn_by(self, binding):
+        """For optimizers built in a comprehension over a list of models: {(model, scope)} naming
+        the list's elements' bindings through a stand-in for each, or False when it cannot be
+        followed; None when the comprehension builds no optimizer."""
+        s = self.structure
+        comprehension = binding.value
+        element = comprehension.elt
+        if not (isinstance(element, cst.Call) and names.is_optimizer_qualname(s.imports.resolve(element.func) or "")):
+            return None
+        loop = comprehension.for_in
+        if loop.inner_for_in is not None or not isinstance(loop.target, cst.Name) or not isinstance(loop.iter, cst.Name):
+            return False
+        parameters = [call for call in statements.calls_within(element) if isinstance(call.func, cst.Attribute)
+                      and call.func.attr.value in ("parameters", "named_parameters")]
+        if not parameters or any(dotted_name(call.func.value) != loop.target.value for call in parameters):
+            return False
+        lists = s.bindings_visible(loop.iter.value, binding.scope)
+        if not lists or any(not isinstance(b.value, (cst.List, cst.Tuple)) for b in lists):
+            return False
+        elements = [element.value for b in lists for element in b.value.elements]
+        if not elements or any(isinstance(e, cst.StarredElement) or not isinstance(e, cst.Call) for e in elements):
+            return False
+        self._drawn_calls += elements
+        return {(_DRAWN, binding.scope)}
 
     def expression(self, scope: Scope, before_line: int) -> Optional[str]:
         """The device expression the script itself makes visible in `scope` at `before_line`, or None."""
@@ -237,6 +279,10 @@ class DeviceChoice:
         devices = [b for b in s.device_bindings if b.klass is klass and b.name == f"self.{parts[2]}"]
         return bool(devices) and all(isinstance(b.scope, cst.FunctionDef) and b.scope.name.value == "__init__"
                                      for b in devices)
+
+
+#: the models of a comprehension's list, checked call by call (see _models_drawn_by)
+_DRAWN = "<the list's models>"
 
 
 def _value_of(binding) -> Optional[cst.BaseExpression]:
