@@ -23,6 +23,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tup
 from ampify.transforms.kit.ast_names import ast_dotted as _dotted
 from ampify.transforms.tf1.names import is_tf1_optimizer_class
 from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line, torch_names
+from ampify.transforms.torch.inherited_optimizers import InheritedAttribute, class_named, inherited_attribute
 from ampify.transforms.torch.sigmoid_models import sigmoid_model_classes
 from ampify.transforms.torch.probability_clamps import (
     LOG_OF_COMPLEMENT as _LOG_OF_COMPLEMENT,
@@ -564,7 +565,14 @@ class RepositoryIndex:
         path = self.resolve_module(importer, module, level)
         outline = self.outline(path) if path is not None else None
         for _ in range(MAX_STAR_DEPTH):
-            # a package that re-exports it (`models/__init__.py`: `from .dcgan import Discriminator`)
+            # a package that re-exports it (`models/__init__.py`: `from .dcgan import Discriminator`,
+            # or pytorch-template's `base/__init__.py`: `from .base_trainer import *`)
+            if outline is not None and name not in outline.classes and name not in outline.imports \
+                    and outline.star_imports and path is not None:
+                found = self.star_imported_class(path, outline.star_imports, name)
+                if found is None or found[0] == importer.resolve():
+                    return None
+                return found
             if outline is None or name in outline.classes or name not in outline.imports:
                 break
             module, imported, level = outline.imports[name]
@@ -1741,6 +1749,36 @@ class ProjectView:
             return None
         path, name, _ = found
         return path, name, self.index.outline(path)
+
+    def inherited_attribute(self, base: str, attribute: str) -> Optional[InheritedAttribute]:
+        """What the base class this module's classes name as `base` (a class of this module, or of
+        another project module imported by name, through a package's re-exports, by `module.Class`
+        or a star import) does with `self.<attribute>`; None when `base` is no project class or
+        never sets it (inherited_optimizers.py)."""
+        outline = self._own_outline()
+        if outline is None:
+            return None
+        if base in outline.classes:
+            found: Optional[Tuple[Path, str, int]] = (self.path, base, outline.classes[base])
+        else:
+            found = self.index.project_class(self.path, base, outline.imports)
+            if found is None and "." in base:
+                found = self.index.module_class(self.path, base, outline.imports)
+            if found is None and base not in outline.imports and outline.star_imports:
+                found = self.index.star_imported_class(self.path, outline.star_imports, base)
+        if found is None:
+            return None
+        path, name, _ = found
+        source = self.source_of(str(path))
+        target = self.index.outline(path)
+        try:
+            tree = ast.parse(source) if source is not None else None
+        except (SyntaxError, ValueError):
+            tree = None
+        klass = class_named(tree, name) if tree is not None else None
+        if klass is None or target is None:
+            return None
+        return inherited_attribute(klass, attribute, target.imports, lambda line: self.where(path, line))
 
     def only_inspects_parameter(self, dotted: str, position: Optional[int], keyword: Optional[str],
                                 allowed: Sequence[str]) -> bool:

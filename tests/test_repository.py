@@ -978,3 +978,49 @@ def test_a_sigmoid_fused_through_its_module_computes_the_fp32_losses_and_the_con
     assert fusion_only == pytest.approx(reference, rel=1e-6, abs=1e-6)
     trained = _losses_of(converted)
     assert len(trained) == 6 and all(math.isfinite(loss) for loss in trained), trained
+
+
+_BASE_TRAINER_PROBE = """
+import json, torch
+import train
+from trainer import Trainer
+steps, dtypes = [], []
+scaler_step = torch.amp.GradScaler.step
+def counted(self, optimizer, *args, **kwargs):
+    steps.append(type(optimizer).__name__)
+    return scaler_step(self, optimizer, *args, **kwargs)
+torch.amp.GradScaler.step = counted
+make = train.MnistModel
+def hooked(*args, **kwargs):
+    model = make(*args, **kwargs)
+    model.fc2.register_forward_hook(lambda m, i, o: dtypes.append(str(o.dtype)))
+    return model
+train.MnistModel = hooked
+torch.manual_seed(0)
+log = train.main({"epochs": 1, "lr": 0.01, "save_dir": "."})
+state = torch.load("checkpoint.pth")
+print(json.dumps({"loss": log["loss"], "steps": steps, "dtypes": dtypes, "saved": sorted(state)}))
+"""
+
+
+def test_a_trainer_whose_base_sets_the_optimizer_trains_in_float16_on_cpu(tmp_path):
+    """pytorch-template's shape, converted: the subclass's scaler (created after the base's
+    __init__, which sets self.optimizer) steps the optimizer the driver built, the forward passes
+    run in float16 under CPU autocast, the loss stays near fp32's, and the base's checkpoint still
+    saves (without the scaler: AMP224 says so)."""
+    pytest.importorskip("torch")
+    case = ROOT / "fixtures" / "repositories" / "optimizer_set_by_a_base_trainer"
+    results = {}
+    for side in ("input", "expected"):
+        tree = tmp_path / side
+        shutil.copytree(case / side, tree)
+        completed = subprocess.run([sys.executable, "-c", _BASE_TRAINER_PROBE], cwd=tree, capture_output=True,
+                                   text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr
+        results[side] = json.loads(completed.stdout.strip().splitlines()[-1])
+    original, converted = results["input"], results["expected"]
+    assert original["steps"] == [] and original["dtypes"] == ["torch.float32"] * 3
+    assert converted["steps"] == ["SGD"] * 3
+    assert converted["dtypes"] == ["torch.float16"] * 3
+    assert math.isfinite(converted["loss"]) and abs(converted["loss"] - original["loss"]) < 0.05
+    assert converted["saved"] == original["saved"] == ["epoch", "optimizer", "state_dict"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import libcst as cst
 
@@ -13,6 +13,9 @@ from ampify.findings import Finding
 from ampify.options import Options
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.source_facts import SourceFacts
+
+if TYPE_CHECKING:
+    from ampify.transforms.torch.inherited_optimizers import InheritedAttribute
 
 
 class Verdict(str, enum.Enum):
@@ -183,6 +186,10 @@ class ProjectFacts(Protocol):
     def attribute_calls_elsewhere(self, class_name: str, attribute: str, method: str) -> Sequence[str]:
         """"worker.py:49" for every `<name>.attribute.method(` (`<name>` not `self`) in the project
         modules that may use this module's class `class_name` (`global_estimator.optimizer.apply_gradients(...)`)."""
+
+    def inherited_attribute(self, base: str, attribute: str) -> Optional["InheritedAttribute"]:
+        """What the project class this module names as `base` does with `self.<attribute>`
+        (torch/inherited_optimizers.py); None when `base` is no project class or never sets it."""
 
     def class_users_elsewhere(self, key: str, name: str) -> Sequence[str]:
         """"test.py" for every other project module (not this one, not `key`) that may use that class."""

@@ -16,7 +16,7 @@ import libcst as cst
 from ampify.transforms.base import ProjectFacts
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch.apex_injected import InjectedOptimizer, injected_optimizer
-from ampify.transforms.torch.scaler_placement import callers_elsewhere_note, no_op_optimizer_class
+from ampify.transforms.torch.scaler_placement import callers_elsewhere_note, inherited_from_a_base, no_op_optimizer_class
 from ampify.transforms.torch.statements import calls_within, code_of, used_names
 from ampify.transforms.torch.training_loop import Binding, Scope, TrainingStructure, TrainingUnit, Unconvertible
 
@@ -188,6 +188,14 @@ class ApexSetupFinder:
             self._injected[id(injected.binding)] = injected
             return injected.binding, name
         parameters = [b for b in bindings if b.kind == "parameter"]
+        klass = self.s.class_of(scope) if isinstance(scope, cst.FunctionDef) else None
+        inherited = inherited_from_a_base(self.project, klass, name) if not bindings and klass is not None else None
+        if inherited is not None:
+            base, fact = inherited
+            refuse(use, f"{name} is set by {base}.__init__ ({fact.where}), which {klass.name.value} inherits: "
+                        f"{self.amp}.initialize must take the model and {name} where they are created, in that "
+                        "module (or in the script that hands them in), and ampify does not move it there; the native "
+                        "backend converts this class")
         if not parameters or depth >= 3 or not isinstance(parameters[0].scope, cst.FunctionDef):
             refuse(use, self.s.not_found_reason(name, scope))
         function = parameters[0].scope

@@ -1034,6 +1034,9 @@ class NativeConversion(TorchConversion):
             self.info("AMP204", f"created {home.reference} = {scaler_class}({earlier_device}) after this "
                                 f"construction of {', '.join(home.optimizers)} too (the optimizer is created again at line "
                                 f"{home.line}; the step uses whichever exists)", earlier)
+        if home.inherited:
+            self._report_inherited(home, f"{scaler_class}({device})")
+            return
         self.info(
             "AMP204",
             f"created {home.reference} = {scaler_class}({device}) after the optimizer(s) "
@@ -1045,6 +1048,18 @@ class NativeConversion(TorchConversion):
                if home.recreated_per_call else ""),
             home.after,
         )
+
+    def _report_inherited(self, home: ScalerHome, creation: str) -> None:
+        """AMP204 for a scaler created after the base class's __init__ that sets the optimizers;
+        AMP224 where that base saves an optimizer's state, which this module cannot extend."""
+        for receiver, base, where, saves in home.inherited:
+            self.info("AMP204", f"created {home.reference} = {creation} after the base class's __init__: {receiver} "
+                                f"is set by {base}.__init__ ({where}), which this class inherits", home.after)
+            for saved_at in saves:
+                self.warn("AMP224", f"{base} saves {receiver}.state_dict() ({saved_at}) in another module, without the "
+                                    f"GradScaler's: a resumed run starts again at the initial loss scale (65536) and "
+                                    f"may skip a step or two while it settles; save {home.reference}.state_dict() there "
+                                    "and load it on resume by hand", home.after)
 
     def _scaler_class(self) -> str:
         """`torch.amp.GradScaler`; `ShardedGradScaler` (imported once) in a file that wraps its

@@ -107,6 +107,9 @@ class ScalerHome:
     #: model and optimizer, trains, then builds new ones): a scaler is created after each too, so
     #: the step function finds one whichever optimizer it steps
     also_after: List[cst.CSTNode] = field(default_factory=list)
+    #: optimizers a base class of the project sets (`self.optimizer` of pytorch-template's
+    #: BaseTrainer): (receiver, base, "base/base_trainer.py:18", where the base saves its state)
+    inherited: List[Tuple[str, str, str, Tuple[str, ...]]] = field(default_factory=list)
     #: the function that creates the optimizers and trains, called in a loop (`train(epoch)` of
     #: meliketoy/wide-resnet.pytorch): its scaler starts again at the initial scale each call
     recreated_per_call: Optional[str] = None
@@ -405,6 +408,11 @@ class ScalerPlacement:
             return existing
         first_bindings: List[cst.CSTNode] = []
         method: Optional[Scope] = None
+        if not any(b.statement is not None for receiver in receivers for b in s.bindings_visible(receiver, scope)):
+            inherited = self._inherited_home(klass, receivers, node)
+            if inherited is not None:
+                self.homes[id(klass)] = inherited
+                return inherited
         for receiver in receivers:
             bindings = [b for b in s.bindings_visible(receiver, scope) if b.statement is not None]
             if not bindings:
@@ -428,6 +436,60 @@ class ScalerPlacement:
                 break
         home = ScalerHome(method, f"self.{self.scaler_name}", after, method, s.line(after), list(receivers))
         self.homes[id(klass)] = home
+        return home
+
+    def _inherited_home(self, klass: cst.ClassDef, receivers: List[str], node: cst.CSTNode) -> Optional[ScalerHome]:
+        """`self.scaler` created after the `super().__init__(...)` of the class's __init__ when a
+        base class of the project sets every `self.<optimizer>` the class steps and never does
+        (pytorch-template's `Trainer(BaseTrainer)`: BaseTrainer.__init__ sets `self.optimizer =
+        optimizer`); None when no base sets them (the caller says why)."""
+        s = self.structure
+        if self.project is None:
+            return None
+        bases = [name for name in (dotted_name(arg.value) for arg in klass.bases if arg.keyword is None)
+                 if name not in (None, "object")]
+        facts = []
+        for receiver in receivers:
+            attribute = receiver[len("self."):]
+            if "." in attribute:
+                return None
+            found = [(base, fact) for base in bases
+                     for fact in [self.project.inherited_attribute(base, attribute)] if fact is not None]
+            if not found:
+                return None
+            if len(found) > 1:
+                raise Unconvertible(f"{receiver} is set by several base classes of {klass.name.value} "
+                                    f"({', '.join(f.where for _, f in found)}): which one a step runs on is not followed",
+                                    node)
+            base, fact = found[0]
+            if fact.problem:
+                raise Unconvertible(f"{receiver} is inherited from {base}: {fact.problem}", node)
+            facts.append((receiver, base, fact))
+        receiver, base, fact = facts[0]
+        init = next((item for item in getattr(klass.body, "body", ())
+                     if isinstance(item, cst.FunctionDef) and item.name.value == "__init__"), None)
+        if init is None:
+            raise Unconvertible(
+                f"{receiver} is set by {base}.__init__ ({fact.where}), which {klass.name.value} inherits; "
+                f"{klass.name.value} has no __init__ of its own to create the GradScaler in after the base's: add "
+                "one that calls super().__init__(...), then run ampify again", node)
+        super_call = _base_init_call(init, klass, bases)
+        if super_call is None:
+            raise Unconvertible(
+                f"{receiver} is set by {base}.__init__ ({fact.where}), which {klass.name.value} inherits; "
+                f"{klass.name.value}.__init__ calls no super().__init__(...) (or {base}.__init__(self, ...)) at its top "
+                "level for the GradScaler to follow", node)
+        after: cst.CSTNode = super_call
+        for binding in s.device_bindings:
+            # `self.device = device` below the base's __init__ (pytorch-template's Trainer): the
+            # scaler follows it, to use the script's device
+            if binding.scope is init and binding.name.startswith("self.") and s.line(binding.statement) > s.line(after):
+                later = s.insertion_point([after, binding.statement])
+                if later is not None:
+                    after = later
+                break
+        home = ScalerHome(init, f"self.{self.scaler_name}", after, init, s.line(after), list(receivers))
+        home.inherited = [(r, b, f.where, f.state_saved_at) for r, b, f in facts]
         return home
 
     def _thread_through_parameter(self, plan: UnitPlan, receivers: List[str]) -> None:
@@ -721,3 +783,36 @@ def _walked_collection(loop: cst.For, receiver: str) -> Optional[str]:
         return None
     drawn = arguments[names.index(receiver)].value
     return drawn.value if isinstance(drawn, cst.Name) else None
+
+
+def _base_init_call(init: cst.FunctionDef, klass: cst.ClassDef, bases: List[str]) -> Optional[cst.CSTNode]:
+    """The top-level statement of `init` that runs the base's __init__: `super().__init__(...)`,
+    `super(Trainer, self).__init__(...)` or `BaseTrainer.__init__(self, ...)`."""
+    body = init.body.body if isinstance(init.body, cst.IndentedBlock) else ()
+    for statement in body:
+        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+                and isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.Call)):
+            continue
+        function = statement.body[0].value.func
+        if not (isinstance(function, cst.Attribute) and function.attr.value == "__init__"):
+            continue
+        owner = function.value
+        if isinstance(owner, cst.Call) and dotted_name(owner.func) == "super":
+            arguments = [dotted_name(a.value) for a in owner.args]
+            if not arguments or arguments == [klass.name.value, "self"]:
+                return statement
+        elif dotted_name(owner) in bases:
+            return statement
+    return None
+
+
+def inherited_from_a_base(project: Optional[ProjectFacts], klass: Optional[cst.ClassDef], receiver: str):
+    """(base, InheritedAttribute) when exactly one base class of `klass` in the project sets
+    `self.<attribute>` for `receiver` ("self.optimizer"); None otherwise."""
+    if project is None or klass is None or not receiver.startswith("self.") or receiver.count(".") != 1:
+        return None
+    bases = [name for name in (dotted_name(arg.value) for arg in klass.bases if arg.keyword is None)
+             if name not in (None, "object")]
+    found = [(base, fact) for base in bases
+             for fact in [project.inherited_attribute(base, receiver[len("self."):])] if fact is not None]
+    return found[0] if len(found) == 1 else None

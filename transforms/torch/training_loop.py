@@ -467,8 +467,8 @@ class TrainingStructure:
             if name.startswith("self."):
                 owner = first.klass.name.value if first.klass is not None else "another class"
                 return (f"{name} is created in class {owner} (line {self.line(first.statement)}), not in the class "
-                        f"of {where}: ampify follows self.<attribute> within one class (base classes are not "
-                        "followed yet)")
+                        f"of {where}: ampify follows self.<attribute> within one class and the base class that sets it (not "
+                        "a class beside it)")
             return (f"{name} is created in {self._scope_label(first.scope)} (line {self.line(first.statement)}), "
                     f"which {where} cannot see (it is neither passed in nor a module-level variable)")
         return (f"no assignment to {name} that {where} can see: ampify follows local, enclosing and module-level "
