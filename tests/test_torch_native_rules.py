@@ -898,3 +898,24 @@ def test_a_model_bound_to_the_name_of_its_module_is_a_forward_pass_beside_a_crit
     conversion = convert_source(source)
     assert conversion.status is FileStatus.CHANGED, conversion.findings
     assert "        preds = crnn(image)\n        cost = criterion(preds, text, sizes, lengths)\n" in conversion.converted
+
+
+@pytest.mark.parametrize("cuda_line, flagged", [
+    ("if torch.cuda.is_available():\n    torch.cuda.manual_seed_all(0)\n", True),
+    ("print(torch.cuda.device_count())\n", True),
+    ("noise = torch.cuda.FloatTensor(8).normal_()\n", False),  # a tensor made on the GPU
+    ("torch.set_default_tensor_type('torch.cuda.FloatTensor')\n", False),
+    ("x = torch.randn(2).cuda\n", False),  # a method read, to call later
+])
+def test_cuda_queries_alone_leave_a_script_on_the_cpu(cuda_line, flagged):
+    """AMP228 ("changed, incomplete": the script trains on the CPU) where the only CUDA the file
+    names are torch.cuda.is_available() / manual_seed / device_count; anything else that names
+    cuda may put the tensors on a GPU, and the file stays "changed"."""
+    source = ("import torch\nimport torch.nn as nn\n" + cuda_line +
+              "model = nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "for x in [torch.randn(2, 4)]:\n    loss = model(x).sum()\n    opt.zero_grad()\n"
+              "    loss.backward()\n    opt.step()\n")
+    conversion = convert_source(source)
+    codes = {f.code for f in conversion.findings}
+    assert ("AMP228" in codes) is flagged, codes
+    assert conversion.status.value == ("changed, incomplete" if flagged else "changed")

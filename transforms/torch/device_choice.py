@@ -21,6 +21,9 @@ _NAMES_A_DEVICE = re.compile(r"cuda|device|\.to\(|set_default_|DataParallel")
 #: names that show the script may put tensors on a GPU without a .cuda()/.to() of its own
 #: (`torch.set_default_device`, `torch.cuda.FloatTensor`, a `device` it hands elsewhere)
 _DEFAULT_DEVICE_SETTERS = {"set_default_device", "set_default_tensor_type", "device", "cuda"}
+#: `torch.cuda` calls that ask or seed and move nothing
+_CUDA_QUERIES = re.compile(r"\btorch\s*\.\s*cuda\s*\.\s*(?:is_available|manual_seed_all|manual_seed|device_count|"
+                           r"empty_cache|get_device_name)\b")
 
 
 class DeviceChoice:
@@ -51,7 +54,7 @@ class DeviceChoice:
         if any(f.code in ("AMP207", "AMP216", "AMP228") for f in self.report.findings):
             return '"cuda"'  # said once per file is enough
         host_modules = self._models_built_here()
-        if not self.structure.all_names & _DEFAULT_DEVICE_SETTERS and host_modules is not None:
+        if host_modules is not None and not self._may_set_a_device():
             # no .cuda(), no .to(...), no torch.device, no default device: the tensors stay on the
             # CPU, where autocast("cuda") and GradScaler("cuda") switch themselves off
             neither = f" (nor does {', '.join(host_modules)}, where its model class is defined)" if host_modules else ""
@@ -71,6 +74,15 @@ class DeviceChoice:
             node,
         )
         return '"cuda"'
+
+    def _may_set_a_device(self) -> bool:
+        """Does the file name what could put its tensors on a GPU (`torch.set_default_device`, a
+        `device`, `cuda`)? `torch.cuda.is_available()` and `torch.cuda.manual_seed(...)` alone
+        (splitcross.py's self-test seeds CUDA when there is one, and trains on the CPU) do not."""
+        found = self.structure.all_names & _DEFAULT_DEVICE_SETTERS
+        if found != {"cuda"}:
+            return bool(found)
+        return bool(re.search(r"\bcuda\b", _CUDA_QUERIES.sub("", self.structure.module.code)))
 
     def _models_built_here(self) -> Optional[List[str]]:
         """Are the models this file's optimizers train all built here, on the CPU, from torch.nn /
