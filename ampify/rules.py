@@ -379,6 +379,14 @@ RULES: List[Rule] = [
          "Autocast and apex refuse BCELoss; BCEWithLogitsLoss on logits is the same loss, computed stably. Done only when every use of the output is followed.",
          "nn.Sequential(..., nn.Sigmoid()); criterion = nn.BCELoss(); D_x = output.mean().item()\n"
          "  -> nn.Sequential(...,); criterion = nn.BCEWithLogitsLoss(); D_x = torch.sigmoid(output).mean().item()", REVIEW),
+    Rule("AMP248", "info", "the log of a model's sigmoid probability, written out, taken in float32: the model's final `nn.Sigmoid()` (or returned `torch.sigmoid`) dropped, `torch.sigmoid(out.float())` where a log reads its output",
+         "A float16 sigmoid rounds to 1 once the logit passes about 8.4, and `log(1 - p + 1e-8)` is then -inf "
+         "(AMP229). With the model ending on logits and the probability taken from a float32 copy of them where a "
+         "log reads it, the loss computes the float32 probability the fp32 script did (other reads get "
+         "`torch.sigmoid(...)` as they were). Done only when every use of the model's output is followed, as for "
+         "AMP231, and no other log of a float16 probability is left.",
+         "D = nn.Sequential(..., nn.Sigmoid()); d_loss = -torch.mean(torch.log(D(x) + 1e-8))\n"
+         "  -> D = nn.Sequential(...,); d_loss = -torch.mean(torch.log(torch.sigmoid(D(x).float()) + 1e-8))", REVIEW),
     Rule("AMP232", "info", "`masked_fill(mask, -1e9)` before a softmax: the constant is now `torch.finfo(scores.dtype).min`",
          "-1e9 overflows float16, and masked_fill raises once the scores are float16 (autocast, apex O1). The scores' own "
          "minimum gives the same softmax in float32. Done only when the filled scores are read by a softmax alone; "

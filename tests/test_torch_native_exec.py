@@ -78,6 +78,8 @@ EXPECTED_CALLS = {
     "two_level_threading": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0, "state_dict": 2},
     # 3 iterations: D and G steps; the Sigmoid of a Sequential bound to a variable fused into the loss
     "gan_sequential_variable": {"step": 6, "update": 3, "scale": 6, "load_state_dict": 0},
+    # 3 iterations: D and G steps, one update each; D's sigmoid dropped, its log taken in float32
+    "gan_log_of_probability_written_out": {"step": 6, "update": 3, "scale": 6, "load_state_dict": 0},
     # 4 training iterations: a critic step each, and at two of them 2 x (actor and temperature
     # steps) in the policy loop; one update after the critic step when the policy does not
     # update, one per policy-loop pass when it does
@@ -857,3 +859,49 @@ def test_a_probability_read_by_a_log_is_taken_from_the_logit_in_float32():
     assert -np.log(torch.sigmoid(logit.float()).numpy())[0] == pytest.approx(20.0, rel=1e-3)
     converted = (SCRIPTS.parent / "gail_reward_log_of_the_probability.out.py").read_text()
     assert "-np.log(torch.sigmoid(discriminator(state_action).float()).cpu().data.numpy())" in converted
+
+
+def test_a_log_of_the_probability_written_out_stays_finite_in_float16(tmp_path):
+    """wiseodd's and MorvanZhou's GANs take `torch.log(1 - D_fake + 1e-8)` of D's sigmoid themselves
+    (AMP229, refused before). Converted, D ends on logits and the log reads `torch.sigmoid(D_fake.float())`:
+    run in fp32 the script computes the original's losses to 1e-6; in CPU float16 with D confident
+    (a logit of 12, where a float16 sigmoid rounds to 1 and the log of the lost epsilon is -inf) every
+    loss is finite and follows fp32's, while the same script with the sigmoid left in float16 under
+    autocast gives a loss that is not finite."""
+    import math
+
+    conversion = convert_source(script_path("gan_log_of_probability_written_out").read_text(),
+                                Options(backend="native", dtype="float16"))
+    assert conversion.status is FileStatus.CHANGED, conversion.reason
+    assert "AMP248" in {f.code for f in conversion.findings}
+    converted = conversion.converted
+    assert "nn.Sigmoid()" not in converted.split('"""', 2)[2]  # after the docstring
+    assert "torch.log(1 - torch.sigmoid(D_fake.float()) + 1e-8)" in converted
+    fp32_form = tmp_path / "fp32_form.py"
+    fp32_form.write_text(converted.replace("torch.autocast(", "torch.autocast(enabled=False, "))
+    original = run_script(str(script_path("gan_log_of_probability_written_out"))).script_globals
+    same = run_script(str(fp32_form)).script_globals
+    assert same["LOSSES"] == pytest.approx(original["LOSSES"], abs=1e-6)
+    assert same["PROBABILITIES"] == pytest.approx(original["PROBABILITIES"], abs=1e-6)
+    for confident in (False, True):
+        source = converted.replace("CONFIDENT = False", f"CONFIDENT = {confident}")
+        script = tmp_path / f"mixed_{confident}.py"
+        script.write_text(source)
+        mixed = run_script(str(script)).script_globals["LOSSES"]
+        reference = (tmp_path / f"fp32_{confident}.py")
+        reference.write_text(script_path("gan_log_of_probability_written_out").read_text().replace(
+            "CONFIDENT = False", f"CONFIDENT = {confident}"))
+        fp32 = run_script(str(reference)).script_globals["LOSSES"]
+        assert all(math.isfinite(loss) for loss in mixed), mixed
+        assert mixed == pytest.approx(fp32, rel=2e-2, abs=2e-2), (mixed, fp32)
+    # the premise: the original sigmoid under float16 autocast, D confident
+    naive = tmp_path / "naive.py"
+    naive.write_text(script_path("gan_log_of_probability_written_out").read_text()
+                     .replace("CONFIDENT = False", "CONFIDENT = True")
+                     .replace("        D_real = D(images)\n        D_fake = D(G(torch.randn(8, 4, device=device)))\n"
+                              "        d_loss = ",
+                              "        with torch.autocast('cpu', dtype=torch.float16):\n"
+                              "            D_real = D(images)\n            D_fake = D(G(torch.randn(8, 4, device=device)))\n"
+                              "        d_loss = "))
+    assert "torch.autocast('cpu'" in naive.read_text()
+    assert not math.isfinite(run_script(str(naive)).script_globals["LOSSES"][0])  # -inf, or NaN once it has stepped

@@ -375,12 +375,35 @@ def _number(node: cst.BaseExpression) -> Optional[float]:
 _FLOAT32_RESULTS = {"exp", "softmax", "log_softmax", "expm1"}
 
 
+def _float32_copy(node: cst.BaseExpression) -> bool:
+    """`x.float()`, `x.double()`, `x.to(torch.float32)`: a copy in float32 (or wider)."""
+    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)):
+        return False
+    method = node.func.attr.value
+    if method in ("float", "double") and not node.args:
+        return True
+    return method == "to" and len(node.args) == 1 and (dotted_name(node.args[0].value) or "").rsplit(".", 1)[-1] in (
+        "float32", "float", "float64", "double")
+
+
+def _float32_sigmoid(node: cst.BaseExpression) -> bool:
+    """`torch.sigmoid(x.float())` or `x.float().sigmoid()`."""
+    if not isinstance(node, cst.Call) or _last_name(node.func) != "sigmoid":
+        return False
+    if isinstance(node.func, cst.Attribute) and not node.args:
+        return _float32_copy(node.func.value)
+    return bool(node.args) and _float32_copy(node.args[0].value)
+
+
 def _one_minus(argument: cst.BaseExpression) -> Optional[str]:
-    """`1 - x` (`1. - x + 1e-8`) within the log's argument, as written; not `1 - torch.exp(-x)`."""
+    """`1 - x` (`1. - x + 1e-8`) within the log's argument, as written; not `1 - torch.exp(-x)`,
+    nor `1 - torch.sigmoid(x.float())` (a float32 probability)."""
     if isinstance(argument, cst.BinaryOperation):
         if isinstance(argument.operator, cst.Subtract) and _number(argument.left) == 1.0:
             subtracted = argument.right
             if isinstance(subtracted, cst.Call) and _last_name(subtracted.func) in _FLOAT32_RESULTS:
+                return None
+            if _float32_sigmoid(subtracted):
                 return None
             return _code(argument)
         return _one_minus(argument.left) or _one_minus(argument.right)
@@ -471,7 +494,8 @@ class _Judge:
         qualified = self.imports.resolve(node.func)
         words = self.imports.vocabulary
         if qualified in words.sigmoid_functions:
-            return True
+            # `torch.sigmoid(logits.float())`: a float32 probability, as in the fp32 script
+            return not (node.args and _float32_copy(node.args[0].value))
         if words.activation_keyword and any(
                 a.keyword is not None and a.keyword.value == "activation" and _is_sigmoid_activation(a.value, self.imports)
                 for a in node.args):
@@ -482,7 +506,7 @@ class _Judge:
         if isinstance(node.func, cst.Attribute) and qualified is None:
             method = node.func.attr.value
             if method in ("sigmoid", "sigmoid_") and not node.args:
-                return True
+                return not _float32_copy(node.func.value)
             if method in _THROUGH_METHODS:
                 return self.is_probability(node.func.value)
         if qualified in self.imports.vocabulary.through_functions and node.args:

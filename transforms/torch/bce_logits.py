@@ -36,6 +36,8 @@ _DEVICE_MOVES = {"cuda", "cpu", "to"}
 _FUNCTIONAL_SIGMOIDS = ("torch.sigmoid", "torch.nn.functional.sigmoid")
 #: what a read of the output may ask without its values: the same for logits and probabilities
 _SHAPE_READS = {"size", "shape", "dim", "ndim", "numel", "device", "dtype", "is_cuda"}
+#: the criterion name of a fusion with no criterion (it matches no name of a file)
+_NO_CRITERION = "<no criterion>"
 #: functions and methods taking a log (of a probability the fusion hands them)
 _LOGS = {"log", "log2", "log10", "log1p"}
 _SHAPE_METHODS = {"view", "squeeze", "unsqueeze", "reshape", "flatten", "view_as", "contiguous"}
@@ -54,6 +56,10 @@ class Fusion:
     wrapped: List[int] = field(default_factory=list)
     #: the finding's first sentence when it is not the Sequential form's (bce_functional.py)
     description: Optional[str] = None
+    #: the finding's rule: AMP231 (a BCE fused), AMP248 (a log of the probability taken in float32)
+    code: str = "AMP231"
+    #: lines of the reads wrapped as `torch.sigmoid(x.float())` (a log reads them)
+    float_wrapped: List[int] = field(default_factory=list)
 
 
 def fuse_bce_after_sigmoid(module: cst.Module, imports: ImportMap, project=None) -> Optional[tuple]:
@@ -74,6 +80,29 @@ def fuse_bce_after_sigmoid(module: cst.Module, imports: ImportMap, project=None)
             # a shape the checks did not foresee: not followed, so nothing is fused and the BCE
             # warning stands (a wrong fusion is the one outcome that must not happen)
             continue
+    return fused[0] if len(fused) == 1 else None
+
+
+def fuse_logged_sigmoid(module: cst.Module, imports: ImportMap, project=None) -> Optional[tuple]:
+    """The same, for a file with no BCE criterion that takes the log of the model's probability
+    itself (`torch.log(D_real + 1e-8) + torch.log(1 - D_fake + 1e-8)`, AMP229): the final sigmoid
+    goes, and every read of the output gets `torch.sigmoid(...)`, taken from a float32 copy of the
+    logits where a log reads it (`torch.log(torch.sigmoid(D_real.float()) + 1e-8)`): the float32
+    probability the fp32 script computed, so `1 - p` and the log stay what they were. None unless
+    exactly one sigmoid's outputs can all be followed."""
+    index = _Index()
+    walk(module, index)
+    fused = []
+    for candidate in _sigmoid_candidates(index, imports):
+        try:
+            fuser = _Fuser(module, imports, index)
+            fuser.project = project
+            fuser.logs_only = True
+            fused.append(fuser.run(candidate))
+        except _NotFollowed:
+            continue
+        except (IndexError, AttributeError, KeyError, TypeError):
+            continue  # a shape the checks did not foresee: nothing is fused, the AMP229 warning stands
     return fused[0] if len(fused) == 1 else None
 
 
@@ -284,16 +313,23 @@ class _Fuser:
         self.project = None
         #: trainer attributes already checked against the other modules of the project
         self._checked_attributes: Set[str] = set()
+        #: no BCE criterion to fuse: the file takes the log of the probability itself (AMP229)
+        self.logs_only = False
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self.index.parent.get(id(node))
 
     def run(self, sigmoid: cst.Call):
         criteria = [c for c in self.index.calls if self.imports.resolve(c.func) == "torch.nn.BCELoss"]
-        _need(bool(criteria) and all(isinstance(c.func, cst.Attribute) for c in criteria))
         _need(not any(self.imports.resolve(c.func) in ("torch.nn.functional.binary_cross_entropy",) for c in self.index.calls))
-        criterion_call = criteria[0]
-        criterion_name = self._criterion_name(criteria)
+        if self.logs_only:
+            # no criterion: the training code takes the log of the probability itself
+            _need(not criteria)
+            criterion_call, criterion_name = sigmoid, _NO_CRITERION
+        else:
+            _need(bool(criteria) and all(isinstance(c.func, cst.Attribute) for c in criteria))
+            criterion_call = criteria[0]
+            criterion_name = self._criterion_name(criteria)
         functional = self.imports.resolve(sigmoid.func) in _FUNCTIONAL_SIGMOIDS
         owner = self._functional_owner(sigmoid) if functional else self._sigmoid_attribute_owner(sigmoid)
         variable = self._sequential_variable(sigmoid) if owner is None else None
@@ -325,10 +361,19 @@ class _Fuser:
             outputs = self._forward_results(instances, klass.name.value)
         fusion = Fusion(self._line(criterion_call), self._line(sigmoid))
         needs_import = self._fuse_outputs(outputs, criteria, criterion_name, fusion)
+        if self.logs_only:
+            _need(bool(self.float_reads))  # some read goes into a log: the reason this runs
+            fusion.code = "AMP248"
         if owner is not None:
             node, replacement = application
             self.replace[id(node)] = replacement
             applied = f"{dotted_name(sigmoid.func)}(...)" if functional else f"self.{owner[1]}(...)"
+            if self.logs_only:
+                fusion.description = (
+                    f"the log of the model's probability taken in float32: {applied} no longer applied at the end "
+                    f"of {owner[0].name.value}.forward() (line {self._line(node)})")
+                fusion.wrapped.sort()
+                return _with_torch_imported(self.module.visit(_Replace(self.replace, self.float_reads)), needs_import), fusion
             fusion.description = (
                 f"BCE after a Sigmoid fused: {applied} no longer applied at the end of "
                 f"{owner[0].name.value}.forward() (line {self._line(node)}), the criterion at line "
@@ -337,7 +382,11 @@ class _Fuser:
             return _with_torch_imported(self.module.visit(_Replace(self.replace, self.float_reads)), needs_import), fusion
         self._plan_sequential_drop(sigmoid)
         fusion.wrapped.sort()
-        if self.condition is not None:
+        if self.logs_only:
+            _need(self.condition is None)
+            fusion.description = (f"the log of the model's probability taken in float32: nn.Sigmoid() at line "
+                                   f"{fusion.sigmoid_line} dropped from the model")
+        elif self.condition is not None:
             flag, truthy = self.condition
             fusion.description = (
                 f"BCE after a Sigmoid fused: nn.Sigmoid() at line {fusion.sigmoid_line} dropped from the model "
@@ -1205,6 +1254,7 @@ class _Fuser:
             # float16, and so would its sigmoid be, which rounds to 0 below about -17 (the log is
             # inf) where the fp32 script's was finite: the probability is taken in float32
             self.float_reads.add(id(node))
+            fusion.float_wrapped.append(self._line(node))
         fusion.wrapped.append(self._line(node))
 
     def _read_by_a_log(self, node: cst.CSTNode) -> bool:

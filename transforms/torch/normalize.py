@@ -27,7 +27,7 @@ from ampify.findings import Finding, Severity
 from ampify.transforms.base import TransformResult, Verdict
 from ampify.transforms.torch.bce_functional import fuse_functional_bce, fuse_imported_functional_bce
 from ampify.transforms.torch.bce_in_step import fuse_sigmoid_in_step
-from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid, fuse_imported_sigmoid_model
+from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid, fuse_imported_sigmoid_model, fuse_logged_sigmoid
 from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_fills
 from ampify.transforms.torch.probability_clamps_float32 import Float32Clamps, float32_clamps
 from ampify.transforms.torch.autograd_functions import unsafe_autograd_functions
@@ -252,6 +252,16 @@ def converted_in_shape(
         fixed = _converted_without(functions.module, _FUNCTION_REFUSALS, convert, imports, context) if functions else None
         if fixed is not None:
             return _with_float32_functions(module, functions, fixed)
+    if imports is not None and any(f.code == "AMP229" for f in result.findings) \
+            and not any(f.code in _BCE_REFUSALS for f in result.findings):
+        # the training code takes the log of its model's probability itself: the sigmoid is taken
+        # in float32 from the model's logits where a log reads it (bce_logits.fuse_logged_sigmoid)
+        project = context.project if context is not None else None
+        fused = fuse_logged_sigmoid(module, imports, project)
+        if fused is not None:
+            fused_result = _converted_in_shape(fused[0], convert)
+            if fused_result.verdict is Verdict.CONVERTED and not any(f.code == "AMP229" for f in fused_result.findings):
+                return _with_fusion(module, fused[0], fused[1], fused_result)
     if imports is not None and any(f.code in _BCE_REFUSALS for f in result.findings):
         # only files the BCE hazard stopped pay for the attempt
         project = context.project if context is not None else None
@@ -362,11 +372,16 @@ def _with_fusion(original: cst.Module, fused: cst.Module, fusion, result: Transf
     wrapped = sorted(set(fusion.wrapped))
     where = f"; torch.sigmoid(...) added where its output is read as a probability (line{'s' if len(wrapped) != 1 else ''} " \
         + ", ".join(map(str, wrapped)) + ")" if wrapped else ""
+    logged = sorted(set(fusion.float_wrapped))
+    if logged and fusion.code == "AMP248":
+        where += (f", from a float32 copy of the logits where a log reads it (line{'s' if len(logged) != 1 else ''} "
+                  + ", ".join(map(str, logged)) + "): the probability the fp32 script computed, so 1 - p and its log "
+                  "stay finite")
     description = fusion.description or (
         f"BCE after a Sigmoid fused: nn.Sigmoid() at line {fusion.sigmoid_line} dropped from the model, the criterion at "
         f"line {fusion.criterion_line} is nn.BCEWithLogitsLoss (the same loss, computed from logits)")
     findings.append(Finding(
-        "AMP231",
+        fusion.code,
         f"{description}{where}",
         fusion.criterion_line, 0, Severity.INFO,
     ))
