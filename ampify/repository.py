@@ -24,6 +24,7 @@ from ampify.transforms.kit.ast_names import ast_dotted as _dotted
 from ampify.transforms.tf1.names import is_tf1_optimizer_class
 from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line, torch_names
 from ampify.transforms.torch.inherited_optimizers import InheritedAttribute, class_named, inherited_attribute
+from ampify.transforms.torch.inplace_matmuls import MARKERS as INPLACE_MARKERS, inplace_product_lines
 from ampify.transforms.torch.sigmoid_models import sigmoid_model_classes
 from ampify.transforms.torch.probability_clamps import (
     LOG_OF_COMPLEMENT as _LOG_OF_COMPLEMENT,
@@ -170,6 +171,9 @@ class ModuleOutline:
     #: the module names a sigmoid and a log (bytes): it may take the log of a sigmoid's probability,
     #: which a training file importing it would run under autocast (kit/log_of_sigmoid.py)
     may_log_a_sigmoid: bool = False
+    #: lines of in-place matrix products (`dist.addmm_(inputs, inputs.t())`) in forward() methods of
+    #: its classes, which raise under autocast on a float32 receiver (torch/inplace_matmuls.py)
+    inplace_products: List[int] = field(default_factory=list)
     #: module-level class -> its methods decorated `@torch.no_grad()` (or `inference_mode`):
     #: what they return carries no gradient (stylegan2's `AdaptiveAugment.tune`)
     no_grad_methods: Dict[str, FrozenSet[str]] = field(default_factory=dict)
@@ -782,6 +786,8 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
                 outline.exported = tuple(item.value for item in statement.value.elts)
     if b"masked_fill" in data:
         outline.float16_overflows = _model_code_overflows(tree)
+    if any(marker in data for marker in INPLACE_MARKERS):
+        outline.inplace_products = inplace_product_lines(tree)
     if b"Function" in data:
         outline.unsafe_autograd_functions = unsafe_autograd_functions(tree)
         outline.gradient_dropping_functions = gradient_dropping_functions(tree)
@@ -1566,6 +1572,17 @@ class ProjectView:
             outline = self.index.outline(path)
             if outline is not None:
                 found += [(self.where(path, line), package) for line, package in outline.gradient_dropping_imports]
+        return found
+
+    def inplace_product_modules(self) -> List[Tuple[str, str, bool]]:
+        """(key, display, trains) of the project modules this module imports whose model code runs
+        an in-place matrix product (torch/inplace_matmuls.py)."""
+        found = []
+        for path in self.index.imported_closure(self.path):
+            outline = self.index.outline(path)
+            if outline is None or path == self.path.resolve() or not outline.inplace_products:
+                continue
+            found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], outline.trains))
         return found
 
     def float16_overflow_modules(self) -> List[Tuple[str, str, bool]]:

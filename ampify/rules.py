@@ -387,6 +387,20 @@ RULES: List[Rule] = [
          "AMP231, and no other log of a float16 probability is left.",
          "D = nn.Sequential(..., nn.Sigmoid()); d_loss = -torch.mean(torch.log(D(x) + 1e-8))\n"
          "  -> D = nn.Sequential(...,); d_loss = -torch.mean(torch.log(torch.sigmoid(D(x).float()) + 1e-8))", REVIEW),
+    Rule("AMP249", "info", "an in-place matrix product in model code (`dist.addmm_(inputs, inputs.t())`) given matrices of its receiver's dtype (`inputs.to(dist.dtype)`)",
+         "Autocast casts out-of-place products only. A triplet loss's `dist` is float32 (a `torch.pow` before it runs "
+         "in float32) while the features are float16, and the in-place `addmm_` raises \"self and mat2 must have the "
+         "same dtype\" on the first batch. Cast to the receiver's dtype the product runs in float32, as in the fp32 "
+         "script, where the cast is a no-op. In forward() methods of the training file's classes, or of the model "
+         "code it imports (written with it as one change set); a module not in the run leaves the file unconverted "
+         "with a warning (AMP250).",
+         "dist.addmm_(inputs, inputs.t(), beta=1, alpha=-2)\n"
+         "  -> dist.addmm_(inputs.to(dist.dtype), inputs.t().to(dist.dtype), beta=1, alpha=-2)", REVIEW),
+    Rule("AMP250", "warning", "the model code this file imports runs an in-place matrix product that raises under autocast, in a module not in this run: left as it is",
+         "ampify casts the matrices of `dist.addmm_(inputs, inputs.t())` to the receiver's dtype (AMP249) in modules "
+         "of the run; the file is converted, and if its step runs that code, the product raises on the first "
+         "float16 batch until that module is converted too.",
+         "from losses import TripletLoss  # losses.py not named: ampify train.py losses.py", MANUAL, incomplete=True),
     Rule("AMP232", "info", "`masked_fill(mask, -1e9)` before a softmax: the constant is now `torch.finfo(scores.dtype).min`",
          "-1e9 overflows float16, and masked_fill raises once the scores are float16 (autocast, apex O1). The scores' own "
          "minimum gives the same softmax in float32. Done only when the filled scores are read by a softmax alone; "

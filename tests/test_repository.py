@@ -1024,3 +1024,72 @@ def test_a_trainer_whose_base_sets_the_optimizer_trains_in_float16_on_cpu(tmp_pa
     assert converted["dtypes"] == ["torch.float16"] * 3
     assert math.isfinite(converted["loss"]) and abs(converted["loss"] - original["loss"]) < 0.05
     assert converted["saved"] == original["saved"] == ["epoch", "optimizer", "state_dict"]
+
+
+_TRIPLET_PROBE = """
+import json, sys, torch
+pow_ = torch.pow
+def float32_pow(x, *args, **kwargs):
+    # CUDA autocast runs torch.pow in float32 (its float32 list); CPU autocast does not: mimicked here
+    if torch.is_autocast_enabled("cpu"):
+        return pow_(x.float(), *args, **kwargs)
+    return pow_(x, *args, **kwargs)
+torch.pow = float32_pow
+from losses import TripletLoss
+torch.manual_seed(0)
+features = torch.randn(8, 8)
+targets = torch.arange(4).repeat(2)
+reference = TripletLoss()(features, targets).item()
+try:
+    with torch.autocast("cpu", dtype=torch.float16):
+        mixed = TripletLoss()(features.half(), targets).item()
+    error = None
+except RuntimeError as exc:
+    mixed, error = None, str(exc)
+losses = None
+if "--train" in sys.argv:
+    from engine.triplet import main
+    losses = main()
+print(json.dumps({"reference": reference, "mixed": mixed, "error": error, "losses": losses}))
+"""
+
+
+def test_an_inplace_product_of_the_loss_module_runs_under_autocast_once_cast(tmp_path):
+    """deep-person-reid's triplet loss under autocast, with torch.pow in float32 as CUDA autocast runs
+    it: the original `dist.addmm_(inputs, inputs.t())` raises (float32 receiver, float16 matrices);
+    the companion rewrite's `inputs.to(dist.dtype)` runs, its loss equals fp32's to float16 precision,
+    and the converted project trains three steps with finite losses."""
+    pytest.importorskip("torch")
+    case = ROOT / "fixtures" / "repositories" / "inplace_product_in_the_loss_module"
+    results = {}
+    for side, flags in (("input", []), ("expected", ["--train"])):
+        tree = tmp_path / side
+        shutil.copytree(case / side, tree)
+        completed = subprocess.run([sys.executable, "-c", _TRIPLET_PROBE, *flags], cwd=tree, capture_output=True,
+                                   text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr
+        results[side] = json.loads(completed.stdout.strip().splitlines()[-1])
+    original, converted = results["input"], results["expected"]
+    assert original["mixed"] is None and "same dtype" in original["error"]
+    assert converted["error"] is None
+    assert converted["mixed"] == pytest.approx(converted["reference"], rel=1e-2, abs=1e-2)
+    assert converted["reference"] == pytest.approx(original["reference"], abs=1e-6)
+    assert len(converted["losses"]) == 3 and all(math.isfinite(loss) for loss in converted["losses"])
+
+
+def test_an_inplace_product_in_a_module_outside_the_run_is_said_and_leaves_the_conversion_incomplete(tmp_path):
+    """Named alone, the engine converts (the loss module may be imported and never run by its step,
+    as a package importing every loss is), says which module it could not cast (AMP250) and is
+    "changed, incomplete"; the loss module is not written."""
+    case = ROOT / "fixtures" / "repositories" / "inplace_product_in_the_loss_module"
+    tree = tmp_path / "repo"
+    shutil.copytree(case / "input", tree)
+    completed = subprocess.run([sys.executable, "-m", "ampify", "engine/triplet.py", "--report", str(tmp_path / "r.json")],
+                               cwd=tree, capture_output=True, text=True)
+    assert completed.returncode in (0, 1), completed.stderr
+    entry = json.loads((tmp_path / "r.json").read_text())["files"][0]
+    assert entry["status"] == "changed, incomplete"
+    warning = next(f for f in entry["findings"] if f["code"] == "AMP250")
+    assert "losses/hard_mine_triplet_loss.py is not in this run" in warning["message"]
+    assert (tree / "losses" / "hard_mine_triplet_loss.py").read_bytes() == \
+        (case / "input" / "losses" / "hard_mine_triplet_loss.py").read_bytes()

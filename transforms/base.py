@@ -117,6 +117,10 @@ class ProjectFacts(Protocol):
         """(key, display, class names, the module trains) for each project module this module imports
         with custom autograd Functions that break under autocast."""
 
+    def inplace_product_modules(self) -> Sequence[Tuple[str, str, bool]]:
+        """(key, display, trains) of the project modules this module imports whose model code runs an
+        in-place matrix product (`dist.addmm_(inputs, inputs.t())`, torch/inplace_matmuls.py)."""
+
     def float16_overflow_modules(self) -> Sequence[Tuple[str, str, bool]]:
         """(key, display, has a training step of its own) of the project modules this module
         imports whose model code has a masked_fill constant beyond float16."""

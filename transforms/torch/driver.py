@@ -48,6 +48,7 @@ from ampify.transforms.torch.helper_backwards import helper_refusal_note
 from ampify.transforms.torch.autograd_functions_float32 import autocast_devices, plan_float32_functions
 from ampify.transforms.torch.gram_matrix_float32 import plan_float32_grams
 from ampify.transforms.torch.probability_clamps_float32 import plan_float32_clamps
+from ampify.transforms.torch.inplace_matmuls import plan_imported_inplace_products
 from ampify.transforms.torch.masked_fill_limits import plan_imported_fill_limits
 from ampify.transforms.torch.statements import short_text
 from ampify.transforms.torch.wrapper_steps import steps_of_wrapper_methods
@@ -110,6 +111,9 @@ class BackendRules:
     #: the code reporting custom autograd Functions of another module decorated to run in float32
     #: (autograd_functions_float32.py); "" where the backend does not decorate them
     float32_autograd_function: str = ""
+    #: the code reporting in-place matrix products of another module given matrices of their
+    #: receiver's dtype (inplace_matmuls.py); "" where the backend does not rewrite them
+    inplace_products: str = ""
 
 
 _NO_TORCH_IMPORT = (
@@ -493,8 +497,36 @@ class TorchConversion(abc.ABC):
         grams = self._report_imported_gram_matrices(has_training, blocked)
         clamps = self._report_probability_clamps(has_training)
         logs = self._report_imported_logs_of_sigmoid(has_training)
+        products = self._report_imported_inplace_products(has_training)
         return self._report_unsafe_autograd_functions(has_training) or self._report_imported_overflows(has_training) \
-            or dropped or grams or clamps or logs or blocked
+            or dropped or grams or clamps or logs or products or blocked
+
+    def _report_imported_inplace_products(self, has_training: bool) -> bool:
+        """In-place matrix products in the model code of a project module this file imports
+        (deep-person-reid's triplet loss: `dist.addmm_(inputs, inputs.t())` on a float32 `dist`)
+        raise under autocast: their matrices are cast to the receiver's dtype there, in this file's
+        change set; when that module cannot be rewritten, the conversion says so and is incomplete
+        (AMP250). Never blocks."""
+        code = self.rules.inplace_products
+        if not has_training or not code or self.project is None:
+            return False
+        modules = list(self.project.inplace_product_modules())
+        if not modules:
+            return False
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        companions, notes, refused = plan_imported_inplace_products(self.project, self.display)
+        if refused is None:
+            self.companions.extend(companions)
+            self.companion_notes += [(code, note + "; written together with this file, as one change set", node)
+                                     for note in notes]
+            return False
+        shown = ", ".join(display for _, display, _ in modules[:3])
+        # not blocking: the module may be imported and never run by this step (a package importing
+        # every loss); if it runs, the product raises loudly on the first float16 batch
+        self.warn("AMP250", f"the model code this file imports ({shown}) runs an in-place matrix product "
+                            "(`x.addmm_(a, b)`) that raises under autocast when its receiver is float32 and its "
+                            f"matrices float16, if this step runs it; ampify did not cast them there: {refused}", node)
+        return False
 
     def _report_imported_logs_of_sigmoid(self, has_training: bool) -> bool:
         """The model or loss code this file imports takes the log of a sigmoid's probability

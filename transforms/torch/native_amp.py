@@ -27,6 +27,7 @@ from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.torch import screen as torch_screen
 from ampify.transforms.torch import statements as statements
+from ampify.transforms.torch.inplace_matmuls import MARKERS as INPLACE_MARKERS
 from ampify.transforms.torch.checkpoints import CheckpointWriter
 from ampify.transforms.torch.device_choice import DeviceChoice
 from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConversion
@@ -113,6 +114,7 @@ NATIVE_RULES = BackendRules(
     ),
     blocked_reason="mixed precision would break this file; see the warnings",
     float32_probability_clamp="AMP246",
+    inplace_products="AMP249",
     float32_autograd_function="AMP247",
     float32_gram_matrix="AMP245",
     hazards={
@@ -293,7 +295,9 @@ class TorchNativeAmp(Transform):
             pair_helper_backwards(structure)
             return NativeConversion(structure, imports, options, context).run()
 
-        return converted_in_shape(module, convert, imports, context)
+        # in-place matrix products of the file's own model code: looked for only when its bytes name one
+        products = not context.source or any(marker in context.source for marker in INPLACE_MARKERS)
+        return converted_in_shape(module, convert, imports, context, convert_products=products)
 
 
 class NativeConversion(TorchConversion):

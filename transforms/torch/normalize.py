@@ -27,6 +27,7 @@ from ampify.findings import Finding, Severity
 from ampify.transforms.base import TransformResult, Verdict
 from ampify.transforms.torch.bce_functional import fuse_functional_bce, fuse_imported_functional_bce
 from ampify.transforms.torch.bce_in_step import fuse_sigmoid_in_step
+from ampify.transforms.torch.inplace_matmuls import products_in_their_receivers_dtype
 from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid, fuse_imported_sigmoid_model, fuse_logged_sigmoid
 from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_fills
 from ampify.transforms.torch.probability_clamps_float32 import Float32Clamps, float32_clamps
@@ -215,12 +216,26 @@ def _backward_of_a_call(value: cst.BaseExpression) -> bool:
 
 
 def converted_in_shape(
-    module: cst.Module, convert: Callable[[cst.Module], TransformResult], imports=None, context=None
+    module: cst.Module, convert: Callable[[cst.Module], TransformResult], imports=None, context=None,
+    convert_products: bool = False,
 ) -> TransformResult:
     """Run `convert` on the module, and on its reshaped form where a refused step may convert
     that way (see `_converted_in_shape`); findings always name the lines of `module` as it was.
     With `imports`, a BCE loss after a model's Sigmoid is fused (bce_logits.py) when the BCE
     warning stopped the module and the fused module converts."""
+    if imports is not None and convert_products:
+        products = products_in_their_receivers_dtype(module)
+        if products is not None:
+            # in-place matrix products of the file's own model code (a triplet loss's
+            # `dist.addmm_(inputs, inputs.t())`) take matrices of their receiver's dtype; the rest
+            # converts as it would (the rewrite adds no line)
+            with_products = converted_in_shape(products.module, convert, imports, context)
+            if with_products.verdict is Verdict.CONVERTED:
+                with_products.findings = sorted(
+                    [*with_products.findings, Finding("AMP249", products.describe(), products.rewritten[0][0], 0,
+                                                      Severity.INFO)],
+                    key=lambda f: (f.line, f.column, f.code))
+                return with_products
     result = _converted_in_shape(module, convert)
     if imports is not None and any(f.code in _FILL_REFUSALS for f in result.findings):
         limited = float16_safe_fills(module, imports)
