@@ -919,3 +919,20 @@ def test_cuda_queries_alone_leave_a_script_on_the_cpu(cuda_line, flagged):
     codes = {f.code for f in conversion.findings}
     assert ("AMP228" in codes) is flagged, codes
     assert conversion.status.value == ("changed, incomplete" if flagged else "changed")
+
+
+@pytest.mark.parametrize("made, flagged", [
+    ("img = torch.randn(1, 3, 8, 8, requires_grad=True)", True),
+    ("img = Variable(0.1 * torch.randn(1, 3, 8, 8), requires_grad=True)", True),
+    ("img = torch.zeros(1, 3, 8, 8).requires_grad_()", True),
+    ("img = torch.randn(1, 3, 8, 8, device='cuda', requires_grad=True)", False),
+    ("img = load_image('x.png').requires_grad_()", False),
+])
+def test_an_optimized_tensor_made_here_on_no_device_trains_on_the_cpu(made, flagged):
+    source = ("import torch\nimport torch.nn as nn\nfrom torch.autograd import Variable\n"
+              "net = nn.Conv2d(3, 3, 3)\n" + made + "\nopt = torch.optim.Adam([img], lr=0.1)\n"
+              "for _ in range(3):\n    opt.zero_grad()\n    loss = net(img).pow(2).mean()\n    loss.backward()\n"
+              "    opt.step()\n")
+    conversion = convert_source(source)
+    codes = {f.code for f in conversion.findings}
+    assert ("AMP228" in codes) is flagged, codes

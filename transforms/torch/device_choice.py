@@ -99,6 +99,13 @@ class DeviceChoice:
         own_instances = False  # some optimizer trains `self`, an instance of a class of this file built here
         for binding in s.bindings:
             if binding.qualified_call and names.is_optimizer_qualname(binding.qualified_call) and binding.value is not None:
+                tensors = self._tensors_optimized(binding)
+                if tensors is False:
+                    return None
+                if tensors:
+                    # `SGD([opt_img], lr=1e4)`: an input image optimized, made here on no device
+                    own_instances = True
+                    continue
                 for call in statements.calls_within(binding.value):
                     if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("parameters", "named_parameters"):
                         model = dotted_name(call.func.value) or ""
@@ -166,6 +173,26 @@ class DeviceChoice:
                 if place not in elsewhere:
                     elsewhere.append(place)
         return elsewhere
+
+    def _tensors_optimized(self, binding):
+        """For an optimizer built over a list of tensors (`SGD([opt_img], lr=1e4)`: an image
+        optimized, utkuozbulak's inverted representation, deep dream): True when each is made here
+        by a torch factory naming no device (`Variable(1e-1 * torch.randn(1, 3, 224, 224),
+        requires_grad=True)`, `torch.zeros(..., requires_grad=True)`), False when one is made
+        otherwise (loaded, moved, handed in), None when the optimizer is built over no such list."""
+        s = self.structure
+        value = binding.value
+        first = value.args[0].value if isinstance(value, cst.Call) and value.args and value.args[0].keyword is None \
+            else None
+        if not isinstance(first, (cst.List, cst.Tuple)) or not first.elements:
+            return None
+        for element in first.elements:
+            if isinstance(element, cst.StarredElement) or not isinstance(element.value, cst.Name):
+                return None if not isinstance(element.value, cst.Name) else False
+            made = [b for b in s.bindings_visible(element.value.value, binding.scope) if b.statement is not None]
+            if not made or any(not _made_on_no_device(b.value, s.imports) for b in made):
+                return False
+        return True
 
     def _models_drawn_by(self, binding):
         """For optimizers built in a comprehension over a list of models: {(model, scope)} naming
@@ -342,3 +369,33 @@ def _names_a_device_index(name: str) -> bool:
 
 
 _DEVICE_INDEX = re.compile(r"gpu|rank|ordinal|dev(ice)?_?(id|idx|index)", re.IGNORECASE)
+
+
+#: torch factories of a new tensor (on the default device unless given `device=`)
+_TENSOR_FACTORIES = {"randn", "rand", "zeros", "ones", "empty", "full", "tensor", "randint", "normal", "linspace",
+                     "arange", "eye", "from_numpy"}
+#: wrappers and methods that keep a tensor where it is
+_KEEPING = {"torch.autograd.Variable", "torch.nn.Parameter", "torch.nn.parameter.Parameter"}
+_KEEPING_METHODS = {"requires_grad_", "float", "double", "clone", "detach", "normal_", "uniform_", "zero_", "fill_",
+                    "view", "reshape", "unsqueeze", "squeeze"}
+
+
+def _made_on_no_device(value, imports) -> bool:
+    """Is `value` a tensor made by a torch factory with no `device=` (through arithmetic with
+    numbers, Variable/Parameter and methods that keep it where it is)?"""
+    if isinstance(value, cst.BinaryOperation):
+        sides = [value.left, value.right]
+        tensors = [side for side in sides if not isinstance(side, (cst.Integer, cst.Float, cst.Name, cst.Attribute))]
+        return bool(tensors) and all(_made_on_no_device(side, imports) for side in tensors)
+    if not isinstance(value, cst.Call):
+        return False
+    if any(arg.keyword is not None and arg.keyword.value == "device" for arg in value.args):
+        return False
+    qualified = imports.resolve(value.func) or ""
+    if qualified in _KEEPING:
+        return bool(value.args) and _made_on_no_device(value.args[0].value, imports)
+    if qualified.startswith("torch.") and qualified.rsplit(".", 1)[-1] in _TENSOR_FACTORIES and qualified.count(".") == 1:
+        return True
+    if isinstance(value.func, cst.Attribute) and qualified == "" and value.func.attr.value in _KEEPING_METHODS:
+        return _made_on_no_device(value.func.value, imports)
+    return False
