@@ -30,6 +30,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ampify.findings import Finding, Severity
 from ampify.transforms.base import CompanionChange
+from ampify.transforms.kit.fast_walk import iter_tree
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch.companion_modules import read_companion
 
@@ -77,7 +78,7 @@ def inplace_product_lines(tree: ast.Module) -> List[int]:
 
 def products_in_their_receivers_dtype(module: cst.Module) -> Optional[InplaceProducts]:
     """The module rewritten as above; None when it has no product to rewrite."""
-    if not any(marker.decode() in module.code for marker in MARKERS):
+    if not names_an_inplace_product(module):
         return None
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     positions = wrapper.resolve(PositionProvider)
@@ -88,6 +89,12 @@ def products_in_their_receivers_dtype(module: cst.Module) -> Optional[InplacePro
     rewritten = [(positions[call].start.line, module.code_for_node(call)) for call in finder.calls]
     new = wrapper.module.visit(_Cast({id(call) for call in finder.calls}))
     return InplaceProducts(new, rewritten)
+
+
+def names_an_inplace_product(module: cst.Module) -> bool:
+    """Does the module spell `.addmm_` (or another in-place product) anywhere? A read-only walk,
+    for a module whose bytes are not at hand (the byte test MARKERS is cheaper)."""
+    return any(isinstance(node, cst.Attribute) and node.attr.value in INPLACE_PRODUCTS for node in iter_tree(module))
 
 
 class _Finder(cst.CSTVisitor):
