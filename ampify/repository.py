@@ -1577,21 +1577,20 @@ class ProjectView:
     def inplace_product_modules(self) -> List[Tuple[str, str, bool]]:
         """(key, display, trains) of the project modules this module imports whose model code runs
         an in-place matrix product (torch/inplace_matmuls.py)."""
-        found = []
-        for path in self.index.imported_closure(self.path):
-            outline = self.index.outline(path)
-            if outline is None or path == self.path.resolve() or not outline.inplace_products:
-                continue
-            found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], outline.trains))
-        return found
+        return self._imported_modules_with(lambda outline: outline.inplace_products)
 
     def float16_overflow_modules(self) -> List[Tuple[str, str, bool]]:
         """(key, display, trains) of the project modules this module imports whose model code
         has a masked_fill constant beyond float16 (see float16_overflows_imported)."""
+        return self._imported_modules_with(lambda outline: outline.float16_overflows)
+
+    def _imported_modules_with(self, holds) -> List[Tuple[str, str, bool]]:
+        """(key, display, trains) of the project modules this module imports (directly or through
+        other project modules) whose outline `holds(outline)` something."""
         found = []
         for path in self.index.imported_closure(self.path):
             outline = self.index.outline(path)
-            if outline is None or path == self.path.resolve() or not outline.float16_overflows:
+            if outline is None or path == self.path.resolve() or not holds(outline):
                 continue
             found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], outline.trains))
         return found

@@ -66,21 +66,7 @@ def fuse_bce_after_sigmoid(module: cst.Module, imports: ImportMap, project=None)
     """(new module, Fusion) when the shape above holds everywhere for exactly one of the file's
     sigmoids (a generator ending in nn.Sigmoid beside the discriminator that feeds the loss: the
     generator's is not followed to the criterion); None otherwise."""
-    index = _Index()
-    walk(module, index)
-    fused = []
-    for candidate in _sigmoid_candidates(index, imports):
-        try:
-            fuser = _Fuser(module, imports, index)
-            fuser.project = project
-            fused.append(fuser.run(candidate))
-        except _NotFollowed:
-            continue
-        except (IndexError, AttributeError, KeyError, TypeError):
-            # a shape the checks did not foresee: not followed, so nothing is fused and the BCE
-            # warning stands (a wrong fusion is the one outcome that must not happen)
-            continue
-    return fused[0] if len(fused) == 1 else None
+    return _fuse_one_sigmoid(module, imports, project, logs_only=False)
 
 
 def fuse_logged_sigmoid(module: cst.Module, imports: ImportMap, project=None) -> Optional[tuple]:
@@ -90,6 +76,10 @@ def fuse_logged_sigmoid(module: cst.Module, imports: ImportMap, project=None) ->
     logits where a log reads it (`torch.log(torch.sigmoid(D_real.float()) + 1e-8)`): the float32
     probability the fp32 script computed, so `1 - p` and the log stay what they were. None unless
     exactly one sigmoid's outputs can all be followed."""
+    return _fuse_one_sigmoid(module, imports, project, logs_only=True)
+
+
+def _fuse_one_sigmoid(module: cst.Module, imports: ImportMap, project, logs_only: bool) -> Optional[tuple]:
     index = _Index()
     walk(module, index)
     fused = []
@@ -97,12 +87,14 @@ def fuse_logged_sigmoid(module: cst.Module, imports: ImportMap, project=None) ->
         try:
             fuser = _Fuser(module, imports, index)
             fuser.project = project
-            fuser.logs_only = True
+            fuser.logs_only = logs_only
             fused.append(fuser.run(candidate))
         except _NotFollowed:
             continue
         except (IndexError, AttributeError, KeyError, TypeError):
-            continue  # a shape the checks did not foresee: nothing is fused, the AMP229 warning stands
+            # a shape the checks did not foresee: not followed, so nothing is fused and the BCE (or
+            # AMP229) warning stands (a wrong fusion is the one outcome that must not happen)
+            continue
     return fused[0] if len(fused) == 1 else None
 
 
