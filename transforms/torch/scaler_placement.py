@@ -446,15 +446,12 @@ class ScalerPlacement:
         s = self.structure
         if self.project is None:
             return None
-        bases = [name for name in (dotted_name(arg.value) for arg in klass.bases if arg.keyword is None)
-                 if name not in (None, "object")]
+        bases = _project_bases(klass)
         facts = []
         for receiver in receivers:
-            attribute = receiver[len("self."):]
-            if "." in attribute:
+            if receiver.count(".") != 1:
                 return None
-            found = [(base, fact) for base in bases
-                     for fact in [self.project.inherited_attribute(base, attribute)] if fact is not None]
+            found = _bases_setting(self.project, bases, receiver)
             if not found:
                 return None
             if len(found) > 1:
@@ -811,8 +808,18 @@ def inherited_from_a_base(project: Optional[ProjectFacts], klass: Optional[cst.C
     `self.<attribute>` for `receiver` ("self.optimizer"); None otherwise."""
     if project is None or klass is None or not receiver.startswith("self.") or receiver.count(".") != 1:
         return None
-    bases = [name for name in (dotted_name(arg.value) for arg in klass.bases if arg.keyword is None)
-             if name not in (None, "object")]
-    found = [(base, fact) for base in bases
-             for fact in [project.inherited_attribute(base, receiver[len("self."):])] if fact is not None]
+    found = _bases_setting(project, _project_bases(klass), receiver)
     return found[0] if len(found) == 1 else None
+
+
+def _project_bases(klass: cst.ClassDef) -> List[str]:
+    """The class's bases as spelled (`BaseTrainer`, `base.BaseTrainer`), not `object` or keywords."""
+    return [name for name in (dotted_name(arg.value) for arg in klass.bases if arg.keyword is None)
+            if name not in (None, "object")]
+
+
+def _bases_setting(project: ProjectFacts, bases: List[str], receiver: str) -> list:
+    """(base, InheritedAttribute) for each of `bases` that sets `receiver` ("self.optimizer")."""
+    attribute = receiver[len("self."):]
+    return [(base, fact) for base in bases for fact in [project.inherited_attribute(base, attribute)]
+            if fact is not None]
