@@ -541,6 +541,16 @@ RULES: List[Rule] = [
          "As AMP246, under O1: apex does not patch clamp, so the float32 copy keeps the bound and the log runs in "
          "float32.", "classification = torch.clamp(classification, 1e-4, 1.0 - 1e-4)\n"
          "  -> classification = torch.clamp(classification.float(), 1e-4, 1.0 - 1e-4)", REVIEW),
+    Rule("AMP340", "info", "apex: an in-place matrix product in model code given matrices of its receiver's dtype (`inputs.to(dist.dtype)`)",
+         "As AMP249, under O1: apex runs torch.pow in float32 and patches no in-place product, so `dist.addmm_(inputs, "
+         "inputs.t())` on float16 features raises; cast, it runs in float32, a no-op in the fp32 script.",
+         "dist.addmm_(inputs, inputs.t(), beta=1, alpha=-2)\n"
+         "  -> dist.addmm_(inputs.to(dist.dtype), inputs.t().to(dist.dtype), beta=1, alpha=-2)", REVIEW),
+    Rule("AMP341", "warning", "apex: the model code this file imports runs an in-place matrix product that raises under O1, in a module not in this run: left as it is",
+         "As AMP250: the file is converted, and if its step runs that code, the product raises on the first float16 "
+         "batch until that module is converted too.",
+         "from losses import TripletLoss  # losses.py not named: ampify --backend apex train.py losses.py", MANUAL,
+         incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

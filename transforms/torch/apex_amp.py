@@ -23,6 +23,7 @@ from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.source_facts import SourceFacts
 from ampify.transforms.torch import screen as torch_screen
+from ampify.transforms.torch.inplace_matmuls import MARKERS as INPLACE_MARKERS
 from ampify.transforms.torch.apex_callers import foreign_call_sites, plan_caller
 from ampify.transforms.torch.apex_penalty import loss_index_of_penalty, write_apex_penalty
 from ampify.transforms.torch.apex_setup import ApexSetup, ApexSetupFinder, index_of, refuse
@@ -88,6 +89,8 @@ APEX_RULES = BackendRules(
     ),
     blocked_reason="apex amp would raise on this script (see the warnings)",
     float32_probability_clamp="AMP339",
+    inplace_products="AMP340",
+    inplace_products_left="AMP341",
     hazards={
         HazardKind.BCE: HazardRule(
             "AMP310",
@@ -278,7 +281,9 @@ class TorchApexAmp(Transform):
             pair_helper_backwards(structure)
             return ApexConversion(structure, options, context).run()
 
-        return converted_in_shape(module, convert, imports, context)
+        # in-place matrix products of the file's own model code: looked for only when its bytes name one
+        products = not context.source or any(marker in context.source for marker in INPLACE_MARKERS)
+        return converted_in_shape(module, convert, imports, context, "AMP340" if products else "")
 
 
 class ApexConversion(TorchConversion):

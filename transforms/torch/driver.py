@@ -114,6 +114,8 @@ class BackendRules:
     #: the code reporting in-place matrix products of another module given matrices of their
     #: receiver's dtype (inplace_matmuls.py); "" where the backend does not rewrite them
     inplace_products: str = ""
+    #: the code saying such a module could not be rewritten (the conversion is incomplete)
+    inplace_products_left: str = ""
 
 
 _NO_TORCH_IMPORT = (
@@ -514,7 +516,7 @@ class TorchConversion(abc.ABC):
         if not modules:
             return False
         node = self.structure.backwards[0].call if self.structure.backwards else None
-        companions, notes, refused = plan_imported_inplace_products(self.project, self.display)
+        companions, notes, refused = plan_imported_inplace_products(self.project, self.display, code)
         if refused is None:
             self.companions.extend(companions)
             self.companion_notes += [(code, note + "; written together with this file, as one change set", node)
@@ -523,7 +525,7 @@ class TorchConversion(abc.ABC):
         shown = ", ".join(display for _, display, _ in modules[:3])
         # not blocking: the module may be imported and never run by this step (a package importing
         # every loss); if it runs, the product raises loudly on the first float16 batch
-        self.warn("AMP250", f"the model code this file imports ({shown}) runs an in-place matrix product "
+        self.warn(self.rules.inplace_products_left, f"the model code this file imports ({shown}) runs an in-place matrix product "
                             "(`x.addmm_(a, b)`) that raises under autocast when its receiver is float32 and its "
                             f"matrices float16, if this step runs it; ampify did not cast them there: {refused}", node)
         return False

@@ -176,7 +176,8 @@ def _needs_a_cast_ast(call: ast.Call) -> bool:
     return False
 
 
-def plan_imported_inplace_products(project, here: str) -> Tuple[List[CompanionChange], List[str], Optional[str]]:
+def plan_imported_inplace_products(project, here: str,
+                                   code: str = "AMP249") -> Tuple[List[CompanionChange], List[str], Optional[str]]:
     """The training module `here` imports model code with in-place matrix products: each such module
     gets their matrices cast, as a companion of this module's change (one change set). Returns
     (companions, one line per module for this module's report, None), or ([], [], the reason it
@@ -193,7 +194,7 @@ def plan_imported_inplace_products(project, here: str) -> Tuple[List[CompanionCh
             continue  # rewritten already, by the change set of another training file of this run
         companions.append(CompanionChange(
             key=key, display=display, old=source, new=products.module.bytes,
-            findings=[Finding("AMP249", products.describe(), products.rewritten[0][0], 0, Severity.INFO)],
+            findings=[Finding(code, products.describe(), products.rewritten[0][0], 0, Severity.INFO)],
             reason=f"changed with {here}: its in-place matrix products take matrices of their receiver's dtype, so "
                    "that the float16 forward pass of that training step runs",
         ))

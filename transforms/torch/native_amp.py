@@ -115,6 +115,7 @@ NATIVE_RULES = BackendRules(
     blocked_reason="mixed precision would break this file; see the warnings",
     float32_probability_clamp="AMP246",
     inplace_products="AMP249",
+    inplace_products_left="AMP250",
     float32_autograd_function="AMP247",
     float32_gram_matrix="AMP245",
     hazards={
@@ -297,7 +298,7 @@ class TorchNativeAmp(Transform):
 
         # in-place matrix products of the file's own model code: looked for only when its bytes name one
         products = not context.source or any(marker in context.source for marker in INPLACE_MARKERS)
-        return converted_in_shape(module, convert, imports, context, convert_products=products)
+        return converted_in_shape(module, convert, imports, context, "AMP249" if products else "")
 
 
 class NativeConversion(TorchConversion):

@@ -217,22 +217,22 @@ def _backward_of_a_call(value: cst.BaseExpression) -> bool:
 
 def converted_in_shape(
     module: cst.Module, convert: Callable[[cst.Module], TransformResult], imports=None, context=None,
-    convert_products: bool = False,
+    products_code: str = "",
 ) -> TransformResult:
     """Run `convert` on the module, and on its reshaped form where a refused step may convert
     that way (see `_converted_in_shape`); findings always name the lines of `module` as it was.
     With `imports`, a BCE loss after a model's Sigmoid is fused (bce_logits.py) when the BCE
     warning stopped the module and the fused module converts."""
-    if imports is not None and convert_products:
+    if imports is not None and products_code:
         products = products_in_their_receivers_dtype(module)
         if products is not None:
             # in-place matrix products of the file's own model code (a triplet loss's
             # `dist.addmm_(inputs, inputs.t())`) take matrices of their receiver's dtype; the rest
             # converts as it would (the rewrite adds no line)
-            with_products = converted_in_shape(products.module, convert, imports, context)
+            with_products = converted_in_shape(products.module, convert, imports, context, products_code)
             if with_products.verdict is Verdict.CONVERTED:
                 with_products.findings = sorted(
-                    [*with_products.findings, Finding("AMP249", products.describe(), products.rewritten[0][0], 0,
+                    [*with_products.findings, Finding(products_code, products.describe(), products.rewritten[0][0], 0,
                                                       Severity.INFO)],
                     key=lambda f: (f.line, f.column, f.code))
                 return with_products
