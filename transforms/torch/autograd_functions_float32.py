@@ -36,10 +36,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
-from ampify.findings import Finding, Severity
 from ampify.transforms.base import CompanionChange
 from ampify.transforms.kit.positions import Positions
-from ampify.transforms.torch.companion_modules import read_companion
+from ampify.transforms.torch.companion_modules import ModuleRewrite, plan_companion_rewrites
 from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
 
 
@@ -162,23 +161,19 @@ def plan_float32_functions(project, here: str, code: str,
     under autocast: each such module gets them decorated, as companions of this module's change
     (one change set). Returns (companions, one line per module for this module's report, None), or
     ([], [], the reason it cannot be done)."""
-    companions: List[CompanionChange] = []
-    notes: List[str] = []
-    for key, display, names, trains in project.unsafe_autograd_function_modules():
-        read = read_companion(project, key, display, trains, "decorates")
-        if isinstance(read, str):
-            return [], [], read
-        source, module = read
-        functions, refused = float32_functions(module, names, devices)
+    found = project.unsafe_autograd_function_modules()
+    names_of = {key: names for key, _, names, _ in found}
+
+    def rewrite(key: str, display: str, source: bytes, module: cst.Module):
+        functions, refused = float32_functions(module, names_of[key], devices)
         if refused is not None:
-            return [], [], f"in {display}, {refused}"
+            return f"in {display}, {refused}"
         if functions is None:
-            continue  # decorated already, by the change set of another training file of this run
-        companions.append(CompanionChange(
-            key=key, display=display, old=source, new=functions.module.bytes,
-            findings=[Finding(code, functions.describe(), functions.decorated[0][1], 0, Severity.INFO)],
-            reason=f"changed with {here}: its custom autograd Functions run in float32 under autocast, so that the "
-                   "float16 training step of that file runs them as written",
-        ))
-        notes.append(functions.describe(display))
-    return companions, notes, None
+            return None  # decorated already, by the change set of another training file of this run
+        return ModuleRewrite(functions.module, functions.decorated[0][1], functions.describe(),
+                             functions.describe(display))
+
+    return plan_companion_rewrites(
+        project, here, [(key, display, trains) for key, display, _, trains in found], rewrite, code,
+        "its custom autograd Functions run in float32 under autocast, so that the float16 training step of that "
+        "file runs them as written", verb="decorates")

@@ -8,9 +8,13 @@ this run (ampify writes only what the user named), and must read and parse.
 
 from __future__ import annotations
 
-from typing import Tuple, Union
+from dataclasses import dataclass
+from typing import Callable, Iterable, List, Optional, Tuple, Union
 
 import libcst as cst
+
+from ampify.findings import Finding, Severity
+from ampify.transforms.base import CompanionChange
 
 
 def read_companion(project, key: str, display: str, trains: bool,
@@ -30,3 +34,49 @@ def read_companion(project, key: str, display: str, trains: bool,
         return source, cst.parse_module(source)
     except Exception as error:  # noqa: BLE001 - any parser failure is a reason, not a crash
         return f"{display} does not parse ({type(error).__name__})"
+
+
+@dataclass
+class ModuleRewrite:
+    """One companion module rewritten: the new module, where its finding points, the finding's
+    text, and the line the training file's report gives it (naming the module)."""
+
+    module: cst.Module
+    line: int
+    text: str
+    note: str
+    column: int = 0
+
+
+#: rewrite(key, display, source, parsed module): the rewrite; None when there is nothing to rewrite
+#: (done already by the change set of another training file of this run); a str: why it cannot be
+Rewriter = Callable[[str, str, bytes, cst.Module], Union[ModuleRewrite, str, None]]
+
+
+def plan_companion_rewrites(project, here: str, modules: Iterable[Tuple[str, str, bool]], rewrite: Rewriter,
+                            code: str, purpose: str, verb: str = "rewrites"
+                            ) -> Tuple[List[CompanionChange], List[str], Optional[str]]:
+    """The project modules (key, display, trains) the training module `here` imports, each
+    rewritten by `rewrite` as a companion of this module's change (one change set). Returns
+    (companions, one line per module for this module's report, None), or ([], [], the reason
+    it cannot be done: the first module that cannot be read or rewritten). `purpose` ends the
+    companion's own report line: "changed with train.py: <purpose>"."""
+    companions: List[CompanionChange] = []
+    notes: List[str] = []
+    for key, display, trains in modules:
+        read = read_companion(project, key, display, trains, verb)
+        if isinstance(read, str):
+            return [], [], read
+        source, module = read
+        rewritten = rewrite(key, display, source, module)
+        if rewritten is None:
+            continue
+        if isinstance(rewritten, str):
+            return [], [], rewritten
+        companions.append(CompanionChange(
+            key=key, display=display, old=source, new=rewritten.module.bytes,
+            findings=[Finding(code, rewritten.text, rewritten.line, rewritten.column, Severity.INFO)],
+            reason=f"changed with {here}: {purpose}",
+        ))
+        notes.append(rewritten.note)
+    return companions, notes, None

@@ -42,10 +42,9 @@ from typing import List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from ampify.findings import Finding, Severity
 from ampify.transforms.base import CompanionChange
 from ampify.transforms.kit.positions import Positions
-from ampify.transforms.torch.companion_modules import read_companion
+from ampify.transforms.torch.companion_modules import ModuleRewrite, plan_companion_rewrites
 from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line
 from ampify.transforms.torch.torch_import import add_import_torch, module_level_aliases
 
@@ -220,24 +219,18 @@ def plan_float32_grams(project, here: str, code: str) -> Tuple[List[CompanionCha
     module gets them rewritten to float32, as companions of this module's change (one change set).
     Returns (companions, one line per module for this module's report, None), or ([], [], the
     reason it cannot be done)."""
-    companions: List[CompanionChange] = []
-    notes: List[str] = []
-    for key, display, functions, trains in project.gram_matrix_modules():
-        read = read_companion(project, key, display, trains, "rewrites")
-        if isinstance(read, str):
-            return [], [], read
-        source, module = read
-        rewritten, refused = float32_gram_functions(module, functions)
+    found = project.gram_matrix_modules()
+    functions_of = {key: functions for key, _, functions, _ in found}
+
+    def rewrite(key: str, display: str, source: bytes, module: cst.Module):
+        rewritten, refused = float32_gram_functions(module, functions_of[key])
         if refused is not None:
-            return [], [], f"in {display}, {refused}"
+            return f"in {display}, {refused}"
         if rewritten is None:
-            continue
-        line = rewritten.rewritten[0][1]
-        companions.append(CompanionChange(
-            key=key, display=display, old=source, new=rewritten.module.bytes,
-            findings=[Finding(code, rewritten.describe(), line, 0, Severity.INFO)],
-            reason=f"changed with {here}: its Gram matrices are computed in float32, so that the float16 style loss "
-                   "of that training step stays finite",
-        ))
-        notes.append(rewritten.describe(display))
-    return companions, notes, None
+            return None
+        return ModuleRewrite(rewritten.module, rewritten.rewritten[0][1], rewritten.describe(),
+                             rewritten.describe(display))
+
+    return plan_companion_rewrites(
+        project, here, [(key, display, trains) for key, display, _, trains in found], rewrite, code,
+        "its Gram matrices are computed in float32, so that the float16 style loss of that training step stays finite")

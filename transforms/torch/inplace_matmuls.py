@@ -28,11 +28,10 @@ from typing import List, Optional, Tuple
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from ampify.findings import Finding, Severity
 from ampify.transforms.base import CompanionChange
 from ampify.transforms.kit.fast_walk import iter_tree
 from ampify.transforms.kit.imports import dotted_name
-from ampify.transforms.torch.companion_modules import read_companion
+from ampify.transforms.torch.companion_modules import ModuleRewrite, plan_companion_rewrites
 
 #: in-place products autocast does not cast (it casts their out-of-place forms)
 INPLACE_PRODUCTS = frozenset({"addmm_", "addbmm_", "baddbmm_", "addmv_", "addr_"})
@@ -182,21 +181,14 @@ def plan_imported_inplace_products(project, here: str,
     gets their matrices cast, as a companion of this module's change (one change set). Returns
     (companions, one line per module for this module's report, None), or ([], [], the reason it
     cannot be done)."""
-    companions: List[CompanionChange] = []
-    notes: List[str] = []
-    for key, display, trains in project.inplace_product_modules():
-        read = read_companion(project, key, display, trains, "rewrites")
-        if isinstance(read, str):
-            return [], [], read
-        source, module = read
+
+    def rewrite(key: str, display: str, source: bytes, module: cst.Module):
         products = products_in_their_receivers_dtype(module)
         if products is None:
-            continue  # rewritten already, by the change set of another training file of this run
-        companions.append(CompanionChange(
-            key=key, display=display, old=source, new=products.module.bytes,
-            findings=[Finding(code, products.describe(), products.rewritten[0][0], 0, Severity.INFO)],
-            reason=f"changed with {here}: its in-place matrix products take matrices of their receiver's dtype, so "
-                   "that the float16 forward pass of that training step runs",
-        ))
-        notes.append(products.describe(display))
-    return companions, notes, None
+            return None  # rewritten already, by the change set of another training file of this run
+        return ModuleRewrite(products.module, products.rewritten[0][0], products.describe(), products.describe(display))
+
+    return plan_companion_rewrites(
+        project, here, project.inplace_product_modules(), rewrite, code,
+        "its in-place matrix products take matrices of their receiver's dtype, so that the float16 forward pass of "
+        "that training step runs")

@@ -33,13 +33,12 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from ampify.findings import Finding, Severity
 from ampify.transforms.base import CompanionChange
 from ampify.transforms.kit.fast_walk import walk
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.torch import names as names
-from ampify.transforms.torch.companion_modules import read_companion
+from ampify.transforms.torch.companion_modules import ModuleRewrite, plan_companion_rewrites
 from ampify.transforms.torch.training_loop import numeric_value
 
 _SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
@@ -516,26 +515,19 @@ def plan_imported_fill_limits(project, here: str) -> Tuple[List[CompanionChange]
     module gets its fill constants rewritten, as companions of this module's change (one change
     set). Returns (companions, one line per rewrite for this module's report, None), or
     ([], [], the reason it cannot be done)."""
-    companions: List[CompanionChange] = []
-    notes: List[str] = []
-    for key, display, trains in project.float16_overflow_modules():
-        read = read_companion(project, key, display, trains, "rewrites")
-        if isinstance(read, str):
-            return [], [], read
-        source, module = read
+
+    def rewrite(key: str, display: str, source: bytes, module: cst.Module):
         imports = ImportMap.from_module(module)
         limited = float16_safe_fills(module, imports)
         if limited is None and not _has_overflowing_fill(module, imports):
-            continue  # rewritten already, by the change set of another training file of this run
+            return None  # rewritten already, by the change set of another training file of this run
         if limited is None:
-            return [], [], (f"in {display} the filled scores are read by more than a softmax, so ampify cannot tell "
-                            "that a smaller constant changes nothing; use torch.finfo(scores.dtype).min there by hand")
+            return (f"in {display} the filled scores are read by more than a softmax, so ampify cannot tell "
+                    "that a smaller constant changes nothing; use torch.finfo(scores.dtype).min there by hand")
         line, column = limited.rewritten[0][:2]
-        companions.append(CompanionChange(
-            key=key, display=display, old=source, new=limited.module.bytes,
-            findings=[Finding("AMP232", limited.describe(), line, column, Severity.INFO)],
-            reason=f"changed with {here}: its masked_fill constants became the scores' dtype minimum, so that the "
-                   "float16 forward pass of that training step runs",
-        ))
-        notes.append(limited.describe(display))
-    return companions, notes, None
+        return ModuleRewrite(limited.module, line, limited.describe(), limited.describe(display), column)
+
+    return plan_companion_rewrites(
+        project, here, project.float16_overflow_modules(), rewrite, "AMP232",
+        "its masked_fill constants became the scores' dtype minimum, so that the float16 forward pass of that "
+        "training step runs")

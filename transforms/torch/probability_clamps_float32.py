@@ -24,11 +24,10 @@ from typing import List, Optional, Tuple
 
 import libcst as cst
 
-from ampify.findings import Finding, Severity
 from ampify.transforms.base import CompanionChange
 from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.kit.positions import Positions
-from ampify.transforms.torch.companion_modules import read_companion
+from ampify.transforms.torch.companion_modules import ModuleRewrite, plan_companion_rewrites
 from ampify.transforms.torch.probability_clamps import probability_clamps
 
 #: names a clamp is called through as a function, not as a tensor's method (as probability_clamps.py)
@@ -129,25 +128,16 @@ def plan_float32_clamps(project, here: str, code: str,
     them rewritten to clamp float32 copies, as companions of this module's change (one change set).
     Returns (companions, one line per module for this module's report, None), or ([], [], the
     reason it cannot be done)."""
-    companions: List[CompanionChange] = []
-    notes: List[str] = []
-    for key, display, trains in project.probability_clamp_modules(max_eps):
-        read = read_companion(project, key, display, trains, "rewrites")
-        if isinstance(read, str):
-            return [], [], read
-        source, module = read
+    def rewrite(key: str, display: str, source: bytes, module: cst.Module):
         clamps = float32_clamps(module, source, max_eps)
         if clamps is None:
-            continue  # rewritten already, by the change set of another training file of this run
+            return None  # rewritten already, by the change set of another training file of this run
         if clamps.left:
             line, text = clamps.left[0]
-            return [], [], (f"in {display}, the clamp at line {line} ({text}) passes the tensor by keyword, where "
-                            "ampify does not write the float32 copy")
-        companions.append(CompanionChange(
-            key=key, display=display, old=source, new=clamps.module.bytes,
-            findings=[Finding(code, clamps.describe(), clamps.rewritten[0][0], 0, Severity.INFO)],
-            reason=f"changed with {here}: its probability clamps take float32 copies, so that the float16 loss of that "
-                   "training step stays finite",
-        ))
-        notes.append(clamps.describe(display))
-    return companions, notes, None
+            return (f"in {display}, the clamp at line {line} ({text}) passes the tensor by keyword, where "
+                    "ampify does not write the float32 copy")
+        return ModuleRewrite(clamps.module, clamps.rewritten[0][0], clamps.describe(), clamps.describe(display))
+
+    return plan_companion_rewrites(
+        project, here, project.probability_clamp_modules(max_eps), rewrite, code,
+        "its probability clamps take float32 copies, so that the float16 loss of that training step stays finite")
