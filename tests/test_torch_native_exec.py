@@ -240,13 +240,15 @@ def test_a_reshaped_step_computes_what_the_fp32_step_computed(dtype, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("name", ["wgan_gp", "wgan_gp_solver_method", "gail_discriminator", "r1_penalty_unpacked"])
+@pytest.mark.parametrize("name", ["wgan_gp", "wgan_gp_solver_method", "gail_discriminator", "r1_penalty_unpacked",
+                                  "wgan_gp_through_a_regularizer"])
 def test_a_scaled_gradient_penalty_equals_the_fp32_penalty(name, dtype, tmp_path):
     """The penalty of the converted WGAN-GP critic step (gradients of scaler.scale(outputs),
     divided by the scale) equals the fp32 penalty within the reduced dtype's tolerance: the loss
     scale is divided out exactly, not left in (65536x) nor lost to float16 underflow. The penalty
-    sits in a module-level helper (wgan_gp) or in a method of the trainer (StarGAN's Solver, GAIL's
-    Discriminator)."""
+    sits in a module-level helper (wgan_gp), in a method of the trainer (StarGAN's Solver, GAIL's
+    Discriminator), or in a helper one call away from the step (GAN_stability's wgan_gp_reg()
+    calling compute_grad2())."""
     fp32 = run_script(str(script_path(name))).script_globals["PENALTIES"]
     mixed = run_script(str(_convert(name, dtype, tmp_path))).script_globals["PENALTIES"]
     assert len(mixed) == len(fp32) == 3

@@ -30,7 +30,14 @@ from ampify.transforms.torch.apex_setup import ApexSetup, ApexSetupFinder, index
 from ampify.transforms.torch.apex_wrap_hoist import plan_hoist
 from ampify.transforms.torch.driver import BackendRules, HazardRule, TorchConversion, short_text
 from ampify.transforms.torch.edits import StatementEdits, apply_edits
-from ampify.transforms.torch.gradient_penalty import PenaltySite, penalty_of_another_module, penalty_sites, sites_of_unit
+from ampify.transforms.torch.gradient_penalty import (
+    PenaltySite,
+    penalty_of_another_module,
+    penalty_sites,
+    sites_of_unit,
+    unreached_penalties,
+    where_penalty,
+)
 from ampify.transforms.torch.float32_losses import float32_only_loss_calls
 from ampify.transforms.torch.manual_updates import gradients_reduced_by_hand, manual_update_beside_steps
 from ampify.transforms.torch.loss_objects import (
@@ -340,7 +347,7 @@ class ApexConversion(TorchConversion):
                 key: site for key, site in penalty_sites(self.s, self.s.fresh_name("scaler", "grad_scaler")).items()
                 if not isinstance(site.outputs.value, (cst.List, cst.Tuple))
             }
-        return set(self.penalties)
+        return set(self.penalties) - unreached_penalties(self.s, self.penalties, None)
 
     def loss_object_limit(self) -> str:
         return ("ampify converts such a step only when it fills the object through a method of that class "
@@ -801,7 +808,7 @@ class ApexConversion(TorchConversion):
             if scale is None:
                 continue
             self.penalties_written[id(site.call)] = loss_id
-            where = f" in {site.helper.name.value}()" if site.helper is not None else ""
+            where = where_penalty(self.s, unit, site, None)
             self.info(
                 "AMP328",
                 f"gradient penalty{where}: torch.autograd.grad now differentiates the outputs times {scale} (in float32), "

@@ -25,7 +25,7 @@ from typing import List, Optional, Set
 import libcst as cst
 
 from ampify.transforms.torch import statements as statements
-from ampify.transforms.torch.gradient_penalty import PenaltySite
+from ampify.transforms.torch.gradient_penalty import PenaltySite, bridges_of_unit
 from ampify.transforms.torch.training_loop import BackwardCall, TrainingStructure, TrainingUnit, Unconvertible
 
 
@@ -34,7 +34,8 @@ def loss_index_of_penalty(s: TrainingStructure, unit: TrainingUnit, losses: List
     """The index (apex's loss_id) of the unit's loss the penalty is added to."""
     if len(losses) == 1:
         return 0
-    where = [site.statement] if site.helper is None else [c for c in site.helper_calls if s.contains(unit.owner, c)]
+    where = [site.statement] if site.helper is None else [c for c in site.helper_calls if s.contains(unit.owner, c)] + [
+        c for bridge in bridges_of_unit(s, unit, site, None) or [] for c in bridge.calls]
     found = [index for index, backward in enumerate(losses)
              if any(s.contains(statement, node) for statement in _statements_feeding(s, unit, backward) for node in where)]
     if len(found) != 1:

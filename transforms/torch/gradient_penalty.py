@@ -16,7 +16,7 @@ any caller that does not pass one) and the step passes its scaler. Anything else
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -135,16 +135,99 @@ def _is_a_unit_scope(s: TrainingStructure, scope) -> bool:
     return any(unit.scope is scope for unit in s.units)
 
 
-def sites_of_unit(s: TrainingStructure, unit: TrainingUnit, sites: Dict[int, PenaltySite]) -> List[PenaltySite]:
-    """The penalties this unit computes: in its own body, or through helper calls in it."""
+@dataclass
+class Bridge:
+    """A helper's call one function away from the step: inside `function` (a method of the step's
+    class, or a module-level function of the file), which the step calls directly (`calls`).
+    GAN_stability's `wgan_gp_reg()` calling `compute_grad2(d_out, x_interp)`."""
+
+    call: cst.Call
+    function: cst.FunctionDef
+    calls: List[cst.Call]
+
+
+def bridges_of_unit(s: TrainingStructure, unit: TrainingUnit, site: PenaltySite,
+                    parameter: Optional[str]) -> Optional[List[Bridge]]:
+    """The helper's calls that run in the unit's iteration one call away from it, each with the
+    function holding it and the unit's calls of that function; None when a call the iteration
+    reaches (through any chain of the file's functions) cannot be followed that way: deeper, or
+    in a function that cannot take `parameter` (None: no parameter needed, apex)."""
+    if site.helper is None:
+        return []
+    reached = functions_reached(s, unit)
+    bridges: List[Bridge] = []
+    for call in site.helper_calls:
+        if s.contains(unit.owner, call):
+            continue
+        function = s.scope_of(call)
+        if not isinstance(function, cst.FunctionDef) or id(function) not in reached:
+            continue
+        klass = s.class_of(function)
+        if _decorated(function) or len(s.enclosing_scopes(function)) != 2:
+            return None
+        calls, other_uses = method_calls(s, function, klass) if klass is not None else _function_calls(s, function)
+        from_unit = [c for c in calls if s.contains(unit.owner, c)]
+        if not from_unit or other_uses:
+            return None
+        if parameter is not None and (parameter in {p.name.value for p in statements.all_params(function)}
+                                      or function.params.star_kwarg is not None):
+            return None
+        bridges.append(Bridge(call, function, from_unit))
+    return bridges
+
+
+def functions_reached(s: TrainingStructure, unit: TrainingUnit) -> Set[int]:
+    """Ids of the functions of the file the unit's iteration runs by name, through any chain of
+    calls: module-level functions (`f(...)`) and methods of the unit's class (`self.m(...)`)."""
+    functions = {st.name.value: st for st in s.module.body if isinstance(st, cst.FunctionDef)}
+    methods = {} if unit.klass is None else {
+        st.name.value: st for st in unit.klass.body.body if isinstance(st, cst.FunctionDef)}
+    reached: Set[int] = set()
+    pending: List[cst.CSTNode] = [unit.owner]
+    while pending:
+        node = pending.pop()
+        for call in statements.calls_within(node):
+            name = dotted_name(call.func) or ""
+            target = methods.get(name[len("self."):]) if name.startswith("self.") else functions.get(name)
+            if target is not None and id(target) not in reached:
+                reached.add(id(target))
+                pending.append(target)
+    return reached
+
+
+def _function_calls(s: TrainingStructure, function: cst.FunctionDef):
+    from ampify.transforms.torch.scaler_placement import _calls_of_function
+
+    return _calls_of_function(s, function)
+
+
+def sites_of_unit(s: TrainingStructure, unit: TrainingUnit, sites: Dict[int, PenaltySite],
+                  parameter: Optional[str] = None) -> List[PenaltySite]:
+    """The penalties this unit computes: in its own body, through helper calls in it, or through
+    helper calls one function away (bridges_of_unit)."""
     found = []
     for site in sites.values():
         if site.helper is None:
             if s.contains(unit.owner, site.statement):
                 found.append(site)
-        elif any(s.contains(unit.owner, call) for call in site.helper_calls):
+        elif any(s.contains(unit.owner, call) for call in site.helper_calls) or bridges_of_unit(s, unit, site, parameter):
             found.append(site)
     return found
+
+
+def where_penalty(s: TrainingStructure, unit: TrainingUnit, site: PenaltySite, parameter: Optional[str]) -> str:
+    """" in compute_grad2() (called in wgan_gp_reg())" for a message; "" for a penalty in the step."""
+    if site.helper is None:
+        return ""
+    through = sorted({bridge.function.name.value + "()" for bridge in bridges_of_unit(s, unit, site, parameter) or []})
+    return f" in {site.helper.name.value}()" + (f" (called in {', '.join(through)})" if through else "")
+
+
+def unreached_penalties(s: TrainingStructure, sites: Dict[int, PenaltySite], parameter: Optional[str]) -> Set[int]:
+    """Ids of the sites a training unit runs through a chain ampify cannot thread the scaler
+    through (bridges_of_unit None): they stay hazards (AMP212 / AMP312), not claimed as scaled."""
+    return {key for key, site in sites.items()
+            if any(bridges_of_unit(s, unit, site, parameter) is None for unit in s.units)}
 
 
 def write_penalty(edits, site: PenaltySite, unit: TrainingUnit, s: TrainingStructure, reference: str,
@@ -162,6 +245,14 @@ def write_penalty(edits, site: PenaltySite, unit: TrainingUnit, s: TrainingStruc
         edits.add_parameter(site.helper, scaler_name, default="None")
         for call in site.helper_calls:
             if s.contains(unit.owner, call):
+                edits.add_keyword(call, scaler_name, reference)
+        for bridge in (bridges_of_unit(s, unit, site, scaler_name) or []) if unit is not None else []:
+            if reference.startswith("self.") and unit.klass is not None and s.class_of(bridge.function) is unit.klass:
+                edits.add_keyword(bridge.call, scaler_name, reference)  # the step's own scaler, reached through self
+                continue
+            edits.add_parameter(bridge.function, scaler_name, default="None")
+            edits.add_keyword(bridge.call, scaler_name, scaler_name)
+            for call in bridge.calls:
                 edits.add_keyword(call, scaler_name, reference)
     arguments = [a.with_changes(value=scaled) if a is site.outputs else a for a in site.call.args]
     edits.replace_call(site.call, site.call.with_changes(args=arguments))

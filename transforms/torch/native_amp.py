@@ -44,6 +44,8 @@ from ampify.transforms.torch.gradient_penalty import (
     penalty_of_another_module,
     penalty_sites,
     sites_of_unit,
+    unreached_penalties,
+    where_penalty,
     write_penalty,
 )
 from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, unknown_step_after_backward, pair_helper_backwards
@@ -375,7 +377,9 @@ class NativeConversion(TorchConversion):
         if self.penalties is None:
             self.penalties = penalty_sites(self.structure, self.structure.fresh_name("scaler", "grad_scaler", "amp_scaler"),
                                            kinds=(HazardKind.CREATE_GRAPH, HazardKind.AUTOGRAD_GRAD))
-        return set(self.penalties) | {id(wrap.node) for wrap in self._fsdp_wraps()}
+        parameter = self.structure.fresh_name("scaler", "grad_scaler", "amp_scaler")
+        threaded = set(self.penalties) - unreached_penalties(self.structure, self.penalties, parameter)
+        return threaded | {id(wrap.node) for wrap in self._fsdp_wraps()}
 
     def _fsdp_wraps(self):
         """FullyShardedDataParallel wraps of this file (FSDP1): its GradScalers must be ShardedGradScaler."""
@@ -668,9 +672,9 @@ class NativeConversion(TorchConversion):
             self.info("AMP230", f"gradient penalty {statements.code_of(call.func)}() of {change.display} (line {line}) "
                                 f"gets scaler={reference}: it scales the outputs it differentiates and unscales the "
                                 "gradients there (written together with this file, as one change set)", call)
-        for site in sites_of_unit(s, unit, self.penalties or {}):
+        for site in sites_of_unit(s, unit, self.penalties or {}, self.scaler_name):
             write_penalty(self.edits, site, unit, s, reference, self.scaler_name, self.module.config_for_parsing.default_indent)
-            where = f" in {site.helper.name.value}()" if site.helper is not None else ""
+            where = where_penalty(s, unit, site, self.scaler_name)
             self.info(
                 "AMP230",
                 f"{'gradient penalty' if site.penalty else 'gradients of a loss of the step'}{where}: "
