@@ -22,6 +22,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tup
 
 from ampify.transforms.kit.ast_names import ast_dotted as _dotted
 from ampify.transforms.tf1.names import is_tf1_optimizer_class
+from ampify.transforms.torch.bce_imported import BCE_MARKERS, bce_lines
 from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line, torch_names
 from ampify.transforms.torch.inherited_optimizers import InheritedAttribute, class_named, inherited_attribute
 from ampify.transforms.torch.inplace_matmuls import MARKERS as INPLACE_MARKERS, inplace_product_lines
@@ -174,6 +175,9 @@ class ModuleOutline:
     #: lines of in-place matrix products (`dist.addmm_(inputs, inputs.t())`) in forward() methods of
     #: its classes, which raise under autocast on a float32 receiver (torch/inplace_matmuls.py)
     inplace_products: List[int] = field(default_factory=list)
+    #: (line, "F.binary_cross_entropy", (class, method) or (function,)) of the BCE losses on
+    #: probabilities its functions and methods compute, which autocast refuses (torch/bce_imported.py)
+    bce_calls: List[Tuple[int, str, Tuple[str, ...]]] = field(default_factory=list)
     #: module-level class -> its methods decorated `@torch.no_grad()` (or `inference_mode`):
     #: what they return carries no gradient (stylegan2's `AdaptiveAugment.tune`)
     no_grad_methods: Dict[str, FrozenSet[str]] = field(default_factory=dict)
@@ -788,6 +792,8 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
         outline.float16_overflows = _model_code_overflows(tree)
     if any(marker in data for marker in INPLACE_MARKERS):
         outline.inplace_products = inplace_product_lines(tree)
+    if any(marker in data for marker in BCE_MARKERS):
+        outline.bce_calls = bce_lines(tree)
     if b"Function" in data:
         outline.unsafe_autograd_functions = unsafe_autograd_functions(tree)
         outline.gradient_dropping_functions = gradient_dropping_functions(tree)
@@ -1578,6 +1584,32 @@ class ProjectView:
         """(key, display, trains) of the project modules this module imports whose model code runs
         an in-place matrix product (torch/inplace_matmuls.py)."""
         return self._imported_modules_with(lambda outline: outline.inplace_products)
+
+    def bce_modules(self, called: Set[str]) -> List[Tuple[str, str, bool]]:
+        """(key, display, trains) of the project modules this module imports whose functions or
+        methods compute a BCE on probabilities (torch/bce_imported.py), where this module may run
+        it: imported directly, or holding it in a function, class or method `called` names."""
+        return [(str(path), self.where(path, 0).rsplit(":", 1)[0], outline.trains)
+                for path, outline in self._bce_outlines(called)]
+
+    def bce_imported(self, called: Set[str]) -> List[Tuple[str, Tuple[str, ...]]]:
+        """("networks.py:65 F.binary_cross_entropy in Discriminator.calc_dis_loss()", its owners'
+        names) for each BCE on probabilities of bce_modules(called)."""
+        return [(f"{self.where(path, line)} {name} in {'.'.join(owners)}()", owners)
+                for path, outline in self._bce_outlines(called) for line, name, owners in outline.bce_calls]
+
+    def _bce_outlines(self, called: Set[str]) -> List[Tuple[Path, ModuleOutline]]:
+        own = self.path.resolve()
+        outline = self.index.outline(own)
+        direct = set(self.index.import_targets(own, outline, tuple(self.index.search_roots(own)))) if outline else set()
+        found = []
+        for path in self.index.imported_closure(self.path):
+            imported = self.index.outline(path)
+            if imported is None or path == own or not imported.bce_calls:
+                continue
+            if path in direct or any(called & set(owners) for _, _, owners in imported.bce_calls):
+                found.append((path, imported))
+        return found
 
     def float16_overflow_modules(self) -> List[Tuple[str, str, bool]]:
         """(key, display, trains) of the project modules this module imports whose model code

@@ -401,6 +401,19 @@ RULES: List[Rule] = [
          "of the run; the file is converted, and if its step runs that code, the product raises on the first "
          "float16 batch until that module is converted too.",
          "from losses import TripletLoss  # losses.py not named: ampify train.py losses.py", MANUAL, incomplete=True),
+    Rule("AMP251", "info", "a BCE of a sigmoid in the code the training file imports now takes the logits (`binary_cross_entropy_with_logits`)",
+         "CUDA autocast refuses `F.binary_cross_entropy` / `nn.BCELoss`, wherever the step runs them: MUNIT's "
+         "discriminator computes its own loss in networks.py. BCE with logits of the sigmoid's input is the same loss, "
+         "computed stably. Done in a module the training file imports when every BCE there takes a sigmoid it applies "
+         "itself (inline, or through names read once), written with the training file as one change set; otherwise "
+         "AMP252.",
+         "loss = F.binary_cross_entropy(F.sigmoid(out0), all0)\n"
+         "  -> loss = F.binary_cross_entropy_with_logits(out0, all0)", REVIEW),
+    Rule("AMP252", "warning", "the code this file imports computes BCE on probabilities, which autocast refuses, and ampify could not fuse it there: left as it is",
+         "The file is converted, and if its step runs that loss, it raises on the first batch. Said when the BCE "
+         "does not take a sigmoid the module applies itself, when that module is not in this run, or trains itself.",
+         "from losses import BCEDiceLoss  # F.binary_cross_entropy(probabilities, target) there", MANUAL,
+         incomplete=True),
     Rule("AMP232", "info", "`masked_fill(mask, -1e9)` before a softmax: the constant is now `torch.finfo(scores.dtype).min`",
          "-1e9 overflows float16, and masked_fill raises once the scores are float16 (autocast, apex O1). The scores' own "
          "minimum gives the same softmax in float32. Done only when the filled scores are read by a softmax alone; "
@@ -550,6 +563,13 @@ RULES: List[Rule] = [
          "As AMP250: the file is converted, and if its step runs that code, the product raises on the first float16 "
          "batch until that module is converted too.",
          "from losses import TripletLoss  # losses.py not named: ampify --backend apex train.py losses.py", MANUAL,
+         incomplete=True),
+    Rule("AMP342", "info", "apex: a BCE of a sigmoid in the code the training file imports now takes the logits (`binary_cross_entropy_with_logits`)",
+         "As AMP251: apex O1 refuses `F.binary_cross_entropy` too (it asks for the logits form).",
+         "loss = F.binary_cross_entropy(F.sigmoid(out0), all0)\n"
+         "  -> loss = F.binary_cross_entropy_with_logits(out0, all0)", REVIEW),
+    Rule("AMP343", "warning", "apex: the code this file imports computes BCE on probabilities, which O1 refuses, and ampify could not fuse it there: left as it is",
+         "As AMP252.", "from losses import BCEDiceLoss  # F.binary_cross_entropy(probabilities, target) there", MANUAL,
          incomplete=True),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",

@@ -1093,3 +1093,74 @@ def test_an_inplace_product_in_a_module_outside_the_run_is_said_and_leaves_the_c
     assert "losses/hard_mine_triplet_loss.py is not in this run" in warning["message"]
     assert (tree / "losses" / "hard_mine_triplet_loss.py").read_bytes() == \
         (case / "input" / "losses" / "hard_mine_triplet_loss.py").read_bytes()
+
+
+_GAN_LOSSES_PROBE = """
+import json, runpy, sys
+import torch
+dtypes = []
+original_linear = torch.nn.functional.linear
+def recording_linear(*args, **kwargs):
+    out = original_linear(*args, **kwargs)
+    dtypes.append(str(out.dtype))
+    return out
+torch.nn.functional.linear = recording_linear
+sys.path.insert(0, ".")
+found = runpy.run_path("train.py", run_name="not_main")
+print(json.dumps({"losses": found["LOSSES"], "dtypes": sorted(set(dtypes))}))
+"""
+
+
+def _gan_losses(tree: Path) -> dict:
+    completed = subprocess.run([sys.executable, "-c", _GAN_LOSSES_PROBE], cwd=tree, capture_output=True, text=True,
+                               timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def test_a_bce_of_a_sigmoid_in_the_discriminator_module_fused_computes_the_fp32_losses_then_trains(tmp_path):
+    """MUNIT's layout: the discriminator of networks.py computes its own BCE of a sigmoid, which CUDA
+    autocast refuses. Its companion rewrite (BCE with logits, no sigmoid) trains the fp32 project as
+    the original does, to 1e-6; the converted project (the golden's expected tree) runs its forward
+    passes in float16 under CPU autocast with finite losses, and no BCE on probabilities is left."""
+    pytest.importorskip("torch")
+    case = ROOT / "fixtures" / "repositories" / "bce_of_a_sigmoid_in_the_discriminator_module"
+    original = tmp_path / "original"
+    shutil.copytree(case / "input", original)
+    fused_only = tmp_path / "fused"
+    shutil.copytree(case / "input", fused_only)
+    shutil.copy(case / "expected" / "networks.py", fused_only / "networks.py")
+    networks = (fused_only / "networks.py").read_text()
+    assert "binary_cross_entropy(" not in networks and networks.count("binary_cross_entropy_with_logits(") == 3
+    expected, same = _gan_losses(original), _gan_losses(fused_only)
+    reference = [value for pair in expected["losses"] for value in pair]
+    assert len(same["losses"]) == 3 and [value for pair in same["losses"] for value in pair] == \
+        pytest.approx(reference, abs=1e-6)
+    assert expected["dtypes"] == same["dtypes"] == ["torch.float32"]
+    converted = tmp_path / "converted"
+    shutil.copytree(case / "expected", converted)
+    mixed = _gan_losses(converted)
+    assert "torch.float16" in mixed["dtypes"], mixed["dtypes"]
+    flat = [value for pair in mixed["losses"] for value in pair]
+    assert len(flat) == 6 and all(math.isfinite(value) for value in flat), flat
+    assert flat == pytest.approx(reference, rel=5e-2, abs=5e-3)
+
+
+def test_two_loss_classes_binding_the_same_criterion_name_are_fused_apart_and_train(tmp_path):
+    """Tramac's loss module: EncNetLoss applies self.bceloss to a sigmoid, OhemLoss builds its own
+    self.bceloss and never calls it. Each class's name is its own: the first is fused (BCE with
+    logits of the SE head), the second left as it is (no BCE runs); the converted project trains in
+    float16 under CPU autocast with the fp32 project's losses, to float16 precision."""
+    pytest.importorskip("torch")
+    case = ROOT / "fixtures" / "repositories" / "bce_criteria_of_two_loss_classes"
+    loss_module = (case / "expected" / "core" / "loss.py").read_text()
+    assert loss_module.count("nn.BCEWithLogitsLoss(weight)") == 1 and loss_module.count("nn.BCELoss(weight)") == 1
+    results = {}
+    for side in ("input", "expected"):
+        tree = tmp_path / side
+        shutil.copytree(case / side, tree)
+        results[side] = _gan_losses(tree)
+    original, converted = results["input"], results["expected"]
+    assert original["dtypes"] == ["torch.float32"] and "torch.float16" in converted["dtypes"]
+    assert len(converted["losses"]) == 3
+    assert converted["losses"] == pytest.approx(original["losses"], rel=1e-2, abs=1e-2)

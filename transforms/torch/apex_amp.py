@@ -98,6 +98,8 @@ APEX_RULES = BackendRules(
     float32_probability_clamp="AMP339",
     inplace_products="AMP340",
     inplace_products_left="AMP341",
+    imported_bce="AMP342",
+    imported_bce_left="AMP343",
     hazards={
         HazardKind.BCE: HazardRule(
             "AMP310",

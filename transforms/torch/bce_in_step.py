@@ -31,6 +31,8 @@ _SIGMOIDS = ("torch.sigmoid", "torch.nn.functional.sigmoid")
 _SHAPE_METHODS = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous"}
 #: reads of a tensor that a sigmoid does not change
 _SHAPE_READS = {"size", "shape", "dim", "ndim", "numel", "device"}
+#: factories that read only a tensor's shape, dtype and device
+_LIKE_FACTORIES = {f"torch.{name}_like" for name in ("ones", "zeros", "full", "empty", "rand", "randn")}
 _BCE_CLASS = "torch.nn.BCELoss"
 _BCE_FUNCTION = "torch.nn.functional.binary_cross_entropy"
 
@@ -73,9 +75,9 @@ class _Fuser:
             if not isinstance(construction.func, cst.Attribute):
                 raise _NotFollowed  # `BCELoss()` imported by name: its logits twin would need an import
             uses = [n for n in nodes if isinstance(n, (cst.Name, cst.Attribute)) and dotted_name(n) == target
-                    and not self._is_binding_target(n)]
+                    and not self._is_binding_target(n) and self._same_owner(n, construction, target)]
             if not uses:
-                raise _NotFollowed
+                continue  # built and never called: no BCE runs, the construction stays as it is
             for use in uses:
                 call = self.parents.get(use)
                 if not isinstance(call, cst.Call) or call.func is not use:
@@ -90,6 +92,8 @@ class _Fuser:
             self._follow_input(call)
             self.replacements[id(call.func)] = call.func.with_changes(attr=cst.Name("binary_cross_entropy_with_logits"))
             criterion_line = criterion_line or self.positions[call].start.line
+        if not self.sigmoid_lines:
+            return None  # every BCE criterion is built and never called
         fused = self.module.visit(_Replace(self.replacements))
         first = min(self.sigmoid_lines)
         description = (
@@ -100,7 +104,7 @@ class _Fuser:
 
     def _criteria(self, nodes) -> List[Tuple[str, cst.Call]]:
         """(name, construction) for every `criterion = nn.BCELoss(...)` (`self.criterion = ...`),
-        each name bound exactly once in the module."""
+        each name bound exactly once in the module (a `self.` name once in its class)."""
         found = []
         for node in nodes:
             if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Call):
@@ -113,15 +117,28 @@ class _Fuser:
             if target is None:
                 raise _NotFollowed
             found.append((target, node.value))
-        names = [target for target, _ in found]
-        if len(set(names)) != len(names):
+        owners = [(self._owner(construction, target), target) for target, construction in found]
+        if len(set(owners)) != len(owners):
             raise _NotFollowed
-        for target in names:
+        for target, construction in found:
             bindings = [n for n in nodes if isinstance(n, (cst.Name, cst.Attribute)) and dotted_name(n) == target
-                        and self._is_binding_target(n)]
+                        and self._is_binding_target(n) and self._same_owner(n, construction, target)]
             if len(bindings) != 1:
                 raise _NotFollowed
         return found
+
+    def _owner(self, node: cst.CSTNode, target: str) -> Optional[int]:
+        """Where a criterion name lives: `self.bceloss` in its class (two loss classes of a module
+        may each have one), any other name in the module."""
+        if not target.startswith("self."):
+            return None
+        current = self.parents.get(node)
+        while current is not None and not isinstance(current, cst.ClassDef):
+            current = self.parents.get(current)
+        return id(current) if current is not None else None
+
+    def _same_owner(self, node: cst.CSTNode, construction: cst.CSTNode, target: str) -> bool:
+        return self._owner(node, target) == self._owner(construction, target)
 
     def _is_binding_target(self, node: cst.CSTNode) -> bool:
         parent = self.parents.get(node)
@@ -181,9 +198,14 @@ class _Fuser:
         return None
 
     def _reads_shape_only(self, node: cst.Name) -> bool:
-        """`probs.size(0)`, `probs.shape`: the same for the logits (the sigmoid is elementwise)."""
+        """`probs.size(0)`, `probs.shape`, `torch.ones_like(probs)`: the same for the logits (the
+        sigmoid is elementwise, and keeps the dtype and device)."""
         parent = self.parents.get(node)
-        return isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in _SHAPE_READS
+        if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in _SHAPE_READS:
+            return True
+        call = self.parents.get(parent) if isinstance(parent, cst.Arg) and parent.value is node else None
+        return (isinstance(call, cst.Call) and call.args and call.args[0] is parent and parent.keyword is None
+                and self.imports.resolve(call.func) in _LIKE_FACTORIES)
 
     def _binds_otherwise(self, node: cst.Name) -> bool:
         """A for/with/comprehension target, a walrus, a tuple unpacking, an import: a binding

@@ -49,6 +49,7 @@ from ampify.transforms.torch.autograd_functions_float32 import autocast_devices,
 from ampify.transforms.torch.gram_matrix_float32 import plan_float32_grams
 from ampify.transforms.torch.probability_clamps_float32 import plan_float32_clamps
 from ampify.transforms.torch.inplace_matmuls import plan_imported_inplace_products
+from ampify.transforms.torch.bce_imported import plan_imported_bce
 from ampify.transforms.torch.masked_fill_limits import plan_imported_fill_limits
 from ampify.transforms.torch.statements import short_text
 from ampify.transforms.torch.wrapper_steps import steps_of_wrapper_methods
@@ -61,6 +62,7 @@ from ampify.transforms.torch.training_loop import (
     TrainingUnit,
     Unconvertible,
     describe_mixed_precision_use,
+    names_called_in,
     receiver_of,
     training_without_torch_import,
     units_outside_mixed_precision,
@@ -116,6 +118,10 @@ class BackendRules:
     inplace_products: str = ""
     #: the code saying such a module could not be rewritten (the conversion is incomplete)
     inplace_products_left: str = ""
+    #: the code reporting BCEs of a sigmoid in another module fused to BCE with logits
+    #: (bce_imported.py), and the code saying they could not be (the conversion is incomplete)
+    imported_bce: str = ""
+    imported_bce_left: str = ""
 
 
 _NO_TORCH_IMPORT = (
@@ -500,8 +506,46 @@ class TorchConversion(abc.ABC):
         clamps = self._report_probability_clamps(has_training)
         logs = self._report_imported_logs_of_sigmoid(has_training)
         products = self._report_imported_inplace_products(has_training)
+        bce = self._report_imported_bce(has_training)
         return self._report_unsafe_autograd_functions(has_training) or self._report_imported_overflows(has_training) \
-            or dropped or grams or clamps or logs or products or blocked
+            or dropped or grams or clamps or logs or products or bce or blocked
+
+    def _report_imported_bce(self, has_training: bool) -> bool:
+        """A BCE on probabilities in the code this file imports (MUNIT's discriminator computing its
+        own `F.binary_cross_entropy(F.sigmoid(out), target)` in networks.py) raises once the step
+        runs under autocast: fused there to BCE with logits, in this file's change set
+        (bce_imported.py), in the modules it imports directly or whose function, class or method
+        holding the BCE it calls by name. When it cannot be: blocked (True) when this file calls
+        that name; else the conversion says so and is incomplete (the module may be imported and
+        that loss never run by this step)."""
+        code = self.rules.imported_bce
+        if not has_training or not code or self.project is None:
+            return False
+        called = names_called_in(self.structure.module)
+        if not self.project.bce_modules(called):
+            return False
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        companions, notes, refused = plan_imported_bce(self.project, self.display, code, called)
+        if refused is None:
+            self.companions.extend(companions)
+            self.companion_notes += [(code, note + "; written together with this file, as one change set", node)
+                                     for note in notes]
+            return False
+        found = self.project.bce_imported(called)
+        run = [where for where, owners in found if called & set(owners)]
+        shown = ", ".join((run or [where for where, _ in found])[:3])
+        shown += f" and {len(run or found) - 3} more" if len(run or found) > 3 else ""
+        if run:
+            self.warn(self.rules.hazards[HazardKind.BCE].code,
+                      f"this file calls code of another module that computes BCE on probabilities ({shown}), which "
+                      f"raises under autocast; ampify did not fuse it with its sigmoid there: {refused}; the training "
+                      "steps of this file were left unconverted: compute it with binary_cross_entropy_with_logits on "
+                      "the logits there, then rerun ampify", node)
+            return True
+        self.warn(self.rules.imported_bce_left, f"the code this file imports computes BCE on probabilities ({shown}), "
+                  "which raises under autocast if this step runs it; ampify did not fuse it with its sigmoid there: "
+                  f"{refused}", node)
+        return False
 
     def _report_imported_inplace_products(self, has_training: bool) -> bool:
         """In-place matrix products in the model code of a project module this file imports

@@ -1635,7 +1635,7 @@ def units_outside_mixed_precision(structure: TrainingStructure) -> List[Tuple[Tr
             return []  # loss scaling, or FSDP's policy: the model trains in mixed precision wherever it runs
     outside: List[Tuple[TrainingUnit, cst.CSTNode]] = []
     for unit in structure.units:
-        called = _names_called_in(unit.owner)
+        called = names_called_in(unit.owner)
         covered = False
         for use in uses:
             scope = structure.scope_of(use)
@@ -1657,7 +1657,7 @@ def units_outside_mixed_precision(structure: TrainingStructure) -> List[Tuple[Tr
     return outside
 
 
-def _names_called_in(node: cst.CSTNode) -> Set[str]:
+def names_called_in(node: cst.CSTNode) -> Set[str]:
     """Function names called inside node: `f(...)`, `self.f(...)`, `obj.f(...)`."""
     found: Set[str] = set()
     for call in calls_within(node):
