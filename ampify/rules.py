@@ -168,6 +168,11 @@ RULES: List[Rule] = [
          "where the graph rewrite wraps it; optimize_loss then computes unscaled gradients with the wrapper "
          "(its clipping and summaries see true values) and applies them through it.",
          'train_op = tf.contrib.layers.optimize_loss(loss, step, lr, optimizer="Adam")', SAFE),
+    Rule("AMP127", "warning", "a `tf.train.Saver` checkpoint written before the conversion does not restore into the converted graph",
+         "The wrapped optimizer adds the loss scale's variables (current_loss_scale, good_steps) and moves Adam's beta "
+         "powers under a cond scope, so `saver.restore(sess, old_checkpoint)` raises NotFoundError; the converted "
+         "script's own checkpoints restore. Said where the file restores a Saver checkpoint; the conversion is whole.",
+         "saver = tf.train.Saver()\nsaver.restore(sess, ckpt)  # written by the float32 script", MANUAL),
     Rule("AMP200", "error", "error: internal error in the PyTorch native transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP200 internal error in the torch-native-amp transform (RecursionError: ...); this file is left unchanged", MANUAL),

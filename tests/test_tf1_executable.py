@@ -704,3 +704,23 @@ def test_optimize_loss_given_an_optimizer_name_trains_with_the_wrapped_optimizer
     _assert_trains(mixed)
     _assert_trains(fp32)
     assert mixed == pytest.approx(fp32, rel=2e-2, abs=2e-2), (mixed, fp32)
+
+
+def test_a_checkpoint_of_the_float32_script_does_not_restore_into_the_converted_graph_as_amp127_says(tmp_path):
+    """AMP127's claim, checked: the float32 script's checkpoint fails to restore into the converted
+    graph (the loss scale's variables are missing from it), while the converted script resumes from
+    a checkpoint it wrote itself."""
+    original = FIXTURES / "saver_restore_of_an_old_checkpoint.in.py"
+    converted = tmp_path / "converted.py"
+    converted.write_text(convert_source(original.read_text(), filename="train.py").converted)
+
+    def run(script, checkpoint, *mode):
+        return subprocess.run([sys.executable, str(script), str(checkpoint), *mode], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+    assert run(original, tmp_path / "fp32.ckpt").returncode == 0
+    failed = run(converted, tmp_path / "fp32.ckpt", "resume")
+    assert failed.returncode != 0 and "NotFoundError" in failed.stderr and "not found in checkpoint" in failed.stderr
+    assert run(converted, tmp_path / "mixed.ckpt").returncode == 0
+    resumed = run(converted, tmp_path / "mixed.ckpt", "resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]

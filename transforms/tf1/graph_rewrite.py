@@ -22,7 +22,7 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.tf1 import screen as tf1_screen
 from ampify.transforms.base import Transform, TransformResult, UnitContext, Verdict
-from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.fast_walk import iter_tree, walk
 from ampify.transforms.kit.calls import calls_within
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.parsed_modules import parsed_module
@@ -436,6 +436,7 @@ class _GraphRewrite:
                                          line, 0, Severity.INFO))
         self._report_eager_execution()
         self._report_cpu_pinned_graph(to_wrap)
+        self._report_checkpoint_restores()
         wrapped = len(to_wrap)
         return TransformResult(
             new_module,
@@ -639,6 +640,30 @@ class _GraphRewrite:
                 position.column,
             )
         )
+
+    def _report_checkpoint_restores(self) -> None:
+        """`saver.restore(sess, path)` of a `tf.train.Saver()`: the wrapped optimizer adds the loss
+        scale's variables (current_loss_scale, good_steps) and moves Adam's beta powers under a
+        cond scope, so a checkpoint the float32 script wrote fails to restore (NotFoundError, checked
+        on TensorFlow 2.21's compat.v1); its own new checkpoints restore. Said once, at the first
+        such restore."""
+        savers = {"tensorflow.train.Saver", "tensorflow.compat.v1.train.Saver"}
+        calls = [node for node in iter_tree(self.module) if isinstance(node, cst.Call)]
+        if not any(self.resolve(call.func) in savers for call in calls):
+            return
+        for node in calls:
+            if (isinstance(node.func, cst.Attribute) and node.func.attr.value == "restore"
+                    and len(node.args) >= 2 and self.resolve(node.func) is None):
+                position = self.positions[node].start
+                self.findings.append(_warning(
+                    "AMP127",
+                    f"{_code_of(node.func)}(...) restores a tf.train.Saver checkpoint: the wrapped optimizer adds the "
+                    "loss scale's variables (current_loss_scale, good_steps) and renames Adam's beta powers, so a "
+                    "checkpoint written before this conversion fails to restore (NotFoundError); checkpoints the "
+                    "converted script writes restore. To resume from an older one, restore it with a Saver over the "
+                    "model's variables (`tf.train.Saver(var_list=tf.trainable_variables())`) and initialize the rest",
+                    position.line, position.column))
+                return
 
     def _report_cpu_pinned_graph(self, to_wrap: List[OptimizerSite]) -> None:
         """The whole training graph is built under `tf.device("/cpu:0")` (A3C's thread workers):
