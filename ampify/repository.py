@@ -1585,6 +1585,11 @@ class ProjectView:
         an in-place matrix product (torch/inplace_matmuls.py)."""
         return self._imported_modules_with(lambda outline: outline.inplace_products)
 
+    def imports_a_bce(self) -> bool:
+        """Does a project module this module imports (directly or not) compute a BCE on
+        probabilities in a function or method? (the cheap question before bce_modules)"""
+        return bool(self._imported_modules_with(lambda outline: outline.bce_calls))
+
     def bce_modules(self, called: Set[str]) -> List[Tuple[str, str, bool]]:
         """(key, display, trains) of the project modules this module imports whose functions or
         methods compute a BCE on probabilities (torch/bce_imported.py), where this module may run

@@ -521,6 +521,8 @@ class TorchConversion(abc.ABC):
         code = self.rules.imported_bce
         if not has_training or not code or self.project is None:
             return False
+        if not self.project.imports_a_bce():
+            return False
         called = names_called_in(self.structure.module)
         if not self.project.bce_modules(called):
             return False
