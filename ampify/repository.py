@@ -1593,7 +1593,8 @@ class ProjectView:
     def bce_modules(self, called: Set[str]) -> List[Tuple[str, str, bool]]:
         """(key, display, trains) of the project modules this module imports whose functions or
         methods compute a BCE on probabilities (torch/bce_imported.py), where this module may run
-        it: imported directly, or holding it in a function, class or method `called` names."""
+        it: a module it imports whole (`import losses`), or one holding it in a function, class or
+        method it imports by name (or one such function calls) or `called` names."""
         return [(str(path), self.where(path, 0).rsplit(":", 1)[0], outline.trains)
                 for path, outline in self._bce_outlines(called)]
 
@@ -1604,17 +1605,55 @@ class ProjectView:
                 for path, outline in self._bce_outlines(called) for line, name, owners in outline.bce_calls]
 
     def _bce_outlines(self, called: Set[str]) -> List[Tuple[Path, ModuleOutline]]:
+        """The modules of bce_modules(called), each with its outline."""
         own = self.path.resolve()
-        outline = self.index.outline(own)
-        direct = set(self.index.import_targets(own, outline, tuple(self.index.search_roots(own)))) if outline else set()
+        whole, names_from = self._imported_names()
         found = []
         for path in self.index.imported_closure(self.path):
             imported = self.index.outline(path)
             if imported is None or path == own or not imported.bce_calls:
                 continue
-            if path in direct or any(called & set(owners) for _, _, owners in imported.bce_calls):
+            if path in whole:
+                found.append((path, imported))
+                continue
+            reached: Set[str] = set()
+            pending = list(names_from.get(path, ()))
+            while pending:  # the names imported from it, and the module's functions they call
+                name = pending.pop()
+                if name not in reached:
+                    reached.add(name)
+                    function = imported.functions.get(name)
+                    pending += list(function.local_calls) if function is not None else []
+            if any((reached | called) & set(owners) for _, _, owners in imported.bce_calls):
                 found.append((path, imported))
         return found
+
+    def _imported_names(self) -> Tuple[Set[Path], Dict[Path, Set[str]]]:
+        """(the project modules this module imports whole: `import m`, `from pkg import m`, a star
+        import; the names it imports from each other module: `from m import a, b`)."""
+        own = self.path.resolve()
+        outline = self.index.outline(own)
+        whole: Set[Path] = set()
+        names_from: Dict[Path, Set[str]] = {}
+        if outline is None:
+            return whole, names_from
+        roots = tuple(self.index.search_roots(own))
+        for _, (module, name, level) in outline.imports.items():
+            target = self.index.resolve_module(own, module, level, roots)
+            if name is None:
+                if target is not None:
+                    whole.add(target)
+                continue
+            submodule = self.index.resolve_module(own, f"{module}.{name}" if module else name, level, roots)
+            if submodule is not None:
+                whole.add(submodule)
+            elif target is not None:
+                names_from.setdefault(target, set()).add(name)
+        for module, level in outline.star_imports:
+            target = self.index.resolve_module(own, module, level, roots)
+            if target is not None:
+                whole.add(target)
+        return whole, names_from
 
     def float16_overflow_modules(self) -> List[Tuple[str, str, bool]]:
         """(key, display, trains) of the project modules this module imports whose model code
