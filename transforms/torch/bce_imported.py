@@ -19,13 +19,14 @@ imported without this step ever running that loss.
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, Optional, Set, Tuple
+from typing import List, Optional, Set, Tuple
 
 import libcst as cst
 
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.torch.bce_in_step import fuse_sigmoid_in_step
 from ampify.transforms.torch.companion_modules import ModuleRewrite, plan_companion_rewrites
+from ampify.transforms.torch.sigmoid_models import resolve_torch_name, torch_aliases
 
 #: the bytes a module holding a BCE on probabilities contains (with_logits forms contain them too)
 BCE_MARKERS = (b"binary_cross_entropy", b"BCELoss")
@@ -39,7 +40,7 @@ def bce_lines(tree: ast.Module) -> List[Tuple[int, str, Tuple[str, ...]]]:
     torch.nn.functional.binary_cross_entropy or a construction of torch.nn.BCELoss, through any
     alias this module imports. `owners`: the names a caller reaches it through (the function; the
     class, and the method unless it is `forward` or a dunder)."""
-    aliases = _torch_aliases(tree)
+    aliases = torch_aliases(tree)
     read = _names_read(tree)
     found: List[Tuple[int, str, Tuple[str, ...]]] = []
     for statement in tree.body:
@@ -57,11 +58,11 @@ def bce_lines(tree: ast.Module) -> List[Tuple[int, str, Tuple[str, ...]]]:
             continue
         for holder, owners in holders:
             for node in ast.walk(holder):
-                if isinstance(node, ast.Call) and _qualified(node.func, aliases) in (_BCE_FUNCTION, _BCE_CLASS):
+                if isinstance(node, ast.Call) and resolve_torch_name(node.func, aliases) in (_BCE_FUNCTION, _BCE_CLASS):
                     found.append((node.lineno, ast.unparse(node.func), owners))
             for node in ast.walk(holder):
                 if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)
-                        and _qualified(node.value.func, aliases) == _BCE_CLASS):
+                        and resolve_torch_name(node.value.func, aliases) == _BCE_CLASS):
                     continue
                 target = node.targets[0]
                 unread = (target.id not in read if isinstance(target, ast.Name) else
@@ -82,34 +83,6 @@ def _names_read(tree: ast.AST) -> Set[str]:
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             read.add(node.attr)
     return read
-
-
-def _torch_aliases(tree: ast.Module) -> Dict[str, str]:
-    """Local name -> the torch module or object it is bound to, from the module's imports."""
-    aliases: Dict[str, str] = {}
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name == "torch" or alias.name.startswith("torch."):
-                    if alias.asname:
-                        aliases[alias.asname] = alias.name
-                    else:
-                        aliases["torch"] = "torch"
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
-                node.module == "torch" or node.module.startswith("torch.")):
-            for alias in node.names:
-                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-    return aliases
-
-
-def _qualified(func: ast.AST, aliases: Dict[str, str]) -> Optional[str]:
-    parts: List[str] = []
-    while isinstance(func, ast.Attribute):
-        parts.append(func.attr)
-        func = func.value
-    if not isinstance(func, ast.Name) or func.id not in aliases:
-        return None
-    return ".".join([aliases[func.id], *reversed(parts)])
 
 
 def logits_bce(module: cst.Module) -> Tuple[Optional[cst.Module], Optional[str]]:

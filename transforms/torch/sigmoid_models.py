@@ -50,7 +50,7 @@ _WIDE_DTYPES = {"float32", "float64", "float", "double"}
 def sigmoid_model_classes(tree: ast.Module) -> Dict[str, int]:
     """Module-level class name -> line, for each class whose forward() returns a sigmoid's
     probability computed in the model's own precision."""
-    torch_roots = _torch_aliases(tree)
+    torch_roots = torch_aliases(tree)
     if not torch_roots:
         return {}
     found: Dict[str, int] = {}
@@ -68,7 +68,7 @@ def sigmoid_model_classes(tree: ast.Module) -> Dict[str, int]:
     return found
 
 
-def _torch_aliases(tree: ast.Module) -> Dict[str, str]:
+def torch_aliases(tree: ast.Module) -> Dict[str, str]:
     """Local name -> the torch module or name it is bound to (`F` -> torch.nn.functional,
     `Sigmoid` -> torch.nn.Sigmoid), for the module's imports of torch."""
     aliases: Dict[str, str] = {}
@@ -88,7 +88,7 @@ def _torch_aliases(tree: ast.Module) -> Dict[str, str]:
     return aliases
 
 
-def _resolved(node: ast.AST, torch_roots: Dict[str, str]) -> Optional[str]:
+def resolve_torch_name(node: ast.AST, torch_roots: Dict[str, str]) -> Optional[str]:
     """`torch.nn.functional.sigmoid` for `F.sigmoid` when F is torch's; None for other names."""
     dotted = ast_dotted(node)
     if dotted is None:
@@ -103,13 +103,13 @@ def _is_sigmoid_layer(node: ast.AST, torch_roots: Dict[str, str]) -> bool:
     """`nn.Sigmoid()`, or `nn.Sequential(..., nn.Sigmoid())`."""
     if not isinstance(node, ast.Call):
         return False
-    name = _resolved(node.func, torch_roots) or ""
+    name = resolve_torch_name(node.func, torch_roots) or ""
     if name.rsplit(".", 1)[-1] == "Sigmoid":
         return True
     if name.rsplit(".", 1)[-1] == "Sequential" and node.args and not node.keywords:
         last = node.args[-1]
         return not isinstance(last, ast.Starred) and isinstance(last, ast.Call) and (
-            (_resolved(last.func, torch_roots) or "").rsplit(".", 1)[-1] == "Sigmoid")
+            (resolve_torch_name(last.func, torch_roots) or "").rsplit(".", 1)[-1] == "Sigmoid")
     return False
 
 
@@ -165,7 +165,7 @@ class _Judge:
         if not isinstance(node, ast.Call):
             return False
         func = node.func
-        resolved = _resolved(func, self.torch_roots)
+        resolved = resolve_torch_name(func, self.torch_roots)
         if resolved is not None:
             last = resolved.rsplit(".", 1)[-1]
             if last in _SIGMOID_FUNCTIONS:
@@ -203,5 +203,5 @@ class _Judge:
             return True
         if method in ("to", "type"):
             dtypes = [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")]
-            return any((_resolved(d, self.torch_roots) or "").rsplit(".", 1)[-1] in _WIDE_DTYPES for d in dtypes)
+            return any((resolve_torch_name(d, self.torch_roots) or "").rsplit(".", 1)[-1] in _WIDE_DTYPES for d in dtypes)
         return False
