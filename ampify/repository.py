@@ -191,9 +191,15 @@ class ModuleOutline:
 
 def find_root(path: Path) -> Path:
     """The project a file or folder belongs to: the nearest folder at or above it with a
-    `.git`, `pyproject.toml`, `setup.py` or `setup.cfg`; else the folder itself."""
+    `.git`, `pyproject.toml`, `setup.py` or `setup.cfg`; else, for a file, the folder above the
+    packages (folders with an `__init__.py`) that hold it, where `python main.py` imports them
+    from (a download without its `.git`: ncsn's `runners/scorenet_runner.py` imports
+    `losses.sliced_sm`); else the folder itself."""
     path = path.resolve()
-    return _root_of_folder(path if path.is_dir() else path.parent)
+    if path.is_dir():
+        return _root_of_folder(path)
+    root = _root_of_folder(path.parent)
+    return _above_the_packages(root) if root == path.parent else root
 
 
 @functools.lru_cache(maxsize=4096)
@@ -203,6 +209,24 @@ def _root_of_folder(start: Path) -> Path:
         if any((folder / marker).exists() for marker in _ROOT_MARKERS):
             return folder
     return start
+
+
+#: files that mark the top of a repository checked out without .git or packaging metadata
+_TOP_FILES = ("README.md", "README.rst", "README", "README.txt", "requirements.txt", "LICENSE", "LICENSE.txt")
+
+
+@functools.lru_cache(maxsize=4096)
+def _above_the_packages(start: Path) -> Path:
+    """The folder that imports the packages holding `start` (at most four levels up, never above
+    a folder with a README, requirements.txt or LICENSE: a repository with an __init__.py at its
+    top is still its own root)."""
+    folder = start
+    for _ in range(4):
+        if not (folder / "__init__.py").is_file() or folder.parent == folder \
+                or any((folder / name).is_file() for name in _TOP_FILES):
+            break
+        folder = folder.parent
+    return folder
 
 
 class RepositoryIndex:
@@ -495,9 +519,23 @@ class RepositoryIndex:
         """As `function`, also through packages that re-export the function (`import torchprob as
         gan; gan.gradient_penalty(...)`, torchprob/__init__.py: `from torchprob.gan import *`)."""
         target = self._module_and_name(importer, dotted, imports)
-        if target is None:
+        if target is not None:
+            return self._reexported_function(importer, target[0], target[1], set(), 0)
+        return self._star_imported_function(importer, dotted)
+
+    def _star_imported_function(self, importer: Path, name: str) -> Optional[Tuple[Path, FunctionOutline]]:
+        """The function of another project module that a plain name of `importer` binds through
+        its star imports (ncsn's toy_runner.py: `from losses.sliced_sm import *`, then
+        `sliced_score_estimation_vr(...)`); None when the importer defines the name itself."""
+        outline = self.outline(importer)
+        if outline is None or not outline.star_imports or "." in name or name in outline.functions \
+                or name in outline.classes:
             return None
-        return self._reexported_function(importer, target[0], target[1], set(), 0)
+        for module, level in outline.star_imports:
+            found = self._reexported_function(importer, self.resolve_module(importer, module, level), name, set(), 0)
+            if found is not None and found[0] != importer.resolve():
+                return found
+        return None
 
     def _module_and_name(self, importer: Path, dotted: str, imports: Dict[str, Tuple[str, Optional[str], int]]
                          ) -> Optional[Tuple[Optional[Path], str]]:

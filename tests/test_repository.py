@@ -97,6 +97,25 @@ def test_root_and_module_resolution(tmp_path):
     assert ProjectView(index, script).star_bound_imports() == {"torch": "torch"}
 
 
+def test_root_without_markers_is_the_folder_above_the_packages(tmp_path):
+    """A download without its .git (nor setup.py): a script inside a package folder
+    (`runners/scorenet_runner.py`, runners/ holding an __init__.py) belongs to the folder that
+    imports `runners` and its sibling `losses` package; a folder named is its own root."""
+    project = tmp_path / "ncsn"
+    for package in ("runners", "losses"):
+        (project / package).mkdir(parents=True)
+        (project / package / "__init__.py").write_text("")
+    (project / "losses" / "sliced_sm.py").write_text("def loss(x):\n    return x\n")
+    script = project / "runners" / "toy_runner.py"
+    script.write_text("from losses.sliced_sm import *\n")
+    (project / "README.md").write_text("ncsn\n")
+    (project / "__init__.py").write_text("")  # a top-level __init__.py: the README still ends the climb
+    assert find_root(script) == project.resolve()
+    assert find_root(project / "runners") == (project / "runners").resolve()  # a folder named: itself
+    index = RepositoryIndex(find_root(script))
+    assert index.resolve_module(script, "losses.sliced_sm") == (project / "losses" / "sliced_sm.py").resolve()
+
+
 def test_device_moving_helpers_and_exports(tmp_path):
     (tmp_path / "setup.py").write_text("")
     (tmp_path / "nets.py").write_text(
