@@ -142,6 +142,8 @@ EXPECTED_CALLS = {
     "clip_picked_by_name": {"step": 4, "update": 4, "scale": 4, "load_state_dict": 0},
     # 4 batches x 3 networks, each trained in turn in `for net, opt in zip(nets, optimizers):`
     "optimizers_compared_in_a_zip": {"step": 12, "update": 12, "scale": 12, "load_state_dict": 0},
+    # 3 epochs x 3 batches; the WeightEMA named `ema_optimizer` is stepped as it was, not by the scaler
+    "ema_of_the_weights": {"step": 9, "update": 9, "scale": 9, "load_state_dict": 0},
 }
 
 

@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from ampify.transforms.kit.imports import dotted_name
 from ampify.transforms.torch.statements import calls_within
 from ampify.transforms.torch.training_loop import (
     BackwardCall,
@@ -42,6 +43,7 @@ from ampify.transforms.torch.training_loop import (
     TrainingUnit,
     UnitOwner,
     loop_body_owners,
+    names_passed_for,
     method_calls,
 )
 
@@ -218,6 +220,8 @@ def unknown_step_after_backward(structure: TrainingStructure, unit: TrainingUnit
         built = [binding.qualified_call or "" for binding in structure.bindings_visible(receiver, site.scope)]
         if any(_STEPS_NOT_AN_OPTIMIZER.search(call) or "lr_scheduler" in call for call in built):
             continue
+        if _step_of_a_class_reading_no_gradients(structure, receiver, site.scope):
+            continue
         return (
             f"{receiver}.step() (line {structure.line(site.call)}) runs after this backward() in its iteration, "
             f"and ampify cannot tell whether {receiver} is an optimizer: if it is, it would step on scaled "
@@ -225,6 +229,33 @@ def unknown_step_after_backward(structure: TrainingStructure, unit: TrainingUnit
             site.call,
         )
     return None
+
+
+def _step_of_a_class_reading_no_gradients(structure: TrainingStructure, receiver: str, scope) -> bool:
+    """Is `receiver` (or every name the calls of its function hand it, for a parameter) an
+    instance of a class of this file, with no base, whose step() reads no `.grad` (MixMatch's
+    `WeightEMA`: an average of the weights)? Scaled gradients cannot reach such a step."""
+    bindings = structure.bindings_visible(receiver, scope)
+    if bindings and all(binding.kind == "parameter" for binding in bindings):
+        passed = names_passed_for(structure, receiver, bindings[0].scope)
+        if not passed:
+            return False
+        bindings = [b for name, _, where in passed for b in structure.bindings_visible(name, where)]
+    if not bindings:
+        return False
+    classes = {node.name.value: node for node in structure.module.body if isinstance(node, cst.ClassDef)}
+    for binding in bindings:
+        value = binding.value
+        if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)) or value.func.value not in classes:
+            return False
+        klass = classes[value.func.value]
+        if any(dotted_name(base.value) != "object" for base in klass.bases):
+            return False
+        body = klass.body.body if isinstance(klass.body, cst.IndentedBlock) else []
+        step = next((item for item in body if isinstance(item, cst.FunctionDef) and item.name.value == "step"), None)
+        if step is None or ".grad" in structure.module.code_for_node(step):
+            return False
+    return True
 
 
 def _may_call(structure: TrainingStructure, func: cst.BaseExpression, function: cst.FunctionDef) -> bool:

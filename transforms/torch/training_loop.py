@@ -751,6 +751,8 @@ class _Collector(cst.CSTVisitor):
         self.statements: List[cst.CSTNode] = []
         #: names bound (by assignment) to instances of optimizer wrapper classes
         self.wrapper_classes: Dict[str, cst.ClassDef] = {}
+        #: the names of the classes this module defines
+        self.local_classes: Set[str] = set()
         #: classes of this module that subclass an optimizer
         self.optimizer_subclasses: Set[str] = set()
         self.project_class: ProjectClass = lambda local: None
@@ -784,6 +786,7 @@ class _Collector(cst.CSTVisitor):
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.classes.append(node)
+        self.local_classes.add(node.name.value)
         self._note_wrapper_class(node)
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
@@ -1242,9 +1245,28 @@ def _optimizer_reason(
             return f"{dotted_name(binding.value.func)}, a subclass of an optimizer"
     if receiver in collector.wrapper_classes:
         return None
+    if any(_instance_of_a_plain_local_class(collector, binding) for binding in bindings):
+        return None  # MixMatch's `ema_optimizer = WeightEMA(model, ema_model)`: named so, not one
+    if bindings and all(binding.kind == "parameter" for binding in bindings):
+        # `def train(..., optimizer, ema_optimizer, ...)` called as `train(..., ema_optimizer, ...)`
+        passed = _names_passed_for(structure, receiver, bindings[0].scope)
+        if passed and all(any(_instance_of_a_plain_local_class(collector, b) for b in structure.bindings_visible(name, where))
+                          for name, _, where in passed):
+            return None
     if names.looks_like_optimizer_name(receiver) or collection_of_optimizers(receiver) is not None:
         return NAMED_LIKE_AN_OPTIMIZER
     return None
+
+
+def _instance_of_a_plain_local_class(collector: _Collector, binding: Binding) -> bool:
+    """Is `binding` built by a class of this module that is neither an optimizer (no Optimizer
+    base) nor a wrapper stepping one (an EMA of the weights with a `step()` of its own)?"""
+    value = binding.value
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+        return False
+    local = value.func.value
+    return local in collector.local_classes and local not in collector.optimizer_subclasses \
+        and local not in collector.wrapper_classes
 
 
 def _stepped_through_opaque_wrapper(
