@@ -162,6 +162,10 @@ class ModuleOutline:
     #: (line, clamp, eps) of probability clamps `clamp(p, lo, 1 - eps)` whose complement the same
     #: function takes the log of (torch/probability_clamps.py)
     probability_clamps: List[Tuple[int, str, float]] = field(default_factory=list)
+    #: (line of the backward(), "Class.forward") for classes whose forward() or __call__() runs a
+    #: backward() and an optimizer step of its own (EDSR's adversarial loss updating its
+    #: discriminator each time the loss is computed)
+    trains_when_called: List[Tuple[int, str]] = field(default_factory=list)
     #: model classes whose forward() returns a sigmoid's probability: class -> line
     #: (torch/sigmoid_models.py)
     sigmoid_models: Dict[str, int] = field(default_factory=dict)
@@ -243,6 +247,7 @@ class RepositoryIndex:
         self._definitions: Dict[str, int] = {}
         self._search_roots: Dict[Path, List[Path]] = {}
         self._unsafe_holders: Optional[Dict[Path, ModuleOutline]] = None
+        self._training_when_called: Optional[Dict[Path, ModuleOutline]] = None
 
     # ---- where modules are -------------------------------------------------------------------
 
@@ -345,6 +350,17 @@ class RepositoryIndex:
                 self._closures.clear()
             cached = self._outlines[path] = (version, _outline(path))
         return cached[1]
+
+    def modules_training_when_called(self) -> Dict[Path, ModuleOutline]:
+        """The project modules with a class whose forward() or __call__() trains (a backward()
+        and an optimizer step), read once per run (EDSR's loss/adversarial.py; most have none)."""
+        if self._training_when_called is None:
+            self._training_when_called = {}
+            for path in self.modules():
+                outline = self.outline(path)
+                if outline is not None and outline.trains_when_called:
+                    self._training_when_called[path] = outline
+        return self._training_when_called
 
     def unsafe_function_holders(self) -> Dict[Path, ModuleOutline]:
         """The project modules defining custom autograd Functions that break under autocast, read
@@ -797,6 +813,7 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
             trainer = _training_class_outline(statement)
             if trainer is not None:
                 outline.training_classes[statement.name] = trainer
+                outline.trains_when_called += _training_call_methods(statement)
             own_backward = loss_class_backward(statement)
             if own_backward is not None:
                 outline.loss_backwards[statement.name] = own_backward
@@ -1112,6 +1129,20 @@ def _training_class_outline(klass: ast.ClassDef) -> Optional[FunctionOutline]:
     init = next((m for m in methods if m.name == "__init__"), None)
     params = tuple(a.arg for a in [*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs][1:]) if init else ()
     return FunctionOutline(klass.name, klass.lineno, params, False, False, True, is_class=True)
+
+
+def _training_call_methods(klass: ast.ClassDef) -> List[Tuple[int, str]]:
+    """(line of the backward(), "Class.forward") when the class's forward() or __call__() calls
+    `.backward(...)` and `.step(...)`: a module that trains a part each time it is called."""
+    found = []
+    for method in klass.body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or method.name not in ("forward", "__call__"):
+            continue
+        calls = [node for node in ast.walk(method) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)]
+        backward = next((node for node in calls if node.func.attr == "backward"), None)
+        if backward is not None and any(node.func.attr == "step" for node in calls):
+            found.append((backward.lineno, f"{klass.name}.{method.name}"))
+    return found
 
 
 def _gram_matrix_methods(klass: ast.ClassDef, lines: List[bytes], names) -> List[Tuple[int, str]]:
@@ -1796,6 +1827,45 @@ class ProjectView:
             CallSite(str(call.path), self.where(call.path, call.line).rsplit(":", 1)[0], call.line, call.column)
             for call in calls
         ]
+
+    def training_when_called_elsewhere(self) -> List[Tuple[str, str, str]]:
+        """(key, "src/loss/adversarial.py:71", "Adversarial.forward") for each class of another
+        project module whose forward() or __call__() trains (RepositoryIndex.modules_training_when_called)."""
+        index = self.index
+        own = self.path.resolve()
+        holders = {path: outline for path, outline in index.modules_training_when_called().items() if path != own}
+        if not holders:
+            return []
+        # linked to this file: in a subfolder of its folder (EDSR's src/loss/ beside src/trainer.py,
+        # loaded by import_module), imported by it, or imported with it by an entry script; a class
+        # of a sibling script or of an unrelated corner of a large repository is not named
+        reached = set(index.imported_closure(self.path))
+        linked = {path for path in holders if path in reached or (own.parent in path.parents
+                                                                   and path.parent != own.parent)}
+        if len(linked) < len(holders):
+            for entry in index.modules():
+                if entry == own or entry in holders:
+                    continue
+                closure = index.imported_closure(entry)
+                if own in closure:
+                    linked |= {path for path in holders if path in closure}
+        return [(str(path), self.where(path, line), method)
+                for path, outline in holders.items() if path in linked
+                for line, method in outline.trains_when_called]
+
+    def sessions_open_at_uses(self, name: str) -> List[Tuple[str, "SessionBeforeUse"]]:
+        """("experiments/train.py", where) for each project module that uses this module's `name`
+        (a TF1 class or function that builds an optimizer) inside a Session it opened first
+        (tf1/caller_sessions.py: maddpg's `with U.single_threaded_session():`)."""
+        from ampify.transforms.tf1.caller_sessions import session_before_use
+
+        found = []
+        for path in self.index.users_of(self.path, name, []):
+            source = self.source_of(str(path))
+            hit = session_before_use(source, name) if source is not None else None
+            if hit is not None:
+                found.append((self.where(path, 0).rsplit(":", 1)[0], hit))
+        return found
 
     def source_of(self, key: str) -> Optional[bytes]:
         path = Path(key)

@@ -724,3 +724,36 @@ def test_a_checkpoint_of_the_float32_script_does_not_restore_into_the_converted_
     assert run(converted, tmp_path / "mixed.ckpt").returncode == 0
     resumed = run(converted, tmp_path / "mixed.ckpt", "resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+
+def test_an_agent_built_inside_the_session_its_caller_opened_is_said_to_stay_float32(tmp_path):
+    """openai/maddpg's layout: train.py opens `with U.single_threaded_session():` (a helper module
+    creates the tf.Session) and then builds the agents, whose class (another module) builds the
+    optimizer. Converted, the wrapper scales the loss but the Session, created first, never gets the
+    rewrite: AMP113 says so, naming the caller's lines, and the run shows no node in float16. Once
+    the Session is opened after the agents are built, as the warning says, the graph runs in float16."""
+    case = Path(__file__).resolve().parent.parent / "fixtures" / "repositories" / "tf1_session_opened_by_the_caller"
+    project = tmp_path / "project"
+    shutil.copytree(case / "input", project)
+    (project / "pyproject.toml").write_text("[project]\nname = 'maddpg-like'\n")
+    converted = subprocess.run([sys.executable, "-m", "ampify", str(project)], capture_output=True, text=True,
+                               cwd=tmp_path, timeout=120)
+    assert converted.returncode == 1, converted.stdout + converted.stderr  # written, but incomplete
+    assert "AMP113" in converted.stdout and "train.py:11 in get_trainers()" in converted.stdout, converted.stdout
+    assert "agents/trainer.py: changed, incomplete" in converted.stdout, converted.stdout
+    assert (project / "agents" / "trainer.py").read_text() == (case / "expected" / "agents" / "trainer.py").read_text()
+
+    driver = (project / "train.py").read_text()
+    (project / "main.py").write_text(driver)
+    as_converted = _run_module(project)
+    _assert_trains(_losses(as_converted.stdout))
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" in as_converted.stderr
+    assert _converted_nodes(as_converted.stderr) == 0, as_converted.stderr[-4000:]
+
+    session_after = driver.replace("    with U.single_threaded_session():\n        trainers = get_trainers(2, 3e-2)\n",
+                                   "    trainers = get_trainers(2, 3e-2)\n    with U.single_threaded_session():\n")
+    assert session_after != driver
+    (project / "main.py").write_text(session_after)
+    fixed = _run_module(project)
+    _assert_trains(_losses(fixed.stdout))
+    assert _converted_nodes(fixed.stderr) > 0, fixed.stderr[-4000:]

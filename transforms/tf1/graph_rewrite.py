@@ -388,6 +388,7 @@ class _GraphRewrite:
             if turned_on is not None:
                 return turned_on
         companions = self._sessions_elsewhere(reports.sessions_elsewhere, reports.own_session_fallbacks)
+        self._sessions_of_callers(to_wrap, reports)
         plan = self._plan_gradients(
             rewrite=bool(to_wrap),
             why_not_rewritten=(
@@ -607,6 +608,38 @@ class _GraphRewrite:
                 old.line, old.column, Severity.INFO,
             )
         return companions
+
+    def _sessions_of_callers(self, to_wrap: List[OptimizerSite], reports: SiteReports) -> None:
+        """An optimizer built by a class or function of this module that names no Session, used
+        by another project module inside a Session it opened first (openai/maddpg: `with
+        U.single_threaded_session():` in experiments/train.py, then `MADDPGAgentTrainer(...)`):
+        that Session never gets the graph rewrite, so the conversion is said to be incomplete
+        (AMP113), with the caller's file and lines (caller_sessions.py)."""
+        if self.project is None or self.survey.sessions:
+            return
+        handled = {id(site) for site, _ in reports.sessions_elsewhere}
+        asked: Dict[str, list] = {}
+        for site in to_wrap:
+            if site.scope == 0 or id(site) in handled or site.scope in self.survey.session_runs \
+                    or site.scope in self.survey.session_params or site.enclosing_class in self.survey.session_params:
+                continue
+            builder = reports.builder_name(site)
+            if not builder:
+                continue
+            if builder not in asked:
+                asked[builder] = self.project.sessions_open_at_uses(builder)
+            if not asked[builder]:
+                continue
+            display, hit = asked[builder][0]
+            through = f" in {hit.chain[0]}(), which runs" if hit.chain else ""
+            self.findings.append(_warning(
+                "AMP113",
+                f"{site.display} is built by {builder}(), used at {display}:{hit.use_line}{through} inside the "
+                f"Session opened at line {hit.session_line} there ({hit.session_code}): that Session was "
+                "created before this optimizer is wrapped, so it does not get the mixed precision graph rewrite "
+                "(nothing runs in float16); create the Session after building the model and optimizer there, "
+                "or turn auto_mixed_precision on in that Session's config",
+                site.line, site.column))
 
     def _no_caller_hands_a_session(self, fallback) -> bool:
         """Is the class called (in this module or another of the project), and never with a Session?"""

@@ -177,7 +177,7 @@ class SiteReports:
         for site in to_wrap:
             if site.scope in warned_scopes:
                 continue
-            name = self._builder_name(site)
+            name = self.builder_name(site)
             if name:
                 builders.setdefault(name, site)
         for session in self.survey.sessions:
@@ -203,7 +203,7 @@ class SiteReports:
                 )
                 break
 
-    def _builder_name(self, site: OptimizerSite) -> str:
+    def builder_name(self, site: OptimizerSite) -> str:
         """The function or class of this file whose call builds `site`; "" when it builds its own
         Session (after the optimizer, presumably) or is not one."""
         scopes_with_sessions = {session.scope for session in self.survey.sessions}
@@ -229,7 +229,7 @@ class SiteReports:
         return None
 
     def _session_of_this_file_before_call(self, site: OptimizerSite) -> bool:
-        name = self._builder_name(site)
+        name = self.builder_name(site)
         return bool(name) and any(self._called_after(session, name) is not None for session in self.survey.sessions)
 
     def _report_sessions_from_elsewhere(self, to_wrap: List[OptimizerSite], warned_scopes) -> None:
