@@ -1160,3 +1160,23 @@ def test_two_loss_classes_binding_the_same_criterion_name_are_fused_apart_and_tr
     assert original["dtypes"] == ["torch.float32"] and "torch.float16" in converted["dtypes"]
     assert len(converted["losses"]) == 3
     assert converted["losses"] == pytest.approx(original["losses"], rel=1e-2, abs=1e-2)
+
+
+@pytest.mark.parametrize("backend, code", [("native", "AMP253"), ("apex", "AMP344")])
+def test_a_loss_that_trains_its_discriminator_outside_the_run_makes_the_trainer_incomplete(backend, code, tmp_path):
+    """EDSR's layout: the trainer's loss goes through `Adversarial.forward()`, which runs the
+    discriminator's backward() and step(). Converted alone, the trainer says the inner step would
+    run unscaled and names the module (changed, incomplete); with that module in the run (the
+    golden `loss_that_trains_its_discriminator`), it is converted in its own right."""
+    case = ROOT / "fixtures" / "repositories" / "loss_that_trains_its_discriminator" / "input"
+    project = tmp_path / "project"
+    shutil.copytree(case, project)
+    (project / ".git").mkdir()
+    result = subprocess.run([sys.executable, "-m", "ampify", "--check", f"--backend={backend}", "train.py"],
+                            capture_output=True, text=True, cwd=project)
+    assert f"train.py: would be changed, incomplete" in result.stdout, result.stdout
+    assert f"{code} warning: Adversarial.forward() (loss/adversarial.py:21)" in result.stdout, result.stdout
+    assert "loss/adversarial.py is not in this run" in result.stdout
+    whole = subprocess.run([sys.executable, "-m", "ampify", "--check", f"--backend={backend}", "."],
+                           capture_output=True, text=True, cwd=project)
+    assert code not in whole.stdout, whole.stdout

@@ -100,6 +100,7 @@ APEX_RULES = BackendRules(
     inplace_products_left="AMP341",
     imported_bce="AMP342",
     imported_bce_left="AMP343",
+    trains_when_called="AMP344",
     hazards={
         HazardKind.BCE: HazardRule(
             "AMP310",

@@ -121,6 +121,11 @@ class DeviceChoice:
                                 return None
                             own_instances = True
                             continue
+                        if model.startswith("self.") and binding.klass is not None and not any(
+                                _built_by(b, binding.klass.name.value) for b in s.bindings):
+                            # `Adam(self.dis.parameters())` in a class another module builds (EDSR's
+                            # adversarial loss, moved with `.to(device)` by its user): its device is set there
+                            return None
                         models.add((model, binding.scope))
             elif isinstance(binding.value, (cst.ListComp, cst.GeneratorExp)) and binding.statement is not None:
                 # `opts = [torch.optim.Adam(net.parameters(), lr=LR) for net in nets]` (MorvanZhou's

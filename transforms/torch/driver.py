@@ -122,6 +122,9 @@ class BackendRules:
     #: (bce_imported.py), and the code saying they could not be (the conversion is incomplete)
     imported_bce: str = ""
     imported_bce_left: str = ""
+    #: the code saying a class of a module not in this run trains each time it is called (its
+    #: forward() runs a backward() and a step): if this step calls it, that inner step is unscaled
+    trains_when_called: str = ""
 
 
 _NO_TORCH_IMPORT = (
@@ -507,6 +510,7 @@ class TorchConversion(abc.ABC):
         logs = self._report_imported_logs_of_sigmoid(has_training)
         products = self._report_imported_inplace_products(has_training)
         bce = self._report_imported_bce(has_training)
+        self._report_training_when_called(has_training)
         return self._report_unsafe_autograd_functions(has_training) or self._report_imported_overflows(has_training) \
             or dropped or grams or clamps or logs or products or bce or blocked
 
@@ -548,6 +552,29 @@ class TorchConversion(abc.ABC):
                   "which raises under autocast if this step runs it; ampify did not fuse it with its sigmoid there: "
                   f"{refused}", node)
         return False
+
+    def _report_training_when_called(self, has_training: bool) -> None:
+        """A class of another project module trains a part each time it is called (EDSR's
+        `Adversarial.forward()` updates its discriminator: backward() and step() inside the loss):
+        if this file's step computes its loss through it, that inner step runs under autocast
+        (apex O1: everywhere) with no loss scaling. Converted in its own module when that module is
+        in this run; when it is not, this conversion says so and is incomplete. Never blocks."""
+        code = self.rules.trains_when_called
+        if not has_training or not code or self.project is None:
+            return
+        outside = [(where, method) for key, where, method in self.project.training_when_called_elsewhere()
+                   if not self.project.in_this_run(key)]
+        if not outside:
+            return
+        shown = ", ".join(f"{method}() ({where})" for where, method in outside[:3])
+        shown += f" and {len(outside) - 3} more" if len(outside) > 3 else ""
+        modules = sorted({where.rsplit(":", 1)[0] for where, _ in outside})
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        self.warn(code, f"{shown} runs a backward() and an optimizer step of its own each time it is called (a loss "
+                        "that updates a discriminator, a module that trains a part): if this file's step calls it, "
+                        "that inner step runs in mixed precision with no loss scaling (float16 gradients can "
+                        f"underflow); {', '.join(modules)} is not in this run: run ampify on it too, or on the "
+                        "repository", node)
 
     def _report_imported_inplace_products(self, has_training: bool) -> bool:
         """In-place matrix products in the model code of a project module this file imports

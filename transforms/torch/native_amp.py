@@ -120,6 +120,7 @@ NATIVE_RULES = BackendRules(
     inplace_products_left="AMP250",
     imported_bce="AMP251",
     imported_bce_left="AMP252",
+    trains_when_called="AMP253",
     float32_autograd_function="AMP247",
     float32_gram_matrix="AMP245",
     hazards={
