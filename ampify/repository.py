@@ -357,6 +357,13 @@ class RepositoryIndex:
         if self._training_when_called is None:
             self._training_when_called = {}
             for path in self.modules():
+                try:  # a byte test first: most modules of a large tree are never outlined
+                    data = current_bytes(path)
+                except OSError:
+                    continue
+                if b".backward(" not in data or b".step(" not in data or (
+                        b"def forward(" not in data and b"def __call__(" not in data):
+                    continue
                 outline = self.outline(path)
                 if outline is not None and outline.trains_when_called:
                     self._training_when_called[path] = outline
@@ -1859,13 +1866,24 @@ class ProjectView:
         (tf1/caller_sessions.py: maddpg's `with U.single_threaded_session():`)."""
         from ampify.transforms.tf1.caller_sessions import session_before_use
 
-        found = []
-        for path in self.index.users_of(self.path, name, []):
-            source = self.source_of(str(path))
-            hit = session_before_use(source, name) if source is not None else None
+        own = self.path.resolve()
+        hits = []
+        for path in self.index.modules():
+            if path == own:
+                continue
+            try:  # a byte test first: the name and a Session spelled in the module
+                data = current_bytes(path)
+            except OSError:
+                continue
+            if name.encode() not in data or b"ession" not in data:
+                continue
+            hit = session_before_use(data, name)
             if hit is not None:
-                found.append((self.where(path, 0).rsplit(":", 1)[0], hit))
-        return found
+                hits.append((path, hit))
+        if not hits:
+            return []
+        users = set(self.index.users_of(self.path, name, []))  # this module's `name`, not a namesake's
+        return [(self.where(path, 0).rsplit(":", 1)[0], hit) for path, hit in hits if path in users]
 
     def source_of(self, key: str) -> Optional[bytes]:
         path = Path(key)
