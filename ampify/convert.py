@@ -100,6 +100,7 @@ def convert_source(
         companions = [companion for result in results for companion in result.companions]
         for companion in companions:
             _check_compiles(companion.new, companion.display)
+        _check_one_edit_per_module(companions, filename)
         incomplete = incomplete_codes(findings)
         if incomplete:
             return Conversion(
@@ -110,6 +111,20 @@ def convert_source(
         return Conversion(FileStatus.CHANGED, "", findings, new_source, companions)
     status, reason = _agreeing_with_warnings(*_unchanged_status(results), findings)
     return Conversion(status, reason, findings)
+
+
+def _check_one_edit_per_module(companions, filename) -> None:
+    """Two edits of one other module in a change set must have been made one on top of the other
+    (the later from the earlier's result): writing both would keep the last one only, and the
+    calls this file makes into the lost one would fail. Said, never written."""
+    by_key = {}
+    for companion in companions:
+        earlier = by_key.get(companion.key)
+        if earlier is not None and earlier.new != companion.new:
+            raise ConversionError(
+                f"two edits of {companion.display} for this file's change set could not be combined ({earlier.reason}; "
+                f"{companion.reason}): the file is left untouched, please report it")
+        by_key[companion.key] = companion
 
 
 def _run_transforms(transforms, module, imports, options, context, remember):

@@ -777,6 +777,19 @@ class RepositoryIndex:
         return names
 
 
+def _in_a_package_of(path: Path, folder: Path) -> bool:
+    """Is `path` a module of a package inside `folder` (`folder/loss/adversarial.py` with
+    `folder/loss/__init__.py`), importable by a script of `folder`?"""
+    if folder not in path.parents or path.parent == folder:
+        return False
+    package = path.parent
+    while package != folder:
+        if not (package / "__init__.py").is_file():
+            return False
+        package = package.parent
+    return True
+
+
 def _only_reexports(path: Path, names: Sequence[str]) -> bool:
     """Does the module spell `names` only in its imports (`from .dcgan import Discriminator` in a
     package's `__init__.py`) and in `__all__`, never using them?"""
@@ -1843,12 +1856,11 @@ class ProjectView:
         holders = {path: outline for path, outline in index.modules_training_when_called().items() if path != own}
         if not holders:
             return []
-        # linked to this file: in a subfolder of its folder (EDSR's src/loss/ beside src/trainer.py,
+        # linked to this file: in a package of its folder (EDSR's src/loss/ beside src/trainer.py,
         # loaded by import_module), imported by it, or imported with it by an entry script; a class
         # of a sibling script or of an unrelated corner of a large repository is not named
         reached = set(index.imported_closure(self.path))
-        linked = {path for path in holders if path in reached or (own.parent in path.parents
-                                                                   and path.parent != own.parent)}
+        linked = {path for path in holders if path in reached or _in_a_package_of(path, own.parent)}
         if len(linked) < len(holders):
             for entry in index.modules():
                 if entry == own or entry in holders:

@@ -5,7 +5,8 @@ file's status and findings out) and the repository index itself.
 equal `expected/` (when absent: the input, unchanged) file by file, and the statuses and
 findings `findings.txt`. A second run changes nothing. AMPIFY_UPDATE_GOLDEN=1 rewrites both.
 `<case>/variants/<name>/` holds another run of the same input (its `options.json`, `expected/`,
-`findings.txt`): the apex backend on a project the native golden also converts.
+`findings.txt`): the apex backend on a project the native golden also converts, or a run naming
+some files of the tree only (`"paths"` in options.json).
 """
 
 import json
@@ -29,10 +30,13 @@ UPDATE = os.environ.get("AMPIFY_UPDATE_GOLDEN") == "1"
 
 
 def _run(tree: Path, case: Path, report: Path) -> subprocess.CompletedProcess:
+    """ampify on the tree, or on the paths of it that options.json names (`"paths": ["train.py"]`:
+    the rest of the repository is read, not converted)."""
     options = json.loads((case / "options.json").read_text()) if (case / "options.json").exists() else {}
+    named = [str(tree / path) for path in options.pop("paths", [])] or [str(tree)]
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in options.items()]
     return subprocess.run(
-        [sys.executable, "-m", "ampify", str(tree), "-j", "1", "--report", str(report), *flags],
+        [sys.executable, "-m", "ampify", *named, "-j", "1", "--report", str(report), *flags],
         capture_output=True, text=True, cwd=tree.parent,
     )
 
@@ -1180,3 +1184,24 @@ def test_a_loss_that_trains_its_discriminator_outside_the_run_makes_the_trainer_
     whole = subprocess.run([sys.executable, "-m", "ampify", "--check", f"--backend={backend}", "."],
                            capture_output=True, text=True, cwd=project)
     assert code not in whole.stdout, whole.stdout
+
+
+def test_two_penalty_functions_and_a_gram_matrix_of_one_module_are_one_edit_that_runs(tmp_path):
+    """BasicSR's layout (two_penalties_and_a_gram_matrix_in_one_module): the step calls
+    r1_penalty() and g_path_regularize() of losses.py, whose StyleLoss computes a Gram matrix. The
+    three edits of losses.py are one (the second used to replace the first, and the step then
+    passed `scaler=` to a function that did not take it). The converted project runs twelve
+    iterations on the CPU under float16 autocast with a GradScaler: the first penalties overflow at
+    GradScaler's first scales (those steps are skipped, as designed), the last ones are finite."""
+    pytest.importorskip("torch")
+    case = ROOT / "fixtures" / "repositories" / "two_penalties_and_a_gram_matrix_in_one_module"
+    tree = tmp_path / "converted"
+    shutil.copytree(case / "expected", tree)
+    script = (tree / "train.py").read_text()
+    script = script.replace('torch.device("cuda")', 'torch.device("cpu")').replace("range(1000)", "range(12)")
+    script += "\n    print('losses', float(l_d), float(l_d_r1), float(l_g))\n"
+    (tree / "train.py").write_text(script)
+    completed = subprocess.run([sys.executable, "train.py"], capture_output=True, text=True, cwd=tree, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    lines = [line.split()[1:] for line in completed.stdout.splitlines() if line.startswith("losses ")]
+    assert len(lines) == 12 and all(math.isfinite(float(value)) for line in lines[-3:] for value in line), completed.stdout

@@ -35,6 +35,7 @@ from ampify.transforms.torch.gradient_penalty import (
     penalty_of_another_module,
     penalty_sites,
     sites_of_unit,
+    state_fed_back,
     unreached_penalties,
     where_penalty,
 )
@@ -450,6 +451,15 @@ class ApexConversion(TorchConversion):
                    "gradients; step a torch.optim optimizer in every branch, or use --backend native --dtype bfloat16")
         check_no_gradients_unscaled_twice(self.s, unit, unit.steps, ScalerCallPlanner(self.s, self.s.imports).zero_grads_of,
                                           apex=True)
+        self.claimed_hazards()  # the penalty sites
+        for site in sites_of_unit(self.s, unit, self.penalties or {}):
+            for call in site.helper_calls:
+                state = state_fed_back(self.s, call) if self.s.contains(unit.owner, call) else None
+                if state is not None:
+                    refuse(call, f"{code_of(call.func)}() runs a gradient penalty and hands back {state}, "
+                                 "which this step passes to it again: a running statistic of the gradients, which a step "
+                                 "apex skips for overflow would leave non-finite for every later step; use --backend "
+                                 "native --dtype bfloat16")
         sites = foreign_call_sites(self.s, unit, self.project, len(self.setups._call_sites_of(unit.scope))
                                    if isinstance(unit.scope, cst.FunctionDef) else 0)
         if sites is not None:

@@ -215,6 +215,37 @@ def sites_of_unit(s: TrainingStructure, unit: TrainingUnit, sites: Dict[int, Pen
     return found
 
 
+def state_fed_back(s: TrainingStructure, call: cst.Call) -> Optional[str]:
+    """"self.mean_path_length" when the statement holding a penalty call hands it a name or
+    attribute that the same statement rebinds from its result (StyleGAN2's path length
+    regularizer: `loss, self.mean_path_length = g_path_regularize(img, latents,
+    self.mean_path_length)`): a running statistic of the gradients, carried across steps. Under a
+    GradScaler the first steps overflow on purpose (their updates are skipped), and that statistic
+    would turn non-finite for every later step. None otherwise."""
+    statement = s.statement_of(call)
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return None
+    targets: Set[str] = set()
+    for small in statement.body:
+        if isinstance(small, cst.Assign):
+            for target in small.targets:
+                elements = target.target.elements if isinstance(target.target, (cst.Tuple, cst.List)) else [target.target]
+                for element in elements:
+                    node = element.value if isinstance(element, (cst.Element, cst.StarredElement)) else element
+                    name = dotted_name(node)
+                    if name:
+                        targets.add(name)
+        elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+            name = dotted_name(small.target)
+            if name:
+                targets.add(name)
+    for arg in call.args:
+        name = dotted_name(arg.value)
+        if name and name in targets:
+            return name
+    return None
+
+
 def where_penalty(s: TrainingStructure, unit: TrainingUnit, site: PenaltySite, parameter: Optional[str]) -> str:
     """" in compute_grad2() (called in wgan_gp_reg())" for a message; "" for a penalty in the step."""
     if site.helper is None:
@@ -259,23 +290,32 @@ def write_penalty(edits, site: PenaltySite, unit: TrainingUnit, s: TrainingStruc
 
 
 def penalty_of_another_module(project, nodes) -> Optional[tuple]:
-    """(call, "gan.gradient_penalty", "torchprob/gan/gradient_penalty.py:69")
-    for the first call within `nodes` of a function of another project module that runs
+    """The first of penalties_of_other_modules(project, nodes), or None."""
+    found = penalties_of_other_modules(project, nodes)
+    return found[0] if found else None
+
+
+def penalties_of_other_modules(project, nodes) -> List[tuple]:
+    """(call, "gan.gradient_penalty", "torchprob/gan/gradient_penalty.py:69") for each call
+    within `nodes` of a function of another project module that runs
     torch.autograd.grad(..., create_graph=True) (LynnHo's `gan.gradient_penalty(D, x_real,
-    x_fake, ...)`): its gradients would be taken of unscaled float16 outputs, and ampify scales
-    only the penalties of the module it converts. None when there is none (or no project)."""
+    x_fake, ...)`; BasicSR's StyleGAN2 step calls both `r1_penalty(...)` and
+    `g_path_regularize(...)`): their gradients would be taken of unscaled float16 outputs.
+    Empty when there is none (or no project)."""
     ask = getattr(project, "gradient_penalty_called", None)
     if ask is None:
-        return None
+        return []
+    found, seen = [], set()
     for node in nodes:
         for call in statements.calls_within(node):
             called = dotted_name(call.func)
-            if not called:
+            if not called or id(call) in seen:
                 continue
+            seen.add(id(call))
             where = ask(called)
             if where is not None:
-                return call, called, where
-    return None
+                found.append((call, called, where))
+    return found
 
 
 def _scaled_already(site: PenaltySite, scaler_name: str) -> bool:

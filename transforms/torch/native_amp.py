@@ -41,7 +41,8 @@ from ampify.transforms.torch.framework_switches import (
 )
 from ampify.transforms.torch.gradient_penalty import (
     PenaltySite,
-    penalty_of_another_module,
+    penalties_of_other_modules,
+    state_fed_back,
     penalty_sites,
     sites_of_unit,
     unreached_penalties,
@@ -332,6 +333,9 @@ class NativeConversion(TorchConversion):
         self.penalties: Optional[Dict[int, PenaltySite]] = None
         #: ids of calls of penalty functions of other modules that get the scaler
         self.foreign_penalty_calls: Set[int] = set()
+        #: module key -> the change scaling its penalty functions, all those this file's steps call
+        #: (two functions of one module, BasicSR's r1_penalty and g_path_regularize, are one change)
+        self.penalty_modules: Dict[str, CompanionChange] = {}
         #: modules of other files already edited for a unit of this module (one edit per module)
         self.companion_keys: Set[str] = set()
         #: the edit of each wrapper class module a step goes through, by module key
@@ -482,9 +486,10 @@ class NativeConversion(TorchConversion):
         plan.loss_objects = [(use, self._scale_loss_object_elsewhere(use)) for use in loss_objects]
         if not self.scaling:
             return plan
-        elsewhere = penalty_of_another_module(
+        foreign = penalties_of_other_modules(
             self.project, [statement for block, start, end in regions for statement in list(block.body)[start:end + 1]])
-        if elsewhere is not None:
+        self._refuse_state_fed_back(unit, [call for call, _, _ in foreign])
+        for elsewhere in foreign:
             plan.foreign_penalties.append(self._scale_penalty_elsewhere(*elsewhere))
         plan.update_after = self.scaler_calls.update_anchor(unit)
         plan.early_exit_updates = list(self.scaler_calls.early_exit_updates.get(id(unit), []))
@@ -670,8 +675,9 @@ class NativeConversion(TorchConversion):
                 self.info("AMP230", f"gradient penalty {statements.code_of(call.func)}() (line {line} of its module) "
                                     f"gets scaler={reference}: it scales the outputs it differentiates already", call)
                 continue
-            if all(change.key != other.key for other in self.companions):
-                self.companions.append(change)
+            change = self.penalty_modules.get(change.key, change)  # every penalty function of that module
+            self.companions[:] = [other for other in self.companions if other.key != change.key]
+            self.companions.append(change)
             self.info("AMP230", f"gradient penalty {statements.code_of(call.func)}() of {change.display} (line {line}) "
                                 f"gets scaler={reference}: it scales the outputs it differentiates and unscales the "
                                 "gradients there (written together with this file, as one change set)", call)
@@ -829,6 +835,24 @@ class NativeConversion(TorchConversion):
                 loss_names |= statements.used_names(real.loss) - {"self"}
         return not loss_names or any(statements.assigned_names(statement) & loss_names for statement in region)
 
+    def _refuse_state_fed_back(self, unit: TrainingUnit, foreign_calls: List[cst.Call]) -> None:
+        """Unconvertible (AMP212) when a penalty helper this unit calls (of this file or another
+        module) is handed back what it returned: a running statistic of the gradients (StyleGAN2's
+        mean path length), which the overflowing first steps of a GradScaler leave non-finite."""
+        s = self.structure
+        calls = list(foreign_calls)
+        for site in sites_of_unit(s, unit, self.penalties or {}, self.scaler_name):
+            calls += [call for call in site.helper_calls if s.contains(unit.owner, call)]
+        for call in calls:
+            state = state_fed_back(s, call)
+            if state is not None:
+                raise Unconvertible(
+                    f"{statements.code_of(call.func)}() runs a gradient penalty and hands back {state}, which this step "
+                    "passes to it again: a running statistic of the gradients. With float16 GradScaler overflows its "
+                    "first steps on purpose (it skips them), and that statistic would stay non-finite for every "
+                    "later step; use --dtype bfloat16 (no loss scaling), or keep a skipped step from updating it "
+                    "and scale the penalty by hand", call, code="AMP212")
+
     def _scale_penalty_elsewhere(self, call: cst.Call, called: str, where: str
                                  ) -> Tuple[cst.Call, Optional[CompanionChange], int]:
         """The penalty function of another module the step calls (`gan.gradient_penalty(D, x_real,
@@ -853,7 +877,10 @@ class NativeConversion(TorchConversion):
             refuse(f"{display} is not in this run: run ampify on both files or on the repository")
         if any(arg.keyword is not None and arg.keyword.value == "scaler" for arg in call.args):
             refuse("the call already passes scaler=")
-        source = self.project.source_of(key)
+        # another edit of that module in this change set (a Gram matrix computed in float32 there,
+        # another penalty function): this one is made on top of it
+        earlier = self.penalty_modules.get(key) or next((c for c in self.companions if c.key == key), None)
+        source = earlier.new if earlier is not None else self.project.source_of(key)
         if source is None:
             refuse(f"{display} cannot be read")
         scaled = scale_penalty_of_module(source, function_name, "scaler")
@@ -869,10 +896,18 @@ class NativeConversion(TorchConversion):
             f"given a scaler (a new `scaler=None` parameter; float32 behaviour for callers that pass none), and the "
             f"gradients are divided by scaler.get_scale(); {self.display} passes its scaler",
             line, 0, Severity.INFO)
-        change = CompanionChange(
-            key=key, display=display, old=source, new=new, findings=[finding],
-            reason=f"changed with {self.display}: the gradient penalty {function_name}() scales with the GradScaler "
-                   "it is passed")
+        if earlier is not None:  # another edit of the same module: one change for both
+            change = CompanionChange(
+                key=key, display=display, old=earlier.old, new=new,
+                findings=sorted([*earlier.findings, finding], key=lambda f: (f.line, f.column, f.code)),
+                reason=f"{earlier.reason}; and the gradient penalty {function_name}() scales with the GradScaler it "
+                       "is passed")
+        else:
+            change = CompanionChange(
+                key=key, display=display, old=source, new=new, findings=[finding],
+                reason=f"changed with {self.display}: the gradient penalty {function_name}() scales with the "
+                       "GradScaler it is passed")
+        self.penalty_modules[key] = change
         return call, change, line
 
     def _loss_objects_of(self, unit: TrainingUnit) -> List[LossObjectUse]:
