@@ -2082,6 +2082,15 @@ class ProjectView:
         """"test.py" for every project module besides this one and `key` that may use the class."""
         return [self.where(path, 0).rsplit(":", 1)[0] for path in self.index.users_of(Path(key), name, [self.path])]
 
+    def class_user_sources(self, name: str) -> List[bytes]:
+        """The sources of the project modules besides this one that may use its class `name`."""
+        found = []
+        for path in self.index.users_of(self.path, name, []):
+            source = self.source_of(str(path))
+            if source is not None:
+                found.append(source)
+        return found
+
     def callers_elsewhere(self, function_name: str) -> List[str]:
         calls = sorted(self.index.callers(self.path, function_name), key=lambda call: (str(call.path), call.line))
         return [self.where(call.path, call.line) for call in calls]

@@ -84,6 +84,15 @@ class DeviceChoice:
             return bool(found)
         return bool(re.search(r"\bcuda\b", _CUDA_QUERIES.sub("", self.structure.module.code)))
 
+    def _device_set_by_users(self, class_name: str) -> bool:
+        """May the modules that build this file's class `class_name` put it on a GPU? True when
+        one of them names a device, or when none is known (a class of a library); False when every
+        user is seen and none does (ikostrikov's DDPG, built by a main.py that never names one)."""
+        sources = self.project.class_user_sources(class_name) if self.project is not None else []
+        if not sources:
+            return True
+        return any(_NAMES_A_DEVICE.search(source.decode("utf-8", "replace")) for source in sources)
+
     def _models_built_here(self) -> Optional[List[str]]:
         """Are the models this file's optimizers train all built here, on the CPU, from torch.nn /
         torchvision, a class of this file, or a class of another project module that names no
@@ -122,7 +131,8 @@ class DeviceChoice:
                             own_instances = True
                             continue
                         if model.startswith("self.") and binding.klass is not None and not any(
-                                _built_by(b, binding.klass.name.value) for b in s.bindings):
+                                _built_by(b, binding.klass.name.value) for b in s.bindings) \
+                                and self._device_set_by_users(binding.klass.name.value):
                             # `Adam(self.dis.parameters())` in a class another module builds (EDSR's
                             # adversarial loss, moved with `.to(device)` by its user): its device is set there
                             return None
