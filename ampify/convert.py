@@ -16,7 +16,7 @@ import libcst as cst
 
 from ampify.findings import FileStatus, Finding, Severity, incomplete_codes
 from ampify.options import Options
-from ampify.legacy_syntax import legacy_syntax_hint
+from ampify.legacy_syntax import legacy_syntax_hint, rename_async_arguments
 from ampify.registry import transforms_for
 from ampify.transforms.base import CompanionChange, Transform, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import ImportMap
@@ -56,6 +56,9 @@ def convert_source(
     if not transforms:
         return Conversion(FileStatus.NOT_APPLICABLE, reason)
     if isinstance(python_error, SyntaxError) and legacy_syntax_hint(python_error.text):
+        renamed = _with_non_blocking(source, options, filename, context)
+        if renamed is not None:
+            return renamed
         # Python 2 (`except IOError, e:`) or pre-3.7 code (`x.cuda(async=True)`) that LibCST may
         # still read: it does not run on this Python, so it is not converted; the reason says why
         raise ConversionError(describe_python_error(python_error))
@@ -111,6 +114,33 @@ def convert_source(
         return Conversion(FileStatus.CHANGED, "", findings, new_source, companions)
     status, reason = _agreeing_with_warnings(*_unchanged_status(results), findings)
     return Conversion(status, reason, findings)
+
+
+def _with_non_blocking(source, options, filename, context) -> Optional[Conversion]:
+    """The conversion of a file that is invalid only for PyTorch 0.3's `.cuda(async=True)`: the
+    argument renamed `non_blocking=True` (legacy_syntax.rename_async_arguments), when the renamed
+    file compiles and ampify changes it; None otherwise (the file is reported as before)."""
+    renamed = rename_async_arguments(source)
+    if renamed is None:
+        return None
+    new_source, lines = renamed
+    try:
+        compile(new_source, filename, "exec")
+    except SyntaxError as error:
+        if legacy_syntax_hint(error.text):  # more old syntax than the rename: that is what to fix
+            raise ConversionError(describe_python_error(error)) from None
+        return None
+    except ValueError:
+        return None
+    conversion = convert_source(new_source, options, filename, context)
+    if conversion.converted is None:
+        return None
+    conversion.findings[:] = sorted(
+        [*conversion.findings, *(Finding("AMP002", "`async=` renamed `non_blocking=` (PyTorch 0.4's name for it; "
+                                                   "`async` is a keyword since Python 3.7)", line, 0, Severity.INFO)
+                                 for line in lines)],
+        key=lambda f: (f.line, f.column, f.code))
+    return conversion
 
 
 def _check_one_edit_per_module(companions, filename) -> None:

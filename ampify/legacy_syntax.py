@@ -3,13 +3,17 @@
 Real training repositories keep files from before Python 3.7 and from Python 2: PyTorch 0.3's
 `x.cuda(async=True)` (`async` became a keyword in 3.7; PyTorch 0.4 renamed the argument
 `non_blocking`), `print "epoch", i`, `except IOError, e:`. Python's own message for most of them
-is a bare "invalid syntax"; the hint says what the line is and what to do first. ampify never
-rewrites such a file: it converts what runs on the Python it runs on."""
+is a bare "invalid syntax"; the hint says what the line is and what to do first. ampify converts
+what runs on the Python it runs on, with one exception: PyTorch 0.3's `async=` argument of
+`.cuda()` / `.to()` is renamed `non_blocking=` (rename_async_arguments) in a file ampify converts,
+since that file runs on no current PyTorch otherwise."""
 
 from __future__ import annotations
 
+import io
 import re
-from typing import Optional
+import tokenize
+from typing import List, Optional, Tuple, Union
 
 _ASYNC_AS_NAME = re.compile(r"(?:\basync\s*=(?!=)|\.\s*async\b|\bdef\s+async\b)")
 _AWAIT_AS_NAME = re.compile(r"(?:\bawait\s*=(?!=)|\.\s*await\b|\bdef\s+await\b)")
@@ -53,3 +57,48 @@ def _without_strings_and_comment(line: str) -> str:
     """The line with string literals emptied and its comment dropped, so words inside them match nothing."""
     line = re.sub(r"(\"\"\"|''')(?:.*?)\1|\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'", '""', line)
     return line.split("#", 1)[0]
+
+
+#: the calls whose `async=` argument PyTorch 0.4 renamed `non_blocking=`
+_NON_BLOCKING_CALLS = frozenset({"cuda", "to"})
+
+
+def rename_async_arguments(source: Union[str, bytes]) -> Optional[Tuple[Union[str, bytes], List[int]]]:
+    """PyTorch 0.3's `x.cuda(async=True)` / `x.to(device, async=True)` with the argument PyTorch
+    0.4 renamed it to, `non_blocking=True` (the same call; `async` is a keyword since Python 3.7,
+    so the file runs on no Python that runs a current PyTorch). Only a keyword argument written
+    directly in a `.cuda(...)` or `.to(...)` call is renamed (DeepRL's `ReplayWrapper(...,
+    async=True)` is its own parameter, left alone). (new source, renamed lines), or None when
+    there is none. Bytes keep their encoding, BOM and newlines."""
+    raw = source if isinstance(source, bytes) else source.encode("utf-8")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+        text = raw.decode(encoding)
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (SyntaxError, UnicodeDecodeError, LookupError, tokenize.TokenError, IndentationError):
+        return None
+    renamed: List[Tuple[int, int]] = []
+    # one entry per open bracket: does it open a `.cuda(` / `.to(` call?
+    stack: List[bool] = []
+    for index, token in enumerate(tokens):
+        if token.type == tokenize.OP and token.string in "([{":
+            opens_call = (token.string == "(" and index >= 2 and tokens[index - 1].type == tokenize.NAME
+                          and tokens[index - 1].string in _NON_BLOCKING_CALLS
+                          and tokens[index - 2].type == tokenize.OP and tokens[index - 2].string == ".")
+            stack.append(opens_call)
+        elif token.type == tokenize.OP and token.string in ")]}":
+            if stack:
+                stack.pop()
+        elif (token.type == tokenize.NAME and token.string == "async" and stack and stack[-1]
+              and index + 1 < len(tokens) and tokens[index + 1].string == "="
+              and tokens[index - 1].string in ("(", ",")):
+            renamed.append(token.start)
+    if not renamed:
+        return None
+    lines = text.splitlines(keepends=True)
+    for row, column in reversed(renamed):
+        line = lines[row - 1]
+        lines[row - 1] = line[:column] + "non_blocking" + line[column + len("async"):]
+    new_text = "".join(lines)
+    new = new_text.encode(encoding) if isinstance(source, bytes) else new_text
+    return new, sorted({row for row, _ in renamed})

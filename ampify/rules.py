@@ -59,6 +59,11 @@ RULES: List[Rule] = [
     Rule("AMP001", "error", "error: the converted file could not be written (read-only, changed or vanished during the run)",
          "A file is either untouched or replaced whole: when the write cannot happen safely, nothing is written.",
          "train.py: failed: file changed on disk during the run, not overwritten", MANUAL),
+    Rule("AMP002", "info", "PyTorch 0.3's `.cuda(async=True)` / `.to(..., async=True)` is now `non_blocking=True`",
+         "`async` is a keyword since Python 3.7, so the file runs on no Python with a current PyTorch; PyTorch 0.4 "
+         "renamed the argument `non_blocking`, the same transfer. Renamed only in `.cuda()` / `.to()` calls, and only "
+         "in a file ampify converts; any other outdated syntax still leaves the file untouched, with the reason.",
+         "target = target.cuda(async=True)\n  -> target = target.cuda(non_blocking=True)", REVIEW),
     Rule("AMP100", "error", "error: internal error in the TF1 transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP100 internal error in the tf1-graph-rewrite transform (KeyError: ...); this file is left unchanged", MANUAL),

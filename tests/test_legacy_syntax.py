@@ -1,5 +1,6 @@
 """Old training scripts (Python 2, PyTorch 0.3 on Python <= 3.6) fail with the reason and the fix,
-never with a bare "invalid syntax", and are never converted, also when LibCST reads them."""
+never with a bare "invalid syntax", and are never converted, also when LibCST reads them; the one
+exception is PyTorch 0.3's `.cuda(async=True)`, renamed `non_blocking=True` in a file ampify converts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ampify.convert import ConversionError, convert_source
-from ampify.legacy_syntax import legacy_syntax_hint
+from ampify.legacy_syntax import legacy_syntax_hint, rename_async_arguments
 
 TRAINING = (
     "import torch\n"
@@ -27,8 +28,8 @@ TRAINING = (
 
 
 @pytest.mark.parametrize("line,expected", [
-    ("    targets = targets.cuda(async=True)\n", "PyTorch 0.3's spelling of `non_blocking=True`"),
-    ("    inputs = inputs.to(device, async = True)\n", "PyTorch 0.3's spelling of `non_blocking=True`"),
+    ("    targets = ReplayWrapper(replay, async=True)\n", "PyTorch 0.3's spelling of `non_blocking=True`"),
+    ("    targets = targets.cuda(async=True)\n    print 'loss', loss\n", "Python 2 code (a print statement)"),
     ("    mode = loader.async\n", "`async` is a keyword since Python 3.7 and cannot name"),
     ("    print 'loss', loss\n", "Python 2 code (a print statement)"),
     ("    exec 'x = 1'\n", "Python 2 code (an exec statement)"),
@@ -76,11 +77,42 @@ def test_an_ordinary_syntax_error_gets_no_hint():
 
 def test_cli_reports_the_old_file_as_failed_and_leaves_it(tmp_path: Path):
     old = tmp_path / "cifar.py"
-    old.write_text(TRAINING.format(line="    inputs, targets = inputs.cuda(), targets.cuda(async=True)\n"))
+    old.write_text(TRAINING.format(line="    inputs, targets = inputs.cuda(), targets.cuda(async=True)\n"
+                                        "    print 'batch'\n"))
     before = old.read_bytes()
     run = subprocess.run([sys.executable, "-m", "ampify", str(tmp_path)], capture_output=True, text=True,
                          timeout=120, env=dict(os.environ, PYTHONIOENCODING="utf-8"))
     assert run.returncode == 1
     assert f"{old}: failed: not valid Python 3." in run.stderr + run.stdout
-    assert "non_blocking=True" in run.stderr + run.stdout
+    assert "Python 2 code (a print statement)" in run.stderr + run.stdout
     assert old.read_bytes() == before
+
+
+@pytest.mark.parametrize("line", ["    targets = targets.cuda(async=True)\n",
+                                  "    inputs, targets = inputs.to(device, async = True), targets.cuda(async=True)\n"])
+def test_pytorch03_async_transfers_are_renamed_in_a_file_ampify_converts(line):
+    """bearpaw/pytorch-classification's `targets.cuda(async=True)`: the only reason the file is not
+    Python 3.7+. Converted, with `non_blocking=` (AMP002 on that line) and the step in AMP."""
+    conversion = convert_source(TRAINING.format(line=line).encode(), filename="cifar.py")
+    converted = conversion.converted.decode()
+    assert "async" not in converted and converted.count("non_blocking") == line.count("async")
+    assert "scaler.scale(loss).backward()" in converted
+    assert [(f.code, f.line) for f in conversion.findings if f.code == "AMP002"] == [("AMP002", 5)]
+    compile(converted, "cifar.py", "exec")
+
+
+def test_an_async_transfer_in_a_file_with_nothing_to_convert_is_not_rewritten():
+    """A backward() with no optimizer step: ampify changes nothing, so it does not rename either;
+    the reason stays."""
+    with pytest.raises(ConversionError) as raised:
+        convert_source("import torch\nx = torch.zeros(2).cuda(async=True)\nmodel = torch.nn.Linear(2, 2)\n"
+                       "model(x).sum().backward()\n")
+    assert "non_blocking=True" in str(raised.value)
+
+
+def test_the_rename_keeps_encoding_bom_and_newlines():
+    source = "\ufeff# d\u00e9j\u00e0\r\nx = y.cuda(async=True)\r\nz = f(async=True)\r\n".encode("utf-8")
+    new, lines = rename_async_arguments(source)
+    assert new == "\ufeff# d\u00e9j\u00e0\r\nx = y.cuda(non_blocking=True)\r\nz = f(async=True)\r\n".encode("utf-8")
+    assert lines == [2]
+    assert rename_async_arguments(b"x = y.cuda(non_blocking=True)\n") is None
