@@ -1318,11 +1318,14 @@ class ProjectView:
     def _own_outline(self) -> Optional[ModuleOutline]:
         return self.index.outline(self.path)
 
-    def star_bound_imports(self) -> Dict[str, str]:
-        outline = self._own_outline()
+    def star_bound_imports(self, key: Optional[str] = None) -> Dict[str, str]:
+        """Local name -> import the star imports of this module (or of the project module `key`)
+        bind: `tf` where `from utils import *` brings utils' `import tensorflow as tf`."""
+        path = Path(key).resolve() if key is not None else self.path
+        outline = self.index.outline(path) if key is not None else self._own_outline()
         if outline is None or not outline.star_imports:
             return {}
-        bound = self.index.star_bound_imports(self.path, outline.star_imports)
+        bound = self.index.star_bound_imports(path, outline.star_imports)
         return {name: target for name, target in bound.items() if name not in outline.imports}
 
     def returns_device_moved(self, dotted: str) -> Optional[str]:

@@ -592,7 +592,8 @@ class _GraphRewrite:
                 try:
                     if source is None:
                         raise SessionConfigRefused(f"{sites[0].display} cannot be read")
-                    companions.append(plan_session_config(source, sites, callee, here))
+                    companions.append(plan_session_config(source, sites, callee, here,
+                                                          self.project.star_bound_imports(keys[0])))
                 except SessionConfigRefused as refused:
                     reason = str(refused)
             old = self.findings[index]

@@ -23,7 +23,7 @@ block); anything else raises SessionConfigRefused with the reason.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
@@ -42,14 +42,19 @@ class SessionConfigRefused(Exception):
     """The caller's Session cannot be given the rewrite safely; the message says why."""
 
 
-def plan_session_config(source: bytes, sites: Sequence[CallSite], callee: str, here: str) -> CompanionChange:
-    """The calling module's edit: its Session config turns the graph rewrite on."""
+def plan_session_config(source: bytes, sites: Sequence[CallSite], callee: str, here: str,
+                        star_bound: Optional[Dict[str, str]] = None) -> CompanionChange:
+    """The calling module's edit: its Session config turns the graph rewrite on. `star_bound`:
+    the names its star imports bind (`tf` through UGATIT's `from utils import *`)."""
     display = sites[0].display
     try:
         module = cst.parse_module(source)
     except Exception as error:
         raise SessionConfigRefused(f"{display} does not parse ({type(error).__name__})") from None
     planner = _Planner(module, display)
+    for local, qualified in sorted((star_bound or {}).items()):
+        if local not in planner.imports.aliases:
+            planner.imports = planner.imports.with_alias(local, qualified)
     configs: List[Tuple[cst.CSTNode, str]] = []
     for site in sites:
         found = planner.session_config_for(site.line, site.column, callee)
