@@ -759,3 +759,22 @@ def test_an_agent_built_inside_the_session_its_caller_opened_is_said_to_stay_flo
     fixed = _run_module(project)
     _assert_trains(_losses(fixed.stdout))
     assert _converted_nodes(fixed.stderr) > 0, fixed.stderr[-4000:]
+
+
+def test_ddpg_actor_optimizer_built_inline_is_named_and_its_gradients_loss_scaled(tmp_path):
+    """pemami4911's DDPG actor: `tf.train.AdamOptimizer(lr).apply_gradients(zip(grads, params))` with
+    grads from tf.gradients(..., -action_gradient): the optimizer is named on a line of its own above
+    tf.gradients and computes them (grad_loss=...), so they are loss-scaled; it runs under TensorFlow,
+    the graph runs in float16, and the actor learns as the original does."""
+    source, conversion = _convert("exec_ddpg_actor_optimizer_built_inline")
+    assert [f.code for f in conversion.findings if f.severity.value != "info"] == []
+    assert "optimizer.compute_gradients(\n            self.scaled_out, var_list=self.network_params, " \
+           "grad_loss=-self.action_gradient)" in conversion.converted
+    assert "self.optimize = optimizer.apply_gradients(" in conversion.converted
+    converted = _run(tmp_path, "converted.py", conversion.converted)
+    _assert_trains(_losses(converted.stdout))
+    assert converted.stderr.count("AMPIFY_RUNNER loss-scale compute_gradients") == 1
+    assert _converted_nodes(converted.stderr) > 0, converted.stderr[-4000:]
+    original = _run(tmp_path, "original.py", source)
+    _assert_trains(_losses(original.stdout))
+    assert "AMPIFY_RUNNER loss-scale compute_gradients" not in original.stderr

@@ -13,6 +13,7 @@ Its rule codes (AMP1xx) and what each means: ampify/rules.py (`ampify rules`).
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
@@ -52,6 +53,7 @@ from ampify.transforms.tf1.names import (
     NGC_AUTO_MIXED_PRECISION_STRINGS,
     normalise_tf_name,
 )
+from ampify.transforms.tf1.inline_optimizers import name_inline_optimizers
 from ampify.transforms.tf1.ngc_switch import ngc_switches, past_ngc_switches
 from ampify.transforms.tf1.optimizer_classes import KERAS, MIXED, TF1, OptimizerClassifier
 from ampify.transforms.tf1.optimizer_hoist import StatementMove, move_statements
@@ -216,6 +218,12 @@ class _WrapAndReplace(cst.CSTTransformer):
         return updated_node
 
 
+#: "line 72" in a message of the second pass: a line of the module with the optimizer named
+_LINE_IN_MESSAGE = re.compile(r"\bline (\d+)")
+#: the gradients rewrite's reason for an optimizer built inline where it applies the gradients
+_NOT_A_PLAIN_NAME = "the optimizer that applies them is not a plain name"
+
+
 def _line_map(new_code: str, old_code: str):
     """Line of `new_code` -> line of `old_code` it came from; an inserted line maps to the
     original line it was inserted before."""
@@ -225,6 +233,14 @@ def _line_map(new_code: str, old_code: str):
         for offset in range(b2 - b1):
             mapping[b1 + offset + 1] = (a1 + offset + 1) if tag == "equal" else a1 + 1
     return lambda line: mapping.get(line, line)
+
+
+def _mapped(findings: List[Finding], to_original) -> List[Finding]:
+    """Findings of a pass over a module with lines added, at the lines of the module given (their
+    messages' "line N" too)."""
+    return [replace(f, line=to_original(f.line),
+                    message=_LINE_IN_MESSAGE.sub(lambda m: f"line {to_original(int(m.group(1)))}", f.message))
+            for f in findings]
 
 
 def _code_of(node: cst.CSTNode) -> str:
@@ -240,8 +256,10 @@ class _GraphRewrite:
 
     def __init__(self, module: cst.Module, imports: ImportMap, options: Options,
                  ignored_markers: frozenset = frozenset(), context: UnitContext = UnitContext(),
-                 sessions_turned_on: bool = False):
+                 sessions_turned_on: bool = False, inline_named: bool = False):
         self.options = options
+        #: this module's inline optimizers were named already (a second pass, inline_optimizers.py)
+        self.inline_named = inline_named
         self.ignored_markers = ignored_markers
         self.context = context
         #: this module's own Session configs were given the rewrite already (a second pass)
@@ -399,6 +417,9 @@ class _GraphRewrite:
             wrapped_calls=frozenset(id(site.call) for site in to_wrap),
         )
         self.findings.extend(plan.findings)
+        named = self._with_inline_optimizers_named(to_wrap, plan)
+        if named is not None:
+            return named
         if to_wrap and any(f.code == CODE_GRADIENTS_OUTSIDE_OPTIMIZER for f in plan.findings):
             # nothing is written: the wraps and rewrites it would have made are not reported as made
             self.findings = [f for f in self.findings if f.severity is not Severity.INFO]
@@ -533,8 +554,7 @@ class _GraphRewrite:
         result = _GraphRewrite(turned, ImportMap.from_module(turned), self.options,
                                self.ignored_markers | {"auto_mixed_precision"}, self.context, sessions_turned_on=True).run()
         # the second pass saw the module with the config lines in it; findings name original lines
-        to_original = _line_map(turned.code, self.module.code)
-        result.findings[:] = [replace(f, line=to_original(f.line)) for f in result.findings]
+        result.findings[:] = _mapped(result.findings, _line_map(turned.code, self.module.code))
         for session, _ in sessions_here:
             config = session_config_name(session.node) or "the Session's config"
             result.findings.append(Finding(
@@ -542,6 +562,26 @@ class _GraphRewrite:
                           f"{config}.graph_options.rewrite_options.auto_mixed_precision is turned on before it, so the "
                           "Session asks for the graph rewrite itself", session.line, session.column, Severity.INFO))
         result.findings.sort(key=lambda f: (f.line, f.column, f.code))
+        return result
+
+    def _with_inline_optimizers_named(self, to_wrap: List[OptimizerSite], plan) -> Optional[TransformResult]:
+        """tf.gradients applied by an optimizer built inline (`tf.train.AdamOptimizer(lr).apply_gradients(
+        zip(grads, params))`, pemami4911's DDPG actor), which the gradients rewrite cannot name: the
+        optimizer gets a name on the line before (inline_optimizers.py) and the module is converted
+        from there, when that lets the rewrite scale those gradients. None otherwise."""
+        if self.inline_named or not any(_NOT_A_PLAIN_NAME in f.message for f in plan.findings):
+            return None
+        inline = {id(site.call) for site in to_wrap if not site.assigned_to}
+        if not inline:
+            return None
+        named = name_inline_optimizers(self.module, inline)
+        if named.code == self.module.code:
+            return None
+        result = _GraphRewrite(named, ImportMap.from_module(named), self.options, self.ignored_markers, self.context,
+                               sessions_turned_on=self.sessions_turned_on, inline_named=True).run()
+        if any(_NOT_A_PLAIN_NAME in f.message for f in result.findings):
+            return None
+        result.findings[:] = _mapped(result.findings, _line_map(named.code, self.module.code))
         return result
 
     def _unscaled_optimizer_calls(self) -> str:
