@@ -144,6 +144,8 @@ EXPECTED_CALLS = {
     "optimizers_compared_in_a_zip": {"step": 12, "update": 12, "scale": 12, "load_state_dict": 0},
     # 3 epochs x 3 batches; the WeightEMA named `ema_optimizer` is stepped as it was, not by the scaler
     "ema_of_the_weights": {"step": 9, "update": 9, "scale": 9, "load_state_dict": 0},
+    # 2 epochs x 3 training batches; the evaluating calls (None for the optimizer) step nothing
+    "train_val_with_none_for_evaluation": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
 }
 
 

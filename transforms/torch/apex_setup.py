@@ -209,6 +209,8 @@ class ApexSetupFinder:
         found: List[Tuple[Binding, str]] = []
         for call, caller_scope in callers:
             argument = _argument_for(function, name, call)
+            if isinstance(argument, cst.Name) and argument.value == "None":
+                continue  # `train_val(model, test_loader, None)`: no optimizer, so no step runs there
             argument_name = dotted_name(argument) if argument is not None else None
             idle = no_op_optimizer_class(self.s, argument, caller_scope)
             if idle is not None:
@@ -218,6 +220,8 @@ class ApexSetupFinder:
             if argument_name is None:
                 refuse(call, f"{function.name.value}() is called without a plain name for {name}")
             found.append(self._construction(argument_name, caller_scope, call, depth + 1))
+        if not found:
+            refuse(function, f"{function.name.value}() is only called with None for {name}")
         if any(f[0] is not found[0][0] for f in found):
             refuse(function, f"{function.name.value}() is called with different optimizers")
         return found[0]

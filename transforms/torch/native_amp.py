@@ -70,7 +70,7 @@ from ampify.transforms.torch.wrapper_steps import (
 from ampify.transforms.torch.scaler_calls import ScalerCallPlanner
 from ampify.transforms.torch.torch_import import add_import_torch, last_leading_import, module_level_aliases
 from ampify.transforms.torch.float32_losses import float32_only_loss_calls
-from ampify.transforms.torch.scaler_placement import DISABLED_SCALER, ScalerHome, ScalerPlacement, UnitPlan
+from ampify.transforms.torch.scaler_placement import DISABLED_SCALER, NO_OPTIMIZER, ScalerHome, ScalerPlacement, UnitPlan
 from ampify.transforms.torch.training_loop import (
     flat_parameter_fsdp_wraps,
     HazardKind,
@@ -794,10 +794,12 @@ class NativeConversion(TorchConversion):
                 if caller_reference == DISABLED_SCALER:
                     caller_reference = f"{self.torch}.amp.GradScaler(enabled=False)"
                     idle = next(klass for c, klass in self.placement.idle_optimizers if c is call)
+                    what = ("None for the optimizer (it trains nothing)" if idle == NO_OPTIMIZER
+                            else f"a {idle}, whose step() does nothing")
                     self.info(
                         "AMP204",
-                        f"this call passes a {idle}, whose step() does nothing: it gets {caller_reference}, which "
-                        "leaves its backward and step exactly as they were",
+                        f"this call passes {what}: it gets {caller_reference}, which leaves its backward and step "
+                        "exactly as they were",
                         call,
                     )
                 self.edits.add_keyword(call, self.scaler_name, caller_reference)

@@ -31,6 +31,8 @@ from ampify.transforms.torch.training_loop import (
 #: the scaler reference a call passes for an optimizer whose step() does nothing (see
 #: `no_op_optimizer_class`); written as `<torch>.amp.GradScaler(enabled=False)`
 DISABLED_SCALER = "<disabled GradScaler>"
+#: what idle_optimizers records for a call that passes None for the optimizer
+NO_OPTIMIZER = "None"
 
 
 def no_op_optimizer_class(
@@ -546,8 +548,14 @@ class ScalerPlacement:
             positions = {name: index - 1 for name, index in positions.items() if index > 0}
         for call in calls:
             caller_scope = s.scope_of(call)
-            idle = [no_op_optimizer_class(s, statements.argument_for(call, receiver, positions), caller_scope)
-                    for receiver in receivers]
+            arguments = [statements.argument_for(call, receiver, positions) for receiver in receivers]
+            if all(isinstance(argument, cst.Name) and argument.value == "None" for argument in arguments):
+                # `train_val(model, test_loader, None)` (leftthomas/SimCLR): no optimizer, so no
+                # step runs; a disabled GradScaler keeps that call exactly as it was
+                threaded.append((call, DISABLED_SCALER))
+                self.idle_optimizers.append((call, NO_OPTIMIZER))
+                continue
+            idle = [no_op_optimizer_class(s, argument, caller_scope) for argument in arguments]
             if all(idle):
                 # `run_epoch(..., DummyOptimizer(), mode="eval")`: an optimizer whose step() does
                 # nothing gets a disabled GradScaler, whose scale/step/update/unscale_ are then

@@ -1381,8 +1381,9 @@ def _plain_optimizer(structure: TrainingStructure, name: str, scope: Scope) -> b
 
 def _names_passed_for(structure: TrainingStructure, parameter: str, function: Scope) -> Optional[List[Tuple[str, cst.Call, Scope]]]:
     """(name, call, the call's scope) for every call in this file of the module-level function
-    `function` that hands its parameter `parameter` a plain name; None when the function is used
-    any other way (passed as a value, a starred argument, an expression handed in) or never called."""
+    `function` that hands its parameter `parameter` a plain name (a call handing it `None` hands
+    nothing: left out); None when the function is used any other way (passed as a value, a starred
+    argument, an expression handed in) or never called."""
     if not (isinstance(function, cst.FunctionDef) and isinstance(structure.parent(function), cst.Module)):
         return None
     params = list(function.params.params)
@@ -1412,6 +1413,8 @@ def _names_passed_for(structure: TrainingStructure, parameter: str, function: Sc
             value = positional[position].value
         if not isinstance(value, cst.Name):
             return None
+        if value.value == "None":
+            continue  # `train_val(model, test_loader, None)`: this call hands nothing in (no step runs)
         found.append((value.value, call, structure.scope_of(call)))
     return found or None
 
