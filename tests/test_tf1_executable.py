@@ -290,15 +290,16 @@ def test_a_session_created_by_the_caller_module_gets_the_rewrite_through_its_con
 
 @pytest.mark.parametrize("case", ["tf1_session_elsewhere_inline_config", "tf1_session_elsewhere_no_config",
                                   "tf1_session_registry", "tf1_session_shared_by_two_agents",
-                                  "tf1_session_elsewhere_through_a_star_import"])
+                                  "tf1_session_elsewhere_through_a_star_import", "tf1_session_opened_around_a_builder_function"])
 def test_a_caller_session_with_an_inline_config_or_none_gets_the_rewrite_too(case, tmp_path):
     """hwalsuklee/tensorflow-generative-model-collections' main.py opens
     `tf.Session(config=tf.ConfigProto(allow_soft_placement=True))`: the config is bound to a new
     variable first and given the rewrite (also for `tf.Session()` with none), also when the model
     class is picked from a list (`for model in models: model(sess, ...)`) or when two agents built
     under their own variable scopes share it (MorvanZhou's Double DQN: one config, once), or when
-    main.py's `tf` comes from `from utils import *` (taki0112's UGATIT), and the converted
-    project's graph really runs in float16."""
+    main.py's `tf` comes from `from utils import *` (taki0112's UGATIT), or when a helper of main.py
+    builds the model from the Session main() hands it (carpedm20's NTM), and the converted project's
+    graph really runs in float16."""
     folder = Path(__file__).resolve().parent.parent / "fixtures" / "repositories" / case / "input"
     project = tmp_path / "project"
     project.mkdir()

@@ -29,12 +29,16 @@ import libcst as cst
 
 from ampify.findings import Finding, Severity
 from ampify.transforms.base import CallSite, CompanionChange
-from ampify.transforms.kit.fast_walk import walk
+from ampify.transforms.kit.fast_walk import iter_tree, walk
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.positions import Positions
 from ampify.transforms.tf1.names import normalise_tf_name
 
 SESSION_CONSTRUCTORS = ("tensorflow.Session", "tensorflow.InteractiveSession")
+#: the dotted names `tf.device` resolves to
+DEVICE_SCOPES = ("tensorflow.device", "tensorflow.compat.v1.device")
+#: module-level functions followed up from the call that builds the model to the Session's block
+MAX_HOPS = 2
 RULE_IMPORT = "from tensorflow.core.protobuf import rewriter_config_pb2"
 
 
@@ -133,6 +137,19 @@ class _Planner:
         call = self._call_at(line, column)
         if call is None:
             raise SessionConfigRefused(f"the call of {callee}() at {self.display}:{line} was not found")
+        found = self._config_for_call(call, 0)
+        if found is None:
+            raise SessionConfigRefused(
+                f"{callee}() at {self.display}:{line} runs in a Session ampify cannot find there (no `with "
+                "tf.Session(...)` around it, no `sess = tf.Session(...)` before it in its block, nor around the "
+                "calls of the function holding it)")
+        return found
+
+    def _config_for_call(self, call: cst.Call, depth: int) -> Optional[Tuple[cst.CSTNode, str]]:
+        """The Session around `call`: a `with` holding it, a `sess = tf.Session(...)` before it in
+        its block, or, for a call in a module-level function of this module (NTM's
+        `create_ntm(config, sess)` building the model), the one Session around every call of that
+        function (MAX_HOPS functions up)."""
         current = self.parents.get(id(call))
         while current is not None:
             if isinstance(current, cst.With):
@@ -143,12 +160,22 @@ class _Planner:
                 session = self._session_assigned_before(current, call)
                 if session is not None:
                     return session
+            if isinstance(current, cst.FunctionDef) and depth < MAX_HOPS and isinstance(
+                    self.parents.get(id(current)), cst.Module):
+                return self._config_around_calls_of(current, depth)
             if isinstance(current, (cst.FunctionDef, cst.ClassDef)):
                 break
             current = self.parents.get(id(current))
-        raise SessionConfigRefused(
-            f"{callee}() at {self.display}:{line} runs in a Session ampify cannot find there (no `with tf.Session(...)` "
-            "around it, no `sess = tf.Session(...)` before it in its block)")
+        return None
+
+    def _config_around_calls_of(self, function: cst.FunctionDef, depth: int) -> Optional[Tuple[cst.CSTNode, str]]:
+        name = function.name.value
+        calls = [node for node in iter_tree(self.module)
+                 if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == name]
+        found = [self._config_for_call(call, depth + 1) for call in calls]
+        if not found or any(f is None for f in found) or len({id(statement) for statement, _ in found}) != 1:
+            return None
+        return found[0]
 
     def _call_at(self, line: int, column: int) -> Optional[cst.Call]:
         found = []
@@ -167,7 +194,18 @@ class _Planner:
 
     def _session_of_with(self, statement: cst.With) -> Optional[cst.Call]:
         sessions = [item.item for item in statement.items if self._is_session(item.item)]
-        return sessions[0] if len(sessions) == 1 else None
+        if len(sessions) != 1:
+            return None
+        for item in statement.items:
+            device = item.item
+            if (isinstance(device, cst.Call) and normalise_tf_name(self.imports.resolve(device.func)) in DEVICE_SCOPES
+                    and device.args and isinstance(device.args[0].value, cst.SimpleString)
+                    and "cpu" in device.args[0].value.value.lower()):
+                # carpedm20/NTM-tensorflow: `with tf.device('/cpu:0'), tf.Session() as sess:`
+                raise SessionConfigRefused(
+                    f"the `with` opening the Session at {self.display}:{self.line(statement)} also pins the graph to the "
+                    f"CPU ({_code(device)}), and the graph rewrite converts GPU ops only: nothing would run in float16")
+        return sessions[0]
 
     def _session_assigned_before(self, block, call: cst.Call) -> Optional[Tuple[cst.CSTNode, str]]:
         body = list(block.body)
@@ -355,3 +393,7 @@ def _with_import(module: cst.Module) -> cst.Module:
     if last < 0:
         return module.with_changes(body=[statement, *body])
     return module.with_changes(body=[*body[: last + 1], statement, *body[last + 1:]])
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
