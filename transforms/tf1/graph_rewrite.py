@@ -150,8 +150,9 @@ def _tf_from_star_import(imports: ImportMap) -> bool:
 
 
 def _with_star_import_assumption(result: TransformResult, module: cst.Module) -> TransformResult:
-    """Say that `tf` was taken as TensorFlow's TF1 API, when anything was done or reported."""
-    if result.verdict is Verdict.NOT_APPLICABLE and not result.findings:
+    """Say that `tf` was taken as TensorFlow's TF1 API, when anything was done or warned about (not
+    for a module with nothing to do: UGATIT's main.py, read alone, only creates the Session)."""
+    if result.verdict is not Verdict.CONVERTED and not any(f.severity is not Severity.INFO for f in result.findings):
         return result
     line = next(
         (index + 1 for index, line in enumerate(module.code.splitlines()) if "import *" in line), 0
