@@ -134,6 +134,11 @@ def _with_non_blocking(source, options, filename, context) -> Optional[Conversio
         return None
     conversion = convert_source(new_source, options, filename, context)
     if conversion.converted is None:
+        if conversion.status is FileStatus.UNCONVERTED:
+            # what blocks the conversion is what the user must act on: the rename would come with it
+            conversion.reason += ("; the file's PyTorch 0.3 `async=` arguments (line " + ", ".join(map(str, lines))
+                                  + ") would be renamed `non_blocking=` with the conversion")
+            return conversion
         return None
     conversion.findings[:] = sorted(
         [*conversion.findings, *(Finding("AMP002", "`async=` renamed `non_blocking=` (PyTorch 0.4's name for it; "

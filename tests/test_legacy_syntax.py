@@ -101,13 +101,17 @@ def test_pytorch03_async_transfers_are_renamed_in_a_file_ampify_converts(line):
     compile(converted, "cifar.py", "exec")
 
 
-def test_an_async_transfer_in_a_file_with_nothing_to_convert_is_not_rewritten():
-    """A backward() with no optimizer step: ampify changes nothing, so it does not rename either;
-    the reason stays."""
-    with pytest.raises(ConversionError) as raised:
-        convert_source("import torch\nx = torch.zeros(2).cuda(async=True)\nmodel = torch.nn.Linear(2, 2)\n"
-                       "model(x).sum().backward()\n")
-    assert "non_blocking=True" in str(raised.value)
+def test_an_async_transfer_in_a_file_ampify_does_not_change_is_not_rewritten():
+    """Nothing converted, nothing renamed: a file with no training code is not applicable, as it
+    was; one whose step is refused reports that refusal, and the rename it would make with the
+    conversion."""
+    unrelated = convert_source("import torch\nx = torch.zeros(2).cuda(async=True)\nmodel = torch.nn.Linear(2, 2)\n"
+                               "y = model(x)\n")
+    assert unrelated.converted is None and unrelated.status.value == "not applicable"
+    refused = convert_source("import torch\nx = torch.zeros(2).cuda(async=True)\nmodel = torch.nn.Linear(2, 2)\n"
+                             "model(x).sum().backward()\n")
+    assert refused.converted is None and refused.status.value == "not converted"
+    assert "`async=` arguments (line 2) would be renamed `non_blocking=` with the conversion" in refused.reason
 
 
 def test_the_rename_keeps_encoding_bom_and_newlines():
