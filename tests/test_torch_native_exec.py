@@ -146,6 +146,9 @@ EXPECTED_CALLS = {
     "ema_of_the_weights": {"step": 9, "update": 9, "scale": 9, "load_state_dict": 0},
     # 2 epochs x 3 training batches; the evaluating calls (None for the optimizer) step nothing
     "train_val_with_none_for_evaluation": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
+    # 2 epochs x 3 batches, two optimizers per step (the one handed in, the one train() builds), one update
+    "optimizer_handed_in_and_one_built_in_the_step_function": {"step": 12, "update": 6, "scale": 6,
+                                                               "load_state_dict": 0},
 }
 
 

@@ -228,6 +228,14 @@ class ScalerPlacement:
                     )
             self._thread_through_parameter(plan, receivers)
             return
+        parameters = [r for r in receivers if kinds[r] == "parameter"]
+        if isinstance(unit.scope, cst.FunctionDef) and all(
+                s.bindings_visible(r, unit.scope)[0].scope is unit.scope for r in parameters):
+            # facebookresearch/deepcluster's train(loader, model, crit, opt, epoch) steps the `opt` it is
+            # handed and an `optimizer_tl` it builds itself: the GradScaler comes in with `opt`, from
+            # where that one is created, and steps both (one scaler may step any optimizers)
+            self._thread_through_parameter(plan, parameters)
+            return
         raise Unconvertible(
             f"optimizers {', '.join(receivers)} are partly parameters, partly local variables", unit.steps[0].call
         )
