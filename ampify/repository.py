@@ -1875,10 +1875,10 @@ class ProjectView:
                 for path, outline in holders.items() if path in linked
                 for line, method in outline.trains_when_called]
 
-    def sessions_open_at_uses(self, name: str) -> List[Tuple[str, "SessionBeforeUse"]]:
+    def sessions_open_at_uses(self, name: str) -> List[Tuple[str, object]]:
         """("experiments/train.py", where) for each project module that uses this module's `name`
-        (a TF1 class or function that builds an optimizer) inside a Session it opened first
-        (tf1/caller_sessions.py: maddpg's `with U.single_threaded_session():`)."""
+        (a TF1 class or function that builds an optimizer) inside a Session it opened first, with
+        where (a caller_sessions.SessionBeforeUse: maddpg's `with U.single_threaded_session():`)."""
         from ampify.transforms.tf1.caller_sessions import session_before_use
 
         own = self.path.resolve()

@@ -1178,7 +1178,7 @@ def test_a_loss_that_trains_its_discriminator_outside_the_run_makes_the_trainer_
     (project / ".git").mkdir()
     result = subprocess.run([sys.executable, "-m", "ampify", "--check", f"--backend={backend}", "train.py"],
                             capture_output=True, text=True, cwd=project)
-    assert f"train.py: would be changed, incomplete" in result.stdout, result.stdout
+    assert "train.py: would be changed, incomplete" in result.stdout, result.stdout
     assert f"{code} warning: Adversarial.forward() (loss/adversarial.py:21)" in result.stdout, result.stdout
     assert "loss/adversarial.py is not in this run" in result.stdout
     whole = subprocess.run([sys.executable, "-m", "ampify", "--check", f"--backend={backend}", "."],

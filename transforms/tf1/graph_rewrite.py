@@ -12,8 +12,6 @@ Its rule codes (AMP1xx) and what each means: ampify/rules.py (`ampify rules`).
 
 from __future__ import annotations
 
-import difflib
-import re
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
@@ -27,6 +25,7 @@ from ampify.transforms.kit.fast_walk import iter_tree, walk
 from ampify.transforms.kit.calls import calls_within
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.parsed_modules import parsed_module
+from ampify.transforms.kit.line_map import LineMap
 from ampify.transforms.kit.log_of_sigmoid import TENSORFLOW, log_of_probability_calls
 from ampify.transforms.tf1.cpu_placement import cpu_pinned_graph
 from ampify.transforms.tf1.gram_matrices import gram_matrix_calls
@@ -219,29 +218,14 @@ class _WrapAndReplace(cst.CSTTransformer):
         return updated_node
 
 
-#: "line 72" in a message of the second pass: a line of the module with the optimizer named
-_LINE_IN_MESSAGE = re.compile(r"\bline (\d+)")
 #: the gradients rewrite's reason for an optimizer built inline where it applies the gradients
 _NOT_A_PLAIN_NAME = "the optimizer that applies them is not a plain name"
 
 
-def _line_map(new_code: str, old_code: str):
-    """Line of `new_code` -> line of `old_code` it came from; an inserted line maps to the
-    original line it was inserted before."""
-    matcher = difflib.SequenceMatcher(a=old_code.splitlines(), b=new_code.splitlines(), autojunk=False)
-    mapping: Dict[int, int] = {}
-    for tag, a1, a2, b1, b2 in matcher.get_opcodes():
-        for offset in range(b2 - b1):
-            mapping[b1 + offset + 1] = (a1 + offset + 1) if tag == "equal" else a1 + 1
-    return lambda line: mapping.get(line, line)
-
-
-def _mapped(findings: List[Finding], to_original) -> List[Finding]:
+def _mapped(findings: List[Finding], lines: LineMap) -> List[Finding]:
     """Findings of a pass over a module with lines added, at the lines of the module given (their
     messages' "line N" too)."""
-    return [replace(f, line=to_original(f.line),
-                    message=_LINE_IN_MESSAGE.sub(lambda m: f"line {to_original(int(m.group(1)))}", f.message))
-            for f in findings]
+    return [replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in findings]
 
 
 def _code_of(node: cst.CSTNode) -> str:
@@ -555,7 +539,7 @@ class _GraphRewrite:
         result = _GraphRewrite(turned, ImportMap.from_module(turned), self.options,
                                self.ignored_markers | {"auto_mixed_precision"}, self.context, sessions_turned_on=True).run()
         # the second pass saw the module with the config lines in it; findings name original lines
-        result.findings[:] = _mapped(result.findings, _line_map(turned.code, self.module.code))
+        result.findings[:] = _mapped(result.findings, LineMap(self.module.code, turned.code))
         for session, _ in sessions_here:
             config = session_config_name(session.node) or "the Session's config"
             result.findings.append(Finding(
@@ -582,7 +566,7 @@ class _GraphRewrite:
                                sessions_turned_on=self.sessions_turned_on, inline_named=True).run()
         if any(_NOT_A_PLAIN_NAME in f.message for f in result.findings):
             return None
-        result.findings[:] = _mapped(result.findings, _line_map(named.code, self.module.code))
+        result.findings[:] = _mapped(result.findings, LineMap(self.module.code, named.code))
         return result
 
     def _unscaled_optimizer_calls(self) -> str:

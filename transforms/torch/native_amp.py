@@ -16,12 +16,15 @@ Whatever cannot be placed safely is left unconverted with a WARNING finding.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
 from ampify.findings import Finding, Severity
 from ampify.options import Options
+from ampify.transforms.kit.line_map import LineMap
 from ampify.transforms.base import CompanionChange, Transform, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import ImportMap, dotted_name
 from ampify.transforms.kit.source_facts import SourceFacts
@@ -899,6 +902,9 @@ class NativeConversion(TorchConversion):
             f"gradients are divided by scaler.get_scale(); {self.display} passes its scaler",
             line, 0, Severity.INFO)
         if earlier is not None:  # another edit of the same module: one change for both
+            # the line of this edit in the module as it is, not in the earlier edit's result
+            line = LineMap(earlier.old.decode("utf-8", "replace"), source.decode("utf-8", "replace")).original_line(line)
+            finding = replace(finding, line=line)
             change = CompanionChange(
                 key=key, display=display, old=earlier.old, new=new,
                 findings=sorted([*earlier.findings, finding], key=lambda f: (f.line, f.column, f.code)),
