@@ -23,3 +23,12 @@ def installed_files(package: str, accept: Callable[[Path], bool], count: int) ->
             if len(picked) >= count:
                 break
     return picked
+
+
+def compiles(path) -> bool:
+    """Does this Python compile the file? (A fixture of PyTorch 0.3 code, `.cuda(async=True)`, does not.)"""
+    try:
+        compile(path.read_bytes(), str(path), "exec")
+    except SyntaxError:
+        return False
+    return True

@@ -17,7 +17,7 @@ from libcst.metadata import PositionProvider
 
 from ampify.transforms.kit.fast_walk import iter_tree, walk
 from ampify.transforms.kit.positions import Positions, remembered_sources
-from installed_trees import installed_files
+from installed_trees import compiles, installed_files
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,16 +36,8 @@ def real_files(package: str, count: int) -> List[Path]:
     return installed_files(package, lambda p: 2_000 < p.stat().st_size < 40_000, count)
 
 
-def _compiles(path: Path) -> bool:
-    try:
-        compile(path.read_bytes(), str(path), "exec")
-    except SyntaxError:
-        return False
-    return True
-
-
 #: the fixtures this Python compiles (the PyTorch 0.3 one, `.cuda(async=True)`, is renamed before any walk)
-CORPUS = sorted(p for p in (REPO / "fixtures").rglob("*.py") if _compiles(p)) + real_files("torch", 12) \
+CORPUS = sorted(p for p in (REPO / "fixtures").rglob("*.py") if compiles(p)) + real_files("torch", 12) \
     + real_files("tensorflow", 12)
 
 

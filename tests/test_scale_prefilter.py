@@ -23,7 +23,7 @@ from ampify.registry import ALL_TRANSFORMS
 from ampify.transforms.base import Verdict
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.source_facts import SourceFacts
-from installed_trees import installed_files
+from installed_trees import compiles, installed_files
 
 REPO = Path(__file__).resolve().parent.parent
 PER_TREE = 15
@@ -34,15 +34,7 @@ OPTION_SETS = [Options(), Options(backend="apex"), Options(dtype="bfloat16")]
 def fixture_files() -> List[Path]:
     """The fixtures this Python compiles: one that does not (PyTorch 0.3's `.cuda(async=True)`) is
     never screened, every transform reads it (the conversion renames the argument first)."""
-    return sorted(path for path in (REPO / "fixtures").rglob("*.py") if _compiles(path))
-
-
-def _compiles(path: Path) -> bool:
-    try:
-        compile(path.read_bytes(), str(path), "exec")
-    except SyntaxError:
-        return False
-    return True
+    return sorted(path for path in (REPO / "fixtures").rglob("*.py") if compiles(path))
 
 
 def framework_files(package: str, marker: bytes) -> List[Path]:

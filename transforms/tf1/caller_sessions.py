@@ -25,6 +25,8 @@ import ast
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
+from ampify.transforms.kit.ast_names import own_nodes
+
 #: how many functions of the caller's module a chain may pass through (use -> ... -> Session)
 MAX_CHAIN = 4
 #: callables whose name holds "session" but that create none
@@ -94,21 +96,11 @@ def _uses(body: Sequence[ast.stmt], name: str) -> Iterator[int]:
     """Lines where `name` (or `<module>.name`) is read in `body`, nested functions and classes
     excluded (they run when called)."""
     for statement in body:
-        for node in _walk_here(statement):
+        for node in own_nodes([statement]):
             if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
                 yield node.lineno
             elif isinstance(node, ast.Attribute) and node.attr == name and isinstance(node.ctx, ast.Load):
                 yield node.lineno
-
-
-def _walk_here(statement: ast.AST) -> Iterator[ast.AST]:
-    pending = [statement]
-    while pending:
-        node = pending.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                pending.append(child)
 
 
 def _open_session_at(body: Sequence[ast.stmt], line: int) -> Optional[Tuple[int, str]]:
@@ -180,7 +172,7 @@ def _reached_in_session(tree: ast.Module, functions: Dict[str, ast.AST], functio
 
 def _calls(body: Sequence[ast.stmt], function: str) -> Iterator[int]:
     for statement in body:
-        for node in _walk_here(statement):
+        for node in own_nodes([statement]):
             if isinstance(node, ast.Call):
                 func = node.func
                 if (isinstance(func, ast.Name) and func.id == function) or (

@@ -34,7 +34,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Set
 
-from ampify.transforms.kit.ast_names import ast_dotted
+from ampify.transforms.kit.ast_names import ast_dotted, own_nodes
 
 #: the last name of a sigmoid function (`torch.sigmoid`, `F.sigmoid`, `torch.special.expit`)
 _SIGMOID_FUNCTIONS = {"sigmoid", "expit"}
@@ -129,13 +129,7 @@ def _sigmoid_attributes(methods: List[ast.AST], torch_roots: Dict[str, str]) -> 
 
 def _own_nodes(function: ast.AST):
     """The nodes of `function`'s body, not of the functions and classes defined in it."""
-    pending = list(function.body)
-    while pending:
-        node = pending.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                pending.append(child)
+    return own_nodes(function.body)
 
 
 class _Judge:
