@@ -751,8 +751,8 @@ class _Collector(cst.CSTVisitor):
         self.statements: List[cst.CSTNode] = []
         #: names bound (by assignment) to instances of optimizer wrapper classes
         self.wrapper_classes: Dict[str, cst.ClassDef] = {}
-        #: the names of the classes this module defines
-        self.local_classes: Set[str] = set()
+        #: the names of the classes this module defines with no base (or `object` only)
+        self.plain_local_classes: Set[str] = set()
         #: classes of this module that subclass an optimizer
         self.optimizer_subclasses: Set[str] = set()
         self.project_class: ProjectClass = lambda local: None
@@ -786,7 +786,8 @@ class _Collector(cst.CSTVisitor):
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.classes.append(node)
-        self.local_classes.add(node.name.value)
+        if all(dotted_name(base.value) == "object" for base in node.bases):
+            self.plain_local_classes.add(node.name.value)
         self._note_wrapper_class(node)
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
@@ -1259,14 +1260,14 @@ def _optimizer_reason(
 
 
 def _instance_of_a_plain_local_class(collector: _Collector, binding: Binding) -> bool:
-    """Is `binding` built by a class of this module that is neither an optimizer (no Optimizer
-    base) nor a wrapper stepping one (an EMA of the weights with a `step()` of its own)?"""
+    """Is `binding` built by a class of this module with no base (a subclass of an optimizer of
+    another module could be one) that is no wrapper stepping an optimizer (an EMA of the weights
+    with a `step()` of its own)?"""
     value = binding.value
     if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
         return False
     local = value.func.value
-    return local in collector.local_classes and local not in collector.optimizer_subclasses \
-        and local not in collector.wrapper_classes
+    return local in collector.plain_local_classes and local not in collector.wrapper_classes
 
 
 def _stepped_through_opaque_wrapper(
