@@ -1205,3 +1205,37 @@ def test_two_penalty_functions_and_a_gram_matrix_of_one_module_are_one_edit_that
     assert completed.returncode == 0, completed.stderr[-3000:]
     lines = [line.split()[1:] for line in completed.stdout.splitlines() if line.startswith("losses ")]
     assert len(lines) == 12 and all(math.isfinite(float(value)) for line in lines[-3:] for value in line), completed.stdout
+
+
+def test_a_penalty_of_another_module_keeping_its_statistic_in_place_is_refused_with_float16(tmp_path):
+    """losses.py's path length penalty keeps its running mean in the generator's buffer
+    (`G.pl_mean.copy_(mean.detach())`, NVlabs' style) and computes the penalty from it: the
+    overflowing steps GradScaler skips would leave it non-finite, so the step is refused with that
+    reason (AMP212) and losses.py is not changed; with bfloat16 (no loss scaling) it converts."""
+    case = ROOT / "fixtures" / "repositories" / "path_length_mean_fed_back" / "input"
+    tree = tmp_path / "repo"
+    shutil.copytree(case, tree)
+    (tree / ".git").mkdir()
+    (tree / "losses.py").write_text(
+        "import torch\nfrom torch import autograd\n\n\n"
+        "def g_path_regularize(G, fake_img, latents, decay=0.01):\n"
+        "    noise = torch.randn_like(fake_img)\n"
+        "    grad = autograd.grad(outputs=(fake_img * noise).sum(), inputs=latents, create_graph=True)[0]\n"
+        "    path_lengths = torch.sqrt(grad.pow(2).sum(1))\n"
+        "    path_mean = G.pl_mean.lerp(path_lengths.mean(), decay)\n"
+        "    G.pl_mean.copy_(path_mean.detach())\n"
+        "    return (path_lengths - path_mean).pow(2).mean()\n")
+    train = (tree / "train.py").read_text()
+    train = train.replace("l_g_path, mean_path_length = g_path_regularize(fake_img, latents, mean_path_length)",
+                          "l_g_path = g_path_regularize(synthesis, fake_img, latents)")
+    assert "g_path_regularize(synthesis," in train
+    (tree / "train.py").write_text(train)
+    before = (tree / "losses.py").read_bytes()
+    completed = subprocess.run([sys.executable, "-m", "ampify", "--check", str(tree)],
+                               capture_output=True, text=True, cwd=tmp_path)
+    assert "AMP212" in completed.stdout and "keeps a running statistic of its gradients in G.pl_mean" in \
+        completed.stdout, completed.stdout
+    assert (tree / "losses.py").read_bytes() == before
+    bf16 = subprocess.run([sys.executable, "-m", "ampify", "--check", "--dtype", "bfloat16", str(tree)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert "AMP212" not in bf16.stdout and "1 would be changed" in bf16.stdout, bf16.stdout

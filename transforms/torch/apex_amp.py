@@ -36,6 +36,7 @@ from ampify.transforms.torch.gradient_penalty import (
     penalty_sites,
     sites_of_unit,
     state_fed_back,
+    state_kept_across_steps,
     unreached_penalties,
     where_penalty,
 )
@@ -453,6 +454,12 @@ class ApexConversion(TorchConversion):
                                           apex=True)
         self.claimed_hazards()  # the penalty sites
         for site in sites_of_unit(self.s, unit, self.penalties or {}):
+            kept = state_kept_across_steps(self.s, site) if site.penalty else None
+            if kept is not None:
+                where = f"{site.helper.name.value}()" if site.helper is not None else "this step"
+                refuse(site.call, f"{where} runs a gradient penalty and keeps a running statistic of its gradients in "
+                                  f"{kept}, which it computes with again: a step apex skips for overflow would leave "
+                                  "it non-finite for every later step; use --backend native --dtype bfloat16")
             for call in site.helper_calls:
                 state = state_fed_back(self.s, call) if self.s.contains(unit.owner, call) else None
                 if state is not None:

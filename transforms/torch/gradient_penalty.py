@@ -246,6 +246,77 @@ def state_fed_back(s: TrainingStructure, call: cst.Call) -> Optional[str]:
     return None
 
 
+def state_kept_across_steps(s: TrainingStructure, site: PenaltySite) -> Optional[str]:
+    """"self.pl_mean" when the function holding the penalty keeps a running statistic of its
+    gradients in an attribute whose value it computes with (NVlabs' StyleGAN2 loss: `pl_mean =
+    self.pl_mean.lerp(pl_lengths.mean(), decay)`, the penalty from `pl_mean`, then
+    `self.pl_mean.copy_(pl_mean.detach())`): what state_fed_back finds when the statistic is
+    handed back, kept in place instead. None otherwise."""
+    scope = site.helper if site.helper is not None else s.scope_of(site.statement)
+    if not isinstance(scope, cst.FunctionDef):
+        return None
+    return kept_state(scope, site.statement, set(site.unpacked) or {site.target})
+
+
+def kept_state(function: cst.FunctionDef, after: cst.CSTNode, tainted: Set[str]) -> Optional[str]:
+    """The attribute that a statement of `function` after `after` updates from the names in
+    `tainted` (followed through assignments) and that the function computes with (reads into a
+    local or returns: a running statistic, not a value kept for logging); None when there is none."""
+    lines = statements.nodes_of_type(function.body, cst.SimpleStatementLine)
+    if after not in lines:
+        return None
+    computed_with: Set[str] = set()
+    for line in lines:
+        for small in line.body:
+            if isinstance(small, cst.Assign) and any("." not in name for name in _target_names(
+                    [t.target for t in small.targets])):
+                computed_with |= statements.used_names(small.value)
+            elif isinstance(small, cst.Return) and small.value is not None:
+                computed_with |= statements.used_names(small.value)
+    tainted = set(tainted)
+    for line in lines[lines.index(after) + 1:]:
+        for small in line.body:
+            found = _kept_by(small, tainted, computed_with)
+            if found is not None:
+                return found
+    return None
+
+
+def _kept_by(small: cst.BaseSmallStatement, tainted: Set[str], computed_with: Set[str]) -> Optional[str]:
+    """The attribute of `computed_with` this statement updates from `tainted` (adding the plain
+    names it binds from `tainted` to it), or None."""
+    if isinstance(small, (cst.Assign, cst.AugAssign)) and statements.used_names(small.value) & tainted:
+        targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+        for name in _target_names(targets):
+            if "." not in name:
+                tainted.add(name)
+            elif name in computed_with:
+                return name
+    elif isinstance(small, cst.Expr):
+        for call in statements.nodes_of_type(small.value, cst.Call):
+            func = call.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value.endswith("_")
+                    and not func.attr.value.startswith("_")):
+                continue
+            receiver = dotted_name(func.value)
+            if (receiver and receiver in computed_with and "." in receiver
+                    and any(statements.used_names(a.value) & tainted for a in call.args)):
+                return receiver
+    return None
+
+
+def _target_names(targets) -> List[str]:
+    names: List[str] = []
+    for target in targets:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            names += _target_names([e.value for e in target.elements])
+        else:
+            name = dotted_name(target)
+            if name:
+                names.append(name)
+    return names
+
+
 def where_penalty(s: TrainingStructure, unit: TrainingUnit, site: PenaltySite, parameter: Optional[str]) -> str:
     """" in compute_grad2() (called in wgan_gp_reg())" for a message; "" for a penalty in the step."""
     if site.helper is None:
@@ -359,6 +430,10 @@ def scale_penalty_of_module(source: bytes, function_name: str, scaler_name: str
         return None, s.line(site.call)  # another training file's change set of this run scaled it already
     if scaler_name in parameters or function.params.star_kwarg is not None or _decorated(function):
         return f"{function_name}() cannot take a `{scaler_name}` parameter (taken, **kwargs, or decorated)"
+    kept = kept_state(function, site.statement, set(site.unpacked) or {site.target})
+    if kept is not None:
+        return (f"{function_name}() keeps a running statistic of its gradients in {kept}, which GradScaler's "
+                "skipped overflow steps would leave non-finite for every later step")
     site.helper = function
     edits = StatementEdits()
     write_penalty(edits, site, None, s, scaler_name, scaler_name, s.module.config_for_parsing.default_indent)

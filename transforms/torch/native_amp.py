@@ -46,6 +46,7 @@ from ampify.transforms.torch.gradient_penalty import (
     PenaltySite,
     penalties_of_other_modules,
     state_fed_back,
+    state_kept_across_steps,
     penalty_sites,
     sites_of_unit,
     unreached_penalties,
@@ -848,6 +849,15 @@ class NativeConversion(TorchConversion):
         calls = list(foreign_calls)
         for site in sites_of_unit(s, unit, self.penalties or {}, self.scaler_name):
             calls += [call for call in site.helper_calls if s.contains(unit.owner, call)]
+            kept = state_kept_across_steps(s, site) if site.penalty else None
+            if kept is not None:
+                where = f"{site.helper.name.value}()" if site.helper is not None else "this step"
+                raise Unconvertible(
+                    f"{where} runs a gradient penalty and keeps a running statistic of its gradients in {kept}, "
+                    "which it computes with again. With float16 GradScaler overflows its first steps on purpose (it "
+                    "skips them), and that statistic would stay non-finite for every later step; use --dtype "
+                    "bfloat16 (no loss scaling), or keep a skipped step from updating it and scale the penalty by hand",
+                    site.call, code="AMP212")
         for call in calls:
             state = state_fed_back(s, call)
             if state is not None:
