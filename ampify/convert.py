@@ -134,6 +134,13 @@ def _with_non_blocking(source, options, filename, context) -> Optional[Conversio
         return None
     conversion = convert_source(new_source, options, filename, context)
     if conversion.converted is None:
+        if conversion.status in (FileStatus.NOT_APPLICABLE, FileStatus.ALREADY_MIXED_PRECISION):
+            # an evaluation script of the same repository (DARTS' test.py): nothing to convert, and
+            # nothing written; the old spelling is said, not renamed
+            conversion.reason += ("; its PyTorch 0.3 `async=` arguments (line " + ", ".join(map(str, lines))
+                                  + ") are not valid Python 3.7 or later: rename them `non_blocking=` (ampify does "
+                                  "so only in files it converts)")
+            return conversion
         if conversion.status is FileStatus.UNCONVERTED:
             # what blocks the conversion is what the user must act on: the rename would come with it
             conversion.reason += ("; the file's PyTorch 0.3 `async=` arguments (line " + ", ".join(map(str, lines))

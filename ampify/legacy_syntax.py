@@ -10,6 +10,7 @@ since that file runs on no current PyTorch otherwise."""
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
@@ -102,3 +103,16 @@ def rename_async_arguments(source: Union[str, bytes]) -> Optional[Tuple[Union[st
     new_text = "".join(lines)
     new = new_text.encode(encoding) if isinstance(source, bytes) else new_text
     return new, sorted({row for row, _ in renamed})
+
+
+def parsed_tree(data: Union[str, bytes], filename: str = "<unknown>") -> ast.Module:
+    """ast.parse(data), reading PyTorch 0.3's `.cuda(async=True)` as the `non_blocking=True` it is
+    (rename_async_arguments: the same lines): such a module converts, and its imports, classes
+    and calls are the repository's like any other's. SyntaxError otherwise."""
+    try:
+        return ast.parse(data, filename=filename)
+    except SyntaxError:
+        renamed = rename_async_arguments(data) if (b"async" if isinstance(data, bytes) else "async") in data else None
+        if renamed is None:
+            raise
+        return ast.parse(renamed[0], filename=filename)

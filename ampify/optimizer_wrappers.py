@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import FrozenSet, List, Optional
 
+from ampify.legacy_syntax import parsed_tree
+
 #: a file can hold a wrapper only if it calls `self.<attribute>.step()`
 _MARKER = re.compile(rb"self\.\w+\.step\(\)")
 
@@ -58,7 +60,7 @@ def wrapper_steps(path: Path, data: bytes) -> List[WrapperStep]:
     if b".step()" not in data or _MARKER.search(data) is None:
         return []
     try:
-        tree = ast.parse(data, filename=str(path))
+        tree = parsed_tree(data, filename=str(path))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     found: List[WrapperStep] = []

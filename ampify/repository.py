@@ -38,6 +38,7 @@ from ampify.transforms.torch.autograd_functions import (
 )
 from ampify.dependency_pins import dependency_pins
 from ampify.optimizer_wrappers import WrapperStep, wrapper_steps
+from ampify.legacy_syntax import parsed_tree
 from ampify.source_io import current_bytes, planned_content
 from ampify.transforms.base import CallSite
 
@@ -166,6 +167,11 @@ class ModuleOutline:
     #: backward() and an optimizer step of its own (EDSR's adversarial loss updating its
     #: discriminator each time the loss is computed)
     trains_when_called: List[Tuple[int, str]] = field(default_factory=list)
+    #: (line of the backward(), "Class.method") for the public methods (other than forward and
+    #: __call__) of a class that run a backward() and an optimizer step, themselves or through
+    #: the class's own methods (DARTS' `Architect.step()` updating the architecture): a trainer
+    #: that a script using the class runs by calling it
+    trainer_methods: List[Tuple[int, str]] = field(default_factory=list)
     #: model classes whose forward() returns a sigmoid's probability: class -> line
     #: (torch/sigmoid_models.py)
     sigmoid_models: Dict[str, int] = field(default_factory=dict)
@@ -794,7 +800,7 @@ def _only_reexports(path: Path, names: Sequence[str]) -> bool:
     """Does the module spell `names` only in its imports (`from .dcgan import Discriminator` in a
     package's `__init__.py`) and in `__all__`, never using them?"""
     try:
-        tree = ast.parse(current_bytes(path))
+        tree = parsed_tree(current_bytes(path))
     except (OSError, SyntaxError, ValueError, RecursionError):
         return False
     wanted = set(names)
@@ -811,7 +817,7 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
         if path.stat().st_size > MAX_OUTLINE_BYTES:
             return None
         data = current_bytes(path)
-        tree = ast.parse(data, filename=str(path))
+        tree = parsed_tree(data, filename=str(path))
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     outline = ModuleOutline(path)
@@ -834,6 +840,7 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
             if trainer is not None:
                 outline.training_classes[statement.name] = trainer
                 outline.trains_when_called += _training_call_methods(statement)
+                outline.trainer_methods += _trainer_methods(statement)
             own_backward = loss_class_backward(statement)
             if own_backward is not None:
                 outline.loss_backwards[statement.name] = own_backward
@@ -1165,6 +1172,42 @@ def _training_call_methods(klass: ast.ClassDef) -> List[Tuple[int, str]]:
     return found
 
 
+def _trainer_methods(klass: ast.ClassDef) -> List[Tuple[int, str]]:
+    """(line of the backward(), "Class.method") for each public method of `klass` but forward()
+    and __call__() that runs `.backward(...)` and the `.step()` of an object (not of the class
+    itself), in its own body or in the methods of the class it calls as `self.<method>(...)`."""
+    methods = {node.name: node for node in klass.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    own: Dict[str, Tuple[Optional[int], bool, Set[str]]] = {}
+    for name, method in methods.items():
+        backward, steps, called = None, False, set()
+        for node in ast.walk(method):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            receiver = node.func.value
+            is_self = isinstance(receiver, ast.Name) and receiver.id == "self"
+            if node.func.attr == "backward" and backward is None:
+                backward = node.lineno
+            elif node.func.attr == "step" and not is_self:
+                steps = True
+            if is_self and node.func.attr in methods:
+                called.add(node.func.attr)
+        own[name] = (backward, steps, called)
+    found = []
+    for name in methods:
+        if name.startswith("_") or name in ("forward", "__call__"):
+            continue
+        seen, pending, backward, steps = {name}, [name], None, False
+        while pending:
+            line, stepped, called = own[pending.pop()]
+            backward = backward or line
+            steps = steps or stepped
+            pending += [c for c in called - seen]
+            seen |= called
+        if backward is not None and steps:
+            found.append((backward, f"{klass.name}.{name}"))
+    return found
+
+
 def _gram_matrix_methods(klass: ast.ClassDef, lines: List[bytes], names) -> List[Tuple[int, str]]:
     """(line, "Class.method") for the methods of `klass` computing a Gram matrix (`names`: the
     module's torch_names())."""
@@ -1239,7 +1282,7 @@ def _optimizer_methods(path: Path, method: str, outline: Optional[ModuleOutline]
         data = current_bytes(path)
         if f"def {method}(".encode() not in data:
             return []
-        tree = ast.parse(data, filename=str(path))
+        tree = parsed_tree(data, filename=str(path))
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     found = []
@@ -1875,6 +1918,39 @@ class ProjectView:
                 for path, outline in holders.items() if path in linked
                 for line, method in outline.trains_when_called]
 
+    def trainers_used_from_elsewhere(self) -> List[Tuple[str, str, str]]:
+        """(key, "cnn/architect.py:47", "Architect.step") for each class of another project module
+        that this module imports and builds (`from architect import Architect` ... `Architect(model,
+        args)`, or `architect.Architect(...)`) and one of whose public methods runs a backward()
+        and an optimizer step (ModuleOutline.trainer_methods); a module that names a mixed
+        precision API already is left out."""
+        outline = self._own_outline()
+        if outline is None:
+            return []
+        try:
+            data = current_bytes(self.path)
+        except OSError:
+            return []
+        found = []
+        for local, (module, name, level) in outline.imports.items():
+            candidates = []
+            if name is not None:  # `from architect import Architect [as A]`
+                candidates.append((self.index.resolve_module(self.path, module, level), name, local))
+            else:  # `import architect`: `architect.Architect(...)`
+                candidates.append((self.index.resolve_module(self.path, module, level), None, local))
+            for target, class_name, spelled in candidates:
+                if target is None or target.resolve() == self.path:
+                    continue
+                imported = self.index.outline(target)
+                if imported is None or not imported.trainer_methods or imported.mixed_precision:
+                    continue
+                for line, method in imported.trainer_methods:
+                    klass = method.split(".")[0]
+                    call = (spelled if class_name == klass else f"{spelled}.{klass}" if class_name is None else None)
+                    if call is not None and re.search(re.escape(call).encode() + rb"\s*\(", data):
+                        found.append((str(target.resolve()), self.where(target, line), method))
+        return sorted(set(found))
+
     def sessions_open_at_uses(self, name: str) -> List[Tuple[str, object]]:
         """("experiments/train.py", where) for each project module that uses this module's `name`
         (a TF1 class or function that builds an optimizer) inside a Session it opened first, with
@@ -2005,7 +2081,7 @@ class ProjectView:
         source = self.source_of(str(path))
         target = self.index.outline(path)
         try:
-            tree = ast.parse(source) if source is not None else None
+            tree = parsed_tree(source) if source is not None else None
         except (SyntaxError, ValueError):
             tree = None
         klass = class_named(tree, name) if tree is not None else None
@@ -2025,7 +2101,7 @@ class ProjectView:
             return False
         path, function = found
         try:
-            tree = ast.parse(current_bytes(path))
+            tree = parsed_tree(current_bytes(path))
         except (OSError, SyntaxError, ValueError):
             return False
         definition = next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function.name), None)

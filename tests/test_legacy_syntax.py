@@ -114,6 +114,17 @@ def test_an_async_transfer_in_a_file_ampify_does_not_change_is_not_rewritten():
     assert "`async=` arguments (line 2) would be renamed `non_blocking=` with the conversion" in refused.reason
 
 
+def test_an_evaluation_script_with_async_transfers_is_not_applicable_and_says_so():
+    """DARTS' test.py: a PyTorch evaluation loop (no backward, no optimizer) with
+    `.cuda(async=True)`: not a failure, nothing written; the reason names the old spelling."""
+    source = ("import torch\nimport torch.nn as nn\nmodel = nn.Linear(2, 2).cuda()\ncriterion = nn.MSELoss()\n"
+              "for step, (x, y) in enumerate(loader):\n    x = x.cuda()\n    y = y.cuda(async=True)\n"
+              "    loss = criterion(model(x), y)\n    print(step, loss.item())\n")
+    conversion = convert_source(source, filename="test.py")
+    assert conversion.converted is None and conversion.status.value == "not applicable", conversion.reason
+    assert "PyTorch 0.3 `async=` arguments (line 7) are not valid Python 3.7 or later" in conversion.reason
+
+
 def test_the_rename_keeps_encoding_bom_and_newlines():
     source = "\ufeff# d\u00e9j\u00e0\r\nx = y.cuda(async=True)\r\nz = f(async=True)\r\n".encode("utf-8")
     new, lines = rename_async_arguments(source)
