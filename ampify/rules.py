@@ -424,13 +424,22 @@ RULES: List[Rule] = [
          "does not take a sigmoid the module applies itself, when that module is not in this run, or trains itself.",
          "from losses import BCEDiceLoss  # F.binary_cross_entropy(probabilities, target) there", MANUAL,
          incomplete=True),
-    Rule("AMP253", "warning", "a class of a module not in this run trains each time it is called (backward() and a step in its forward()): if this step calls it, that step is unscaled",
+    Rule("AMP253", "warning", "a class of a module not in this run trains each time it is called (backward() and a step in its forward(), or in a method of a trainer this file builds): that step stays float32, or is unscaled",
          "EDSR's adversarial loss updates its discriminator inside `Adversarial.forward()`. Called from this file's "
          "step it runs under autocast, and its backward() has no GradScaler: float16 gradients can underflow. "
-         "Converted in its own module when that module is in this run (a scaler of its own); otherwise the "
-         "conversion of this file is incomplete and names it.",
+         "DARTS' `architect.step(...)` trains the architecture in architect.py: outside this file's autocast it "
+         "stays float32. Converted in its own module when that module is in this run (a scaler of its own); "
+         "otherwise the conversion of this file is incomplete and names it.",
          "loss = self.loss(sr, hr)  # loss/adversarial.py: Adversarial.forward() runs loss_d.backward(); self.optimizer.step()",
          MANUAL, incomplete=True),
+    Rule("AMP254", "warning", "an optimizer step whose gradients another call computes (no backward() of this step between its zero_grad() and step()) is left a plain step, in float32",
+         "khanrc/pt.darts steps the architecture with `alpha_optim.step()` after `architect.unrolled_backward(...)`, "
+         "a backward in another module. GradScaler would divide those gradients, never scaled, by the loss scale: "
+         "the step stays a plain step, the call computing its gradients stays outside autocast (float32), and "
+         "the weights' step converts. Refused when that call would run under autocast, and with apex (O1 casts "
+         "everywhere).",
+         "alpha_optim.zero_grad()\narchitect.unrolled_backward(trn_X, trn_y, val_X, val_y, lr, w_optim)\n"
+         "alpha_optim.step()  # left as it is", MANUAL, incomplete=True),
     Rule("AMP232", "info", "`masked_fill(mask, -1e9)` before a softmax: the constant is now `torch.finfo(scores.dtype).min`",
          "-1e9 overflows float16, and masked_fill raises once the scores are float16 (autocast, apex O1). The scores' own "
          "minimum gives the same softmax in float32. Done only when the filled scores are read by a softmax alone; "
@@ -588,7 +597,7 @@ RULES: List[Rule] = [
     Rule("AMP343", "warning", "apex: the code this file imports computes BCE on probabilities, which O1 refuses, and ampify could not fuse it there: left as it is",
          "As AMP252.", "from losses import BCEDiceLoss  # F.binary_cross_entropy(probabilities, target) there", MANUAL,
          incomplete=True),
-    Rule("AMP344", "warning", "apex: a class of a module not in this run trains each time it is called (backward() and a step in its forward()): its step is not scaled",
+    Rule("AMP344", "warning", "apex: a class of a module not in this run trains each time it is called (backward() and a step in its forward(), or in a method of a trainer this file builds): its step is not scaled",
          "As AMP253; under O1 that step runs in float16 wherever it is called, with no amp.scale_loss.",
          "loss = self.loss(sr, hr)  # loss/adversarial.py: Adversarial.forward() runs loss_d.backward(); self.optimizer.step()",
          MANUAL, incomplete=True),

@@ -1239,3 +1239,38 @@ def test_a_penalty_of_another_module_keeping_its_statistic_in_place_is_refused_w
     bf16 = subprocess.run([sys.executable, "-m", "ampify", "--check", "--dtype", "bfloat16", str(tree)],
                           capture_output=True, text=True, cwd=tmp_path)
     assert "AMP212" not in bf16.stdout and "1 would be changed" in bf16.stdout, bf16.stdout
+
+
+def test_a_step_fed_by_another_module_stays_plain_and_trains_as_in_float32(tmp_path):
+    """architecture_gradients_from_another_module: alpha_optim's gradients come from
+    architect.unrolled_backward() (architect.py), never scaled. The converted search.py leaves that
+    step plain: run on CPU with a GradScaler and float16 autocast, the architecture parameters move
+    as in float32 (through GradScaler they would have been divided by 65536), and the weights train."""
+    torch = pytest.importorskip("torch")
+    import importlib
+
+    case = ROOT / "fixtures" / "repositories" / "architecture_gradients_from_another_module"
+
+    def run(folder: Path, steps: int = 3):
+        sys.path.insert(0, str(folder))
+        try:
+            for name in ("search", "architect"):
+                sys.modules.pop(name, None)
+            search = importlib.import_module("search")
+            search.device = torch.device("cpu")
+            source = (folder / "search.py").read_text()
+            model = search.main(steps)
+            return model, source
+        finally:
+            sys.path.remove(str(folder))
+            for name in ("search", "architect"):
+                sys.modules.pop(name, None)
+
+    before = torch.zeros(8)
+    fp32, _ = run(case / "input")
+    mixed, source = run(case / "expected")
+    assert "alpha_optim.step()" in source and "scaler.step(w_optim)" in source
+    moved = (fp32.alpha.detach() - before).abs().max().item()
+    assert moved > 1e-3, moved
+    assert torch.allclose(mixed.alpha.detach(), fp32.alpha.detach(), rtol=5e-2, atol=moved * 5e-2)
+    assert all(torch.isfinite(p).all() for p in mixed.parameters())

@@ -46,7 +46,7 @@ from ampify.transforms.torch.loss_objects import (
     AMP_OPTIMIZER, LossObjectUse, find_loss_object, is_this_module, loss_class_of_backward, loss_receiver,
     plan_apex_backward, scale_loss_object_backward_apex,
 )
-from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, unknown_step_after_backward, distinct_losses, pair_helper_backwards
+from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, step_of_gradients_from_elsewhere, unknown_step_after_backward, distinct_losses, pair_helper_backwards
 from ampify.transforms.torch.normalize import converted_in_shape
 from ampify.transforms.torch.gradient_owners import optimizer_of_gradients
 from ampify.transforms.torch.wrapper_steps import project_wrapper_steps
@@ -433,7 +433,7 @@ class ApexConversion(TorchConversion):
             refuse(unit.backwards[0].call, "no optimizer step found for this backward()")
         loss_objects = self._loss_objects_of(unit)
         unfollowed = (call_of_unfollowed_backward(self.s, unit) or backward_for_its_hooks(self.s, unit)
-                      or unknown_step_after_backward(self.s, unit)
+                      or unknown_step_after_backward(self.s, unit) or step_of_gradients_from_elsewhere(self.s, unit)
                       or self.loss_object_backward(unit) or gradients_reduced_by_hand(self.s, unit))
         if unfollowed is not None:
             refuse(unfollowed[1], unfollowed[0])

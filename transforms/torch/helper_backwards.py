@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
@@ -39,6 +40,7 @@ from ampify.transforms.torch.statements import calls_within
 from ampify.transforms.torch.training_loop import (
     BackwardCall,
     Delegation,
+    StepCall,
     TrainingStructure,
     TrainingUnit,
     UnitOwner,
@@ -194,6 +196,76 @@ def backward_for_its_hooks(structure: TrainingStructure, unit: TrainingUnit) -> 
                     backward.call,
                 )
     return None
+
+
+@dataclass
+class StepFedElsewhere:
+    """An optimizer step of a unit whose gradients no backward() of the unit computes."""
+
+    step: StepCall
+    #: the line of its zero_grad() before it in the same block
+    cleared: int
+    #: the calls between that zero_grad() and the step (what computes its gradients)
+    between: List[cst.Call]
+
+    @property
+    def source(self) -> Optional[cst.Call]:
+        """The call most likely computing the gradients: one named like a backward, else the first."""
+        return next((call for call in self.between if "backward" in (dotted_name(call.func) or "")), None) or (
+            self.between[0] if self.between else None)
+
+
+def steps_fed_elsewhere(structure: TrainingStructure, unit: TrainingUnit) -> List[StepFedElsewhere]:
+    """The optimizer steps of the unit whose gradients no backward() of the unit computes: the
+    step's `zero_grad()` and `step()` sit in one block with no backward of the unit (nor a helper
+    call reaching one) between them (khanrc/pt.darts: `alpha_optim.zero_grad()`,
+    `architect.unrolled_backward(...)` of another module, `alpha_optim.step()`). GradScaler would
+    unscale those gradients, never scaled, by the loss scale."""
+    found = []
+    reached = [backward.delegation.sites[0] if backward.delegation is not None and backward.delegation.sites
+               else backward.call for backward in unit.backwards]
+    for step in unit.steps:
+        if step.wrapper is not None or not step.receiver:
+            continue
+        statement = structure.statement_of(step.call)
+        block = structure.block_of(statement) if statement is not None else None
+        if block is None:
+            continue
+        at = structure.line(step.call)
+        clears = [clear for clear in unit.zero_grads if clear.receiver == step.receiver
+                  and structure.line(clear.call) < at and structure.statement_of(clear.call) is not None
+                  and structure.block_of(structure.statement_of(clear.call)) is block]
+        if not clears:
+            continue
+        cleared = max(structure.line(clear.call) for clear in clears)
+        if any(cleared < structure.line(call) < at for call in reached):
+            continue
+        between = [call for call in calls_within(unit.owner) if cleared < structure.line(call) < at]
+        found.append(StepFedElsewhere(step, cleared, between))
+    return found
+
+
+def describe_step_fed_elsewhere(structure: TrainingStructure, fed: StepFedElsewhere) -> str:
+    """"alpha_optim.step() (line 133) steps gradients that no backward() of this training step
+    computes (...)" for a message."""
+    source = fed.source
+    shown = (f"they come from {dotted_name(source.func) or 'a call'}() (line {structure.line(source)}), "
+             if source is not None else "")
+    receiver = fed.step.receiver
+    return (f"{receiver}.step() (line {structure.line(fed.step.call)}) steps gradients that no backward() of this "
+            f"training step computes ({receiver}.zero_grad() at line {fed.cleared}, no backward() before the step; "
+            f"{shown}not scaled)")
+
+
+def step_of_gradients_from_elsewhere(structure: TrainingStructure, unit: TrainingUnit
+                                     ) -> Optional[Tuple[str, cst.Call]]:
+    """The first of steps_fed_elsewhere, with apex's refusal message; None when there is none."""
+    found = steps_fed_elsewhere(structure, unit)
+    if not found:
+        return None
+    return (describe_step_fed_elsewhere(structure, found[0]) + ": O1 casts what computes them to float16 as well, "
+            "with no amp.scale_loss, and amp would unscale them as if they were scaled; convert by hand, or use "
+            "--backend native (which leaves such a step plain, in float32)", found[0].step.call)
 
 
 #: receivers of a `.step()` that is no optimizer's: schedulers, profilers, progress bars, agents

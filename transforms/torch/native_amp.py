@@ -53,7 +53,10 @@ from ampify.transforms.torch.gradient_penalty import (
     where_penalty,
     write_penalty,
 )
-from ampify.transforms.torch.helper_backwards import backward_for_its_hooks, call_of_unfollowed_backward, unknown_step_after_backward, pair_helper_backwards
+from ampify.transforms.torch.helper_backwards import (
+    StepFedElsewhere, backward_for_its_hooks, call_of_unfollowed_backward, describe_step_fed_elsewhere,
+    steps_fed_elsewhere, unknown_step_after_backward, pair_helper_backwards,
+)
 from ampify.transforms.torch.autocast_regions import AutocastPlanner
 from ampify.transforms.torch.loss_objects import (
     BackwardToScale, LossObjectUse, backward_to_scale, find_loss_object, is_this_module, loss_class_of_backward,
@@ -462,6 +465,21 @@ class NativeConversion(TorchConversion):
     def plan_unit(self, unit: TrainingUnit) -> UnitPlan:
         if not unit.steps:
             raise Unconvertible("no optimizer step in this training step")
+        steps = list(unit.steps)
+        try:
+            return self._plan_unit(unit)
+        except Unconvertible:
+            unit.steps[:] = steps  # a step fed elsewhere is left out of a plan only
+            raise
+
+    def _plan_unit(self, unit: TrainingUnit) -> UnitPlan:
+        fed = steps_fed_elsewhere(self.structure, unit) if self.scaling else []
+        if fed:
+            unit.steps[:] = [step for step in unit.steps if not any(f.step is step for f in fed)]
+            if not unit.steps:
+                raise Unconvertible(describe_step_fed_elsewhere(self.structure, fed[0]) + ": GradScaler would unscale "
+                                    "them by the loss scale, and no step of this training step is fed by its "
+                                    "backward(); convert by hand", fed[0].step.call, code="AMP215")
         loss_objects = self._loss_objects_of(unit)
         unfollowed = (call_of_unfollowed_backward(self.structure, unit) or backward_for_its_hooks(self.structure, unit)
                       or unknown_step_after_backward(self.structure, unit)
@@ -486,6 +504,7 @@ class NativeConversion(TorchConversion):
                 unit.backwards[0].call, code="AMP226",
             )
         regions = self.regions.autocast_regions(unit)
+        self._leave_steps_fed_elsewhere(fed, regions)
         plan = UnitPlan(unit, self.scaler_name, regions)
         plan.loss_objects = [(use, self._scale_loss_object_elsewhere(use)) for use in loss_objects]
         if not self.scaling:
@@ -840,6 +859,21 @@ class NativeConversion(TorchConversion):
             if real.loss is not None:
                 loss_names |= statements.used_names(real.loss) - {"self"}
         return not loss_names or any(statements.assigned_names(statement) & loss_names for statement in region)
+
+    def _leave_steps_fed_elsewhere(self, fed: List[StepFedElsewhere], regions) -> None:
+        """Each optimizer step whose gradients another call computes (steps_fed_elsewhere) stays a
+        plain step, said (AMP254), when the calls before it run outside the autocast regions (float32,
+        as before); Unconvertible (AMP215) when one would run under autocast (an unscaled float16
+        backward)."""
+        s = self.structure
+        inside = [statement for block, start, end in regions for statement in list(block.body)[start:end + 1]]
+        for found in fed:
+            if any(s.contains(statement, call) for statement in inside for call in found.between):
+                raise Unconvertible(describe_step_fed_elsewhere(s, found) + ", and what computes them would run under "
+                                    "autocast with no loss scaling; convert by hand", found.step.call, code="AMP215")
+            self.warn("AMP254", describe_step_fed_elsewhere(s, found) + ": left a plain step, outside the GradScaler "
+                      "(its gradients were never scaled), and what computes them stays float32, outside autocast; "
+                      "convert that by hand where it is", found.step.call)
 
     def _refuse_state_fed_back(self, unit: TrainingUnit, foreign_calls: List[cst.Call]) -> None:
         """Unconvertible (AMP212) when a penalty helper this unit calls (of this file or another
