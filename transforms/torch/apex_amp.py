@@ -41,7 +41,7 @@ from ampify.transforms.torch.gradient_penalty import (
     where_penalty,
 )
 from ampify.transforms.torch.float32_losses import float32_only_loss_calls
-from ampify.transforms.torch.manual_updates import gradients_reduced_by_hand, manual_update_beside_steps
+from ampify.transforms.torch.manual_updates import gradients_reduced_by_a_helper, gradients_reduced_by_hand, manual_update_beside_steps
 from ampify.transforms.torch.loss_objects import (
     AMP_OPTIMIZER, LossObjectUse, find_loss_object, is_this_module, loss_class_of_backward, loss_receiver,
     plan_apex_backward, scale_loss_object_backward_apex,
@@ -434,7 +434,8 @@ class ApexConversion(TorchConversion):
         loss_objects = self._loss_objects_of(unit)
         unfollowed = (call_of_unfollowed_backward(self.s, unit) or backward_for_its_hooks(self.s, unit)
                       or unknown_step_after_backward(self.s, unit) or step_of_gradients_from_elsewhere(self.s, unit)
-                      or self.loss_object_backward(unit) or gradients_reduced_by_hand(self.s, unit))
+                      or self.loss_object_backward(unit) or gradients_reduced_by_hand(self.s, unit)
+                      or gradients_reduced_by_a_helper(self.s, unit))
         if unfollowed is not None:
             refuse(unfollowed[1], unfollowed[0])
         elsewhere = penalty_of_another_module(self.project, [unit.body])

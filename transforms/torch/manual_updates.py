@@ -102,6 +102,34 @@ def gradients_reduced_by_hand(s: TrainingStructure, unit: TrainingUnit):
     return None
 
 
+def gradients_reduced_by_a_helper(s: TrainingStructure, unit: TrainingUnit):
+    """(message, node) for apex when a helper named for a reduction of the gradients across ranks
+    (HER's `sync_grads(self.actor_network)`, `average_gradients(model)`) runs between a backward()
+    of the unit and the step after it: amp.scale_loss unscales and checks for inf on its exit,
+    before the reduction, so a rank that found none would step with the inf another rank's
+    gradients spread into its own. None otherwise. (Native AMP unscales in the step, after it.)"""
+    from ampify.transforms.torch.names import reduces_gradients
+
+    backwards = sorted(s.line(backward.call) for backward in unit.backwards)
+    steps = sorted(s.line(step.call) for step in unit.steps)
+    if not backwards or not steps:
+        return None
+    for call in calls_within(unit.body):
+        called = dotted_name(call.func) or ""
+        if not reduces_gradients(called):
+            continue
+        at = s.line(call)
+        if any(b < at for b in backwards) and any(at < step for step in steps):
+            return (
+                f"{called}() (line {at}) reduces the gradients across ranks between backward() and step(): amp.scale_loss "
+                "unscales them and checks for inf when it exits, before that reduction, and a rank that found none would "
+                "step with the inf another rank's gradients spread into its own; use --backend native (GradScaler "
+                "unscales in the step, after the reduction), or DistributedDataParallel",
+                call,
+            )
+    return None
+
+
 def _statements_around(s: TrainingStructure, statement: cst.CSTNode, owner: cst.CSTNode):
     """The statement holding a `.grad` read and the compound statements around it, up to the
     iteration's body (the all-reduce sits beside the loops that read the gradients)."""

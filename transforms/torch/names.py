@@ -96,6 +96,19 @@ BCE_FUNCTIONS = ("torch.nn.functional.binary_cross_entropy", "torch.binary_cross
 SIGMOID_MODULES = ("torch.nn.Sigmoid", "torch.nn.modules.activation.Sigmoid")
 
 #: names with "grad" in them that do not read gradients (no scaler.unscale_ before them)
+#: helpers named for a reduction of the gradients across ranks (HER's `sync_grads(network)`
+#: through MPI's Allreduce, `average_gradients(model)` through torch.distributed)
+_REDUCTION_WORDS = ("sync", "allreduce", "all_reduce", "average_grad", "avg_grad", "average_gradients",
+                    "reduce_grad", "mean_grad")
+
+
+def reduces_gradients(called: str) -> bool:
+    """Is `called` (the called name, `sync_grads` or `mpi_utils.sync_grads`) named for a reduction
+    of the gradients across ranks?"""
+    last = called.rsplit(".", 1)[-1].lower()
+    return "grad" in last and any(word in last for word in _REDUCTION_WORDS)
+
+
 NOT_GRADIENT_HELPERS = {
     "zero_grad", "no_grad", "enable_grad", "set_grad_enabled", "requires_grad_", "requires_grad",
     "set_requires_grad", "backward", "step", "inference_mode",

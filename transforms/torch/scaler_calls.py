@@ -314,7 +314,10 @@ class ScalerCallPlanner:
             (self._where(clip.call), "clip", clip.call) for clip in unit.clips
         ]
         needs += [(self._where(read.node), "grad", read.node) for read in self._grad_reads_before_step(unit)]
-        needs += [(self._where(call), "helper", call) for call in self._gradient_helper_calls(unit)]
+        helpers = self._gradient_helper_calls(unit)
+        reductions = [call for call in helpers if names.reduces_gradients(statements.called_name(call) or "")]
+        needs += [(self._where(call), "helper", call) for call in helpers if call not in reductions]
+        self._check_reductions_before_readers(unit, reductions, needs)
         for where, kind, node in sorted(needs, key=lambda item: item[0]):
             following = [st for st in steps if self._where(st.call) > where]
             if not following:
@@ -495,6 +498,25 @@ class ScalerCallPlanner:
     def _where(self, node: cst.CSTNode) -> Tuple[int, int]:
         position = self.structure.position(node)
         return position.line, position.column
+
+    def _check_reductions_before_readers(self, unit: TrainingUnit, reductions: List[cst.Call], needs) -> None:
+        """A helper that reduces the gradients across ranks (`sync_grads(self.actor_network)`,
+        `average_gradients(model)`) gets no `scaler.unscale_` before it: the step unscales after it,
+        so every rank's inf check sees the reduced gradients (an inf on one rank spreads to all, and
+        all skip the step). Unconvertible when something that needs true gradients (clipping, a
+        read) comes before it in the same stretch: its unscale_ would run before the reduction."""
+        for call in reductions:
+            where = self._where(call)
+            step = min((self._where(st.call) for st in unit.steps if self._where(st.call) > where), default=None)
+            backward = max((self._where(b.call) for b in unit.backwards if self._where(b.call) < where), default=None)
+            earlier = [node for at, kind, node in needs if (backward is None or at > backward) and at < where]
+            if step is not None and earlier:
+                raise Unconvertible(
+                    f"{statements.called_name(call)}() (line {self.structure.line(call)}) reduces the gradients across "
+                    f"ranks after line {self.structure.line(earlier[0])} needs them unscaled: GradScaler's inf check "
+                    "(unscale_) would run before the reduction, and a rank that found no inf would step with the inf "
+                    "another rank's gradients spread into its own; reduce before clipping, or convert by hand",
+                    call, code="AMP215")
 
     def _gradient_helper_calls(self, unit: TrainingUnit) -> List[cst.Call]:
         """Calls of the script's own helpers that look at gradients (`clip_gradients(model, c)`,
