@@ -149,6 +149,10 @@ EXPECTED_CALLS = {
     # 2 epochs x 3 batches, two optimizers per step (the one handed in, the one train() builds), one update
     "optimizer_handed_in_and_one_built_in_the_step_function": {"step": 12, "update": 6, "scale": 6,
                                                                "load_state_dict": 0},
+    # 6 iterations (WGAN-GP): a D step each, a G step every other one, one update each; scale() for
+    # the real and fake losses, the penalty's outputs and its loss (4 a D step), and the G loss
+    "loss_switch_after_a_resolution_bump": {"step": 9, "update": 6, "scale": 27, "load_state_dict": 0,
+                                            "state_dict": 0},
 }
 
 

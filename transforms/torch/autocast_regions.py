@@ -582,7 +582,11 @@ class AutocastPlanner:
                 # in an outer block) is not what the loss reads
                 needed = (needed - _overwritten_names(statement)) | _read_names(statement) | self._helper_reads(statement)
                 if crossed_barrier:
-                    if before_barrier is None and self._calls_model(statement):
+                    # of a compound statement only the lines that bind what the loss reads count:
+                    # rosinality's `if used_sample > args.phase * 2:` bumps `step` and `alpha` beside
+                    # a checkpoint save, which runs no forward pass for the loss
+                    inner = _inner_assignments(statement, wanted)
+                    if before_barrier is None and any(self._calls_model(line) for line in (inner or [statement])):
                         before_barrier = index
                 elif self._computes_with_a_forward_pass(statement, wanted):
                     start = index
