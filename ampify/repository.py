@@ -1918,6 +1918,22 @@ class ProjectView:
                 for path, outline in holders.items() if path in linked
                 for line, method in outline.trains_when_called]
 
+    def modules_spelling(self, marker: bytes, limit: int = 3) -> List[str]:
+        """"models/base_model.py" for the first `limit` other project modules whose text holds
+        `marker` (`amp.initialize(`), in the index's order."""
+        found = []
+        for path in self.index.modules():
+            if path == self.path:
+                continue
+            try:
+                if marker in current_bytes(path):
+                    found.append(self.where(path, 0).rsplit(":", 1)[0])
+            except OSError:
+                continue
+            if len(found) >= limit:
+                break
+        return found
+
     def trainers_used_from_elsewhere(self) -> List[Tuple[str, str, str]]:
         """(key, "cnn/architect.py:47", "Architect.step") for each class of another project module
         that this module imports and builds (`from architect import Architect` ... `Architect(model,

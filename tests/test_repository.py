@@ -1274,3 +1274,34 @@ def test_a_step_fed_by_another_module_stays_plain_and_trains_as_in_float32(tmp_p
     assert moved > 1e-3, moved
     assert torch.allclose(mixed.alpha.detach(), fp32.alpha.detach(), rtol=5e-2, atol=moved * 5e-2)
     assert all(torch.isfinite(p).all() for p in mixed.parameters())
+
+
+@pytest.mark.parametrize("initialized_elsewhere", [False, True])
+def test_apex_scale_loss_with_no_initialize_in_the_file_names_where_it_runs(tmp_path, initialized_elsewhere):
+    """taesungp/contrastive-unpaired-translation's cycle_gan_model.py scales its losses with apex
+    under `if self.opt.amp:` and no module calls amp.initialize (apex raises at the first scaled
+    step): said so, not "it runs in another module". When another module calls it, that one is named."""
+    tree = tmp_path / "repo"
+    (tree / "models").mkdir(parents=True)
+    (tree / ".git").mkdir()
+    (tree / "models" / "__init__.py").write_text("")
+    (tree / "models" / "cycle_gan_model.py").write_text(
+        "import torch\ntry:\n    from apex import amp\nexcept ImportError as error:\n    print(error)\n\n\n"
+        "class CycleGANModel:\n    def __init__(self, opt, netD):\n        self.opt = opt\n        self.netD = netD\n"
+        "        self.optimizer_D = torch.optim.Adam(netD.parameters(), lr=2e-4)\n\n"
+        "    def optimize_parameters(self, fake, real):\n        self.optimizer_D.zero_grad()\n"
+        "        loss_D = (self.netD(fake.detach()) - self.netD(real)).mean()\n        if self.opt.amp:\n"
+        "            with amp.scale_loss(loss_D, self.optimizer_D) as scaled_loss:\n                scaled_loss.backward()\n"
+        "        else:\n            loss_D.backward()\n        self.optimizer_D.step()\n")
+    (tree / "train.py").write_text(
+        "from models.cycle_gan_model import CycleGANModel\n" + (
+            "from apex import amp\nmodel, optimizer = amp.initialize(model, optimizer, opt_level='O1')\n"
+            if initialized_elsewhere else "model = CycleGANModel(opt, netD)\n"))
+    completed = subprocess.run([sys.executable, "-m", "ampify", "--check", "models/cycle_gan_model.py"],
+                               capture_output=True, text=True, cwd=tree)
+    assert "AMP411" in completed.stdout, completed.stdout
+    if initialized_elsewhere:
+        assert "no amp.initialize in this file (it runs in train.py): migrate that one" in completed.stdout
+    else:
+        assert "no amp.initialize in this file nor in any other module of the repository" in completed.stdout
+        assert "it runs in another module" not in completed.stdout

@@ -19,7 +19,7 @@ from ampify.transforms.kit.arguments import with_keyword
 from ampify.transforms.kit.imports import ImportMap
 from ampify.transforms.kit.line_map import LineMap
 from ampify.transforms.kit.positions import Positions
-from ampify.transforms.migrate.apex_removal import AUTOCAST_OFF, ApexRemover, plan_apex_removal
+from ampify.transforms.migrate.apex_removal import AUTOCAST_OFF, NO_INITIALIZE, ApexRemover, plan_apex_removal
 from ampify.transforms.torch.native_amp import TorchNativeAmp
 
 APEX_REMOVED = "AMP403"
@@ -37,7 +37,8 @@ def migrate_apex(module: cst.Module, imports: ImportMap, options: Options, conte
         return None
     positions = Positions(module).compute_all()
     if plan.obstacles:
-        findings = [_not_migrated(positions, node, reason) for node, reason in plan.obstacles]
+        findings = [_not_migrated(positions, node, _where_initialized(reason, context))
+                    for node, reason in plan.obstacles]
         return TransformResult(module, Verdict.UNCONVERTED, findings,
                                f"apex amp that cannot be migrated to torch.amp exactly (line {findings[0].line})")
     without_apex = module.visit(ApexRemover(plan))
@@ -245,6 +246,22 @@ def _stays_on_apex(module: cst.Module, where, why: str, reason: str) -> Transfor
     finding = Finding(APEX_NOT_MIGRATED, f"{why}; the file stays on apex", where.start.line if where else 0,
                       where.start.column if where else 0, Severity.WARNING)
     return TransformResult(module, Verdict.UNCONVERTED, [finding], reason)
+
+
+def _where_initialized(reason: str, context: UnitContext) -> str:
+    """The obstacle "no amp.initialize in this file", said with the project modules that call it,
+    or with none (taesungp/contrastive-unpaired-translation: `amp.scale_loss` under `if
+    self.opt.amp:` and no amp.initialize anywhere, which fails at the first scaled step)."""
+    if not reason.startswith(NO_INITIALIZE):
+        return reason
+    ask = getattr(context.project, "modules_spelling", None)
+    if ask is None:
+        return reason
+    found = ask(b"amp.initialize(")
+    if found:
+        return f"{NO_INITIALIZE} (it runs in {', '.join(found)}): migrate that one"
+    return (f"{NO_INITIALIZE} nor in any other module of the repository: its amp.scale_loss would fail before "
+            "amp.initialize was called; migrate by hand (or remove the apex calls)")
 
 
 def _not_migrated(positions: Positions, node: cst.CSTNode, reason: str) -> Finding:

@@ -106,6 +106,10 @@ class _Finder(cst.CSTVisitor):
             self.stack.pop()
 
 
+#: the start of the obstacle of a file scaling losses with no amp.initialize of its own
+NO_INITIALIZE = "no amp.initialize in this file"
+
+
 def plan_apex_removal(module: cst.Module, imports: ImportMap) -> ApexRemoval:
     finder = _Finder(imports)
     walk(module, finder)
@@ -136,7 +140,7 @@ def plan_apex_removal(module: cst.Module, imports: ImportMap) -> ApexRemoval:
             plan.paths.update(id(a) for a in ancestors)
             plan.paths.add(id(edit.node))
     if not plan.initialized and not plan.obstacles and plan.edits:
-        plan.obstacles.append((module, "no amp.initialize in this file (it runs in another module): migrate that one"))
+        plan.obstacles.append((module, f"{NO_INITIALIZE} (it runs in another module): migrate that one"))
     for node, flag in plan.guard_flags:
         if flag != plan.flag:
             plan.obstacles.append((node, f"amp.scale_loss switched by {flag}, amp.initialize by "
@@ -208,7 +212,8 @@ def _check_flag_uses(module: cst.Module, plan: ApexRemoval) -> None:
                     plan.flag_scopes.add(_scope(self.stack))
                 return False
             if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) == plan.flag:
-                plan.obstacles.append((node, f"{plan.flag} also switches code other than apex amp: migrate by hand"))
+                if not _only_reported(self.stack):
+                    plan.obstacles.append((node, f"{plan.flag} also switches code other than apex amp: migrate by hand"))
                 return False
             self.stack.append(node)
             return True
@@ -218,6 +223,25 @@ def _check_flag_uses(module: cst.Module, plan: ApexRemoval) -> None:
                 self.stack.pop()
 
     walk(module, _Uses())
+
+
+#: the last name of calls that only report what they are given (the flag printed or logged)
+_REPORTING_CALLS = {"print", "info", "warning", "warn", "debug", "error", "log", "write", "add_text"}
+
+
+def _only_reported(stack) -> bool:
+    """Is the flag read inside an f-string or the arguments of a print/logging call
+    (`logger.warning(f"16-bits training: {args.amp}")`, kekmodel's FixMatch)? After the migration
+    the flag still switches mixed precision (torch.amp's enabled=), so what it reports stays true."""
+    for node in reversed(stack):
+        if isinstance(node, (cst.FormattedString, cst.FormattedStringExpression)):
+            return True
+        if isinstance(node, cst.Call):
+            called = dotted_name(node.func) or ""
+            return called.rsplit(".", 1)[-1] in _REPORTING_CALLS
+        if isinstance(node, cst.BaseStatement) or isinstance(node, cst.BaseSmallStatement):
+            return False
+    return False
 
 
 def _scope(stack) -> str:
@@ -624,6 +648,12 @@ def _removed_import(plan: ApexRemoval, statement, above, what: str) -> Optional[
             return ApexEdit(guard, None, f"`{what}` and its ImportError guard removed")
         plan.obstacles.append((statement, f"`{what}` inside a try that does more: migrate by hand"))
         return None
+    if (isinstance(guard, cst.If) and isinstance(block, cst.IndentedBlock) and guard.body is block
+            and len(block.body) == 1 and guard.orelse is None and plan.flag is not None
+            and dotted_name(guard.test) == plan.flag):
+        # `if args.amp: from apex import amp` in the training function (kekmodel's FixMatch): the
+        # flag switched the import only, and goes with it
+        return ApexEdit(guard, None, f"`if {plan.flag}: {what}` removed")
     return ApexEdit(statement, None, f"`{what}` removed")
 
 
