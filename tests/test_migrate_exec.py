@@ -217,3 +217,30 @@ def test_each_apex_mapping_runs_migrated_on_cpu(tmp_path, name, edits, dtype):
     assert len(lines) == 20 and all(line.endswith("dtype " + dtype) for line in lines)
     losses = _losses(run.stdout)
     assert losses[-1] < losses[0] / 2
+
+
+def test_autocast_bound_as_a_value_migrates_and_still_casts(tmp_path):
+    """LeeDoYup's FixMatch shape on CPU: `amp_cm = autocast if amp else nullcontext` of the deprecated
+    torch.cpu.amp, called with keywords only. Migrated, the script runs with FutureWarning as an
+    error, its forward pass still runs in bfloat16 under amp_cm, and its losses are the original's."""
+    source = (
+        "import contextlib\nimport torch\nfrom torch.cpu.amp import autocast\n\n"
+        "torch.manual_seed(0)\nmodel = torch.nn.Linear(8, 4)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "amp_cm = autocast if True else contextlib.nullcontext\n"
+        "for step in range(3):\n    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))\n"
+        "    with amp_cm(dtype=torch.bfloat16):\n        out = model(x)\n        assert out.dtype == torch.bfloat16\n"
+        "        loss = torch.nn.functional.cross_entropy(out, y)\n"
+        "    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()\n    print(f'loss {loss.item():.6f}')\n")
+    script = tmp_path / "fixmatch_shape.py"
+    script.write_text(source)
+    original = _run(script)
+    assert original.returncode == 0, original.stderr[-2000:]
+    assert _run(script, "-W", "error::FutureWarning").returncode != 0
+    conversion = convert_source(source, filename=str(script))
+    assert conversion.status is FileStatus.CHANGED, (conversion.reason, conversion.findings)
+    assert 'amp_cm = (lambda **kwargs: autocast("cpu", **kwargs)) if True' in conversion.converted
+    migrated = tmp_path / "migrated.py"
+    migrated.write_text(conversion.converted)
+    strict = _run(migrated, "-W", "error::FutureWarning")
+    assert strict.returncode == 0, strict.stderr[-2000:]
+    assert strict.stdout == original.stdout and strict.stdout.count("loss ") == 3

@@ -124,6 +124,10 @@ class Use:
     decorator: Optional[cst.Decorator] = None
     #: the chain `X.cuda.amp.member` where X is torch: spelled `X.amp.member` instead
     respelled: Optional[cst.BaseExpression] = None
+    #: used as a value bound to a name every call of which passes keywords only (LeeDoYup's
+    #: FixMatch: `amp_cm = autocast if args.amp else nullcontext`, then `with amp_cm():`): the
+    #: value becomes `(lambda **kwargs: <torch.amp member>("cuda", **kwargs))`
+    keyword_value: bool = False
 
     @property
     def device(self) -> str:
@@ -136,6 +140,8 @@ class Use:
     @property
     def new_spelling(self) -> str:
         signature = MIGRATABLE[self.module][self.member]
+        if self.keyword_value:
+            return f'a function passing its keywords to torch.amp.{self.member}("{self.device}", ...)'
         if self.call is None and self.decorator is None:
             return f"torch.amp.{self.member}"
         if signature.device_keyword:
@@ -192,6 +198,7 @@ class _Survey(cst.CSTVisitor):
     def __init__(self, imports: ImportMap) -> None:
         super().__init__()
         self.imports = imports
+        self.module: Optional[cst.Module] = None
         self.stack: List[cst.CSTNode] = []
         #: (reference, qualified name, its ancestors nearest first)
         self.references: List[Tuple[cst.CSTNode, str, Tuple[cst.CSTNode, ...]]] = []
@@ -304,6 +311,7 @@ def _is_class_reference_position(ancestors: Tuple[cst.CSTNode, ...]) -> bool:
 def plan_migration(module: cst.Module, imports: ImportMap, torch_aliases: Set[str]) -> MigrationPlan:
     """Every deprecated use of `module` with its rewrite, or the obstacles that stop the file."""
     survey = _Survey(imports)
+    survey.module = module
     walk(module, survey)
     plan = MigrationPlan()
     for node, qualified, ancestors in survey.references:
@@ -353,6 +361,8 @@ def _plan_reference(plan, survey, node, qualified, ancestors, torch_aliases) -> 
         use.call = parent
     elif isinstance(parent, cst.Decorator) and parent.decorator is node and signature.bare_decorator_ok:
         use.decorator = parent
+    elif not signature.device_keyword and _bound_to_keyword_calls(survey.module, node, ancestors):
+        use.keyword_value = True
     elif not (signature.class_reference_ok and _is_class_reference_position(ancestors)):
         plan.obstacles.append(Obstacle(
             node,
@@ -365,6 +375,43 @@ def _plan_reference(plan, survey, node, qualified, ancestors, torch_aliases) -> 
         # the chain goes through torch (or torch.cuda): respell it without `.cuda`
         use.respelled = _respell(node, member, bound_to, torch_aliases, plan)
     plan.uses.append(use)
+
+
+def _bound_to_keyword_calls(module: Optional[cst.Module], node: cst.CSTNode, ancestors) -> bool:
+    """Is the reference the value (or a branch of a conditional value) of `name = ...`, and is
+    every other use of `name` in the module a call passing keywords only (`with amp_cm():`)?
+    Then the old callable and `lambda **kwargs: new(device, **kwargs)` are called alike."""
+    if module is None:
+        return False
+    child: cst.CSTNode = node
+    for ancestor in ancestors:
+        if isinstance(ancestor, cst.IfExp) and child in (ancestor.body, ancestor.orelse):
+            child = ancestor
+            continue
+        if isinstance(ancestor, cst.Assign) and ancestor.value is child and len(ancestor.targets) == 1 \
+                and isinstance(ancestor.targets[0].target, cst.Name):
+            name = ancestor.targets[0].target.value
+            target = ancestor.targets[0].target
+            break
+        return False
+    else:
+        return False
+    called: Set[int] = set()  # the Name of each call passing keywords only
+    found = {"calls": 0, "other": 0}
+
+    class _Uses(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if isinstance(call.func, cst.Name) and call.func.value == name and not any(
+                    arg.keyword is None and arg.star != "**" for arg in call.args):
+                called.add(id(call.func))
+                found["calls"] += 1
+
+        def visit_Name(self, use: cst.Name) -> None:
+            if use.value == name and use is not target and id(use) not in called:
+                found["other"] += 1
+
+    walk(module, _Uses())
+    return found["calls"] > 0 and found["other"] == 0
 
 
 def imports_bind(imports: ImportMap, local: str) -> bool:
@@ -480,3 +527,9 @@ def bare_decorator_call(use: Use, reference: cst.BaseExpression) -> cst.Call:
         cst.SimpleString(f'"{use.device}"'), keyword=cst.Name("device_type"),
         equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
     )])
+
+
+def keyword_value(use: Use, reference: cst.BaseExpression) -> cst.BaseExpression:
+    """`autocast` bound as a value -> `(lambda **kwargs: autocast("cuda", **kwargs))`."""
+    code = cst.Module(body=[]).code_for_node(reference)
+    return cst.parse_expression(f'(lambda **kwargs: {code}("{use.device}", **kwargs))')

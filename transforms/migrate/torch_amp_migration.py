@@ -25,6 +25,7 @@ from ampify.transforms.migrate.deprecated_torch_amp import (
     MigrationPlan,
     Use,
     bare_decorator_call,
+    keyword_value,
     may_have_deprecated_uses,
     may_use_deprecated_amp,
     plan_migration,
@@ -144,6 +145,7 @@ class _Rewriter(cst.CSTTransformer):
         super().__init__()
         self.respelled: Dict[int, cst.BaseExpression] = {
             id(use.node): use.respelled for use in plan.uses if use.respelled is not None}
+        self.keyword_values: Dict[int, Use] = {id(use.node): use for use in plan.uses if use.keyword_value}
         self.calls: Dict[int, Use] = {id(use.call): use for use in plan.uses if use.call is not None}
         self.decorators: Dict[int, Use] = {id(use.decorator): use for use in plan.uses if use.decorator is not None}
         self.imports: Dict[int, ImportEdit] = {id(edit.node): edit for edit in plan.imports}
@@ -157,10 +159,15 @@ class _Rewriter(cst.CSTTransformer):
         return super().on_visit(node)
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
-        return self.respelled.get(id(original_node), updated_node)
+        return self._reference(original_node, updated_node)
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-        return self.respelled.get(id(original_node), updated_node)
+        return self._reference(original_node, updated_node)
+
+    def _reference(self, original_node, updated_node) -> cst.BaseExpression:
+        new = self.respelled.get(id(original_node), updated_node)
+        use = self.keyword_values.get(id(original_node))
+        return keyword_value(use, new) if use is not None else new
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         use = self.calls.get(id(original_node))
