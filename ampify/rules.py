@@ -706,9 +706,12 @@ RULES: List[Rule] = [
          "exactly and the native conversion adds autocast and a GradScaler with all its checks; the file changes only when both succeed.",
          "with amp.scale_loss(loss, optimizer) as scaled_loss:\n    scaled_loss.backward()\n  -> scaler.scale(loss).backward()", REVIEW),
     Rule("AMP410", "warning", "deprecated `torch.cuda.amp` use with no exact `torch.amp` equivalent; the file is left as it is",
-         "The new callables need the device as an argument, which a value reference (`ac = torch.cuda.amp.autocast`), "
-         "a fallback definition for old torch, or *args cannot receive exactly; a file is never half migrated.",
-         "amp_autocast = torch.cuda.amp.autocast if args.amp else contextlib.nullcontext", MANUAL),
+         "The new callables need the device as an argument, which a value reference called with positional "
+         "arguments (`ac = torch.cuda.amp.autocast` ... `with ac(True):`), a fallback definition for old torch, or "
+         "*args cannot receive exactly; a file is never half migrated. A value bound to a name called with keywords "
+         "only migrates (AMP401: `(lambda **kwargs: torch.amp.autocast(\"cuda\", **kwargs))`).",
+         "amp_autocast = torch.cuda.amp.autocast if args.amp else contextlib.nullcontext\nwith amp_autocast(args.amp):",
+         MANUAL),
     Rule("AMP411", "warning", "apex amp not migrated to torch.amp (a run-time opt_level without a literal default, O3, a flag that also switches other code, other apex APIs, or the native conversion would be incomplete); the file stays on apex",
          "torch.amp has one mixed precision mode (apex's O1) and no switch the migration could tie to apex's own; "
          "a file is never half migrated.",
