@@ -114,6 +114,11 @@ RULES: List[Rule] = [
     Rule("AMP112", "warning", "Keras optimizer in TF1 code: the graph rewrite refuses it, not wrapped",
          "enable_mixed_precision_graph_rewrite raises on Keras optimizers; use a Keras mixed precision policy instead.",
          "opt = tf.keras.optimizers.Adam(1e-3)", MANUAL, incomplete=True),
+    Rule("AMP128", "warning", "the file also trains on TPUs (CrossShardOptimizer, TPUEstimator): the graph rewrite converts GPU graphs only",
+         "TPU runs keep their float32 graph, wrapped in a loss scale that does nothing there: the TPU's mixed "
+         "precision is bfloat16 (tf.contrib.tpu.bfloat16_scope), which ampify does not write. GPU runs of the "
+         "same code (use_tpu=False) are converted.",
+         "if use_tpu:\n    opt = tf.contrib.tpu.CrossShardOptimizer(opt)", MANUAL, incomplete=True),
     Rule("AMP113", "warning", "a Session is created before the rewrite is enabled: that Session never gets it",
          "TensorFlow turns the rewrite on only for Sessions created after enable_mixed_precision_graph_rewrite: "
          "nothing runs in float16.",

@@ -39,6 +39,7 @@ def run_ampify(*args):
     ("tf1/session_getter_before_optimizer", "AMP113"),
     ("tf1/exec_a2c_optimizer_after_gradients", "AMP110"),
     ("tf1/delegating_optimizer_class", "AMP116"),
+    ("tf1/optimizer_for_tpu_and_gpu", "AMP128"),
     ("torch_native/convertible_and_manual_loops", "AMP226"),
 ])
 def test_a_conversion_that_cannot_take_full_effect_is_changed_incomplete_and_exits_1(tmp_path, case, code):
