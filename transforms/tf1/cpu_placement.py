@@ -45,6 +45,23 @@ def cpu_pinned_graph(module: cst.Module, resolve: Callable[[cst.CSTNode], Option
     return finder.cpu_scopes[0]
 
 
+#: device functions whose ops go to a `worker_device`
+_REPLICA_SETTERS = frozenset({"tensorflow.train.replica_device_setter", "tensorflow.compat.v1.train.replica_device_setter"})
+
+
+def _constant_text(value: Optional[cst.BaseExpression]) -> Optional[str]:
+    """The constant text of a device string: a literal, `"...".format(...)`, `"..." % x`, an f-string."""
+    if isinstance(value, cst.SimpleString):
+        return value.evaluated_value if isinstance(value.evaluated_value, str) else None
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "format":
+        return _constant_text(value.func.value)
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+        return _constant_text(value.left)
+    if isinstance(value, cst.FormattedString):
+        return "".join(part.value for part in value.parts if isinstance(part, cst.FormattedStringText))
+    return None
+
+
 class _Placement(cst.CSTVisitor):
     def __init__(self, resolve: Callable[[cst.CSTNode], Optional[str]]) -> None:
         self.resolve = resolve
@@ -59,14 +76,37 @@ class _Placement(cst.CSTVisitor):
         self._definitions = 0
         self._pinning: List[bool] = []
         self._with_items: set = set()
+        #: names bound to a device string (None: bound otherwise, or to two devices)
+        self._strings: dict = {}
 
     def _device_literal(self, call: cst.Call) -> Optional[str]:
         if self.resolve(call.func) not in _DEVICE_SCOPES:
             return None
         argument = call.args[0].value if call.args else None
-        if isinstance(argument, cst.SimpleString):
-            return argument.evaluated_value if isinstance(argument.evaluated_value, str) else ""
-        return ""  # not a literal: it may name a GPU
+        if isinstance(argument, cst.Call) and self.resolve(argument.func) in _REPLICA_SETTERS:
+            # ops go to its worker_device (variables to the parameter servers): universe-starter-agent's
+            # `replica_device_setter(1, worker_device="/job:worker/task:0/cpu:0")`
+            worker = next((arg.value for arg in argument.args
+                           if arg.keyword is not None and arg.keyword.value == "worker_device"), None)
+            return self._template(worker) if worker is not None else ""
+        return self._template(argument)
+
+    def _template(self, value: Optional[cst.BaseExpression]) -> str:
+        """The device a string names: a literal, a template formatted at run time (`"/job:worker/
+        task:{}/cpu:0".format(task)`, `"/gpu:%d" % i`, an f-string: its constant text), or a name
+        bound once in the file to one of those; "" when unknown (it may name a GPU)."""
+        if isinstance(value, cst.Name):
+            return self._strings.get(value.value) or ""
+        text = _constant_text(value)
+        return text if text is not None else ""
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target.target, cst.Name):
+                name = target.target.value
+                text = _constant_text(node.value)
+                # a name bound twice to different devices (or to anything else) is not followed
+                self._strings[name] = text if name not in self._strings or self._strings[name] == text else None
 
     def visit_With(self, node: cst.With) -> None:
         pins = False
