@@ -153,6 +153,8 @@ EXPECTED_CALLS = {
     # the real and fake losses, the penalty's outputs and its loss (4 a D step), and the G loss
     "loss_switch_after_a_resolution_bump": {"step": 9, "update": 6, "scale": 27, "load_state_dict": 0,
                                             "state_dict": 0},
+    # 2 epochs x 3 training batches (plain, then mixup); the evaluating calls (None) step nothing
+    "forward_in_a_branch_before_a_conditional_step": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
 }
 
 

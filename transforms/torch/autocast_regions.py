@@ -565,6 +565,9 @@ class AutocastPlanner:
         backward's loss reads (`(gail_loss + grad_pen).backward()`: body[end] computes grad_pen,
         and gail_loss's own forward pass, further up, belongs to the region too)."""
         needed = statements.used_names(body[end]) | set(loss_names) | self._helper_reads(body[end])
+        # what the loss statement binds outright is not read from before it (`grad_penalty = 10 * ...`
+        # does not need an earlier branch's grad_penalty)
+        needed -= _overwritten_names(body[end]) - _read_names(body[end])
         start = end
         crossed_barrier = False
         before_barrier: Optional[int] = None
@@ -638,7 +641,7 @@ class AutocastPlanner:
                     return found
                 if (statements.assigned_names(statement) - THROWAWAY) & needed:
                     assigned_here = (statements.assigned_names(statement) - THROWAWAY) & needed
-                    inner = _inner_assignments(statement, assigned_here)
+                    inner = _inner_assignments_closed(statement, assigned_here)
                     if inner is not None and not any(self._calls_model(line) for line in inner):
                         # a loop or branch whose only part the loss needs is plain bookkeeping
                         # (a rollout's `steps += 1`): no forward pass there, only what it reads
@@ -652,7 +655,11 @@ class AutocastPlanner:
                             # (ClusterGAN: `D_gen = discriminator(gen_imgs)` before `if i % n == 0:`,
                             # whose body computes the generator's loss from it); not a whole loop
                             # or branch (a rollout that fills the lists the loss reads)
-                            if isinstance(statement, cst.BaseCompoundStatement):
+                            # an `if` computing the forward pass in each branch, with no backward or
+                            # step inside (kakaobrain's fast-autoaugment: plain or mixup batches) goes
+                            # under autocast whole; a loop or a branch that trains does not
+                            if isinstance(statement, cst.BaseCompoundStatement) and not (
+                                    isinstance(statement, cst.If) and id(statement) not in barriers):
                                 raise Unconvertible(
                                     f"the forward pass for this loss (line {s.line(statement)}) is outside the block "
                                     "that computes the loss: put torch.autocast around both by hand",
@@ -747,6 +754,22 @@ def _bound_or_filled(statement: cst.CSTNode) -> Set[str]:
     """Names a statement binds, and the lists it adds to (`policy_loss.append(-log_prob * R)`
     in a loop makes `policy_loss`, which the loss is then summed from)."""
     return statements.assigned_names(statement) | statements.filled_containers(statement)
+
+
+def _inner_assignments_closed(statement: cst.CSTNode, wanted: Set[str]) -> Optional[List[cst.SimpleStatementLine]]:
+    """_inner_assignments, followed within the compound statement to a fixpoint: the lines that
+    bind `wanted`, and those binding what they read (`loss = mixup_loss(preds, ...)` reads `preds`,
+    which `preds = model(data)` of the same branch makes)."""
+    bound = statements.assigned_names(statement) - THROWAWAY
+    wanted = set(wanted)
+    while True:
+        lines = _inner_assignments(statement, wanted)
+        if lines is None:
+            return None
+        grown = wanted | {name for line in lines for name in _read_names(line)} & bound
+        if grown == wanted:
+            return lines
+        wanted = grown
 
 
 def _inner_assignments(statement: cst.CSTNode, wanted: Set[str]) -> Optional[List[cst.SimpleStatementLine]]:
