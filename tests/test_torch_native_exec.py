@@ -155,6 +155,8 @@ EXPECTED_CALLS = {
                                             "state_dict": 0},
     # 2 epochs x 3 training batches (plain, then mixup); the evaluating calls (None) step nothing
     "forward_in_a_branch_before_a_conditional_step": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
+    # 2 agents x 3 learn() calls: critic, alpha (learned temperature only) and actor steps, one update each
+    "loss_in_each_branch_of_an_if_that_trains": {"step": 15, "update": 6, "scale": 15, "load_state_dict": 0},
 }
 
 

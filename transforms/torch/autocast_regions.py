@@ -127,6 +127,13 @@ class AutocastPlanner:
                 backward.call, receiver_of(backward),
             )
         block, body, end = found
+        if loss_object is None and isinstance(body[end], cst.If) and id(body[end]) in barriers:
+            # the loss is computed in each branch of an if that also trains (BY571's SAC: `if not
+            # FIXED_ALPHA:` steps the temperature, then computes the actor loss; `else:` computes it
+            # alone): a region in each branch, none around the whole if
+            self._plan_branch_regions(body[end], [(block, body[end]), *path[level + 1:]], loss_names, barriers,
+                                      by_block, backward)
+            return
         start, before_barrier, needed = self._forward_start(body, end, barriers, loss_names)
         outer_forwards = self._check_outer_forward(path[level + 1:], needed, barriers, by_block, backward)
         planned = by_block.get(id(block), (block, []))[1]
@@ -178,6 +185,45 @@ class AutocastPlanner:
         start = self._stateful_forward_start(body, start, barriers)
         ranges = by_block.setdefault(id(block), (block, []))[1]
         ranges.append((start, end))
+
+    def _plan_branch_regions(self, statement: cst.If, outer_levels, loss_names: Set[str], barriers: Set[int],
+                             by_block, backward: BackwardCall) -> None:
+        """Regions for a loss every branch of `statement` (an if/elif/else holding a backward or a
+        step) computes: in each branch, from its forward pass to its last binding of the loss, as
+        for a loss in the loop's own block; what they need from before the if, as for a nested loss.
+        Unconvertible when a branch does not compute it (an if with no else included) or computes it
+        inside a deeper block that trains."""
+        s = self.structure
+        branches = [branch.body for branch in _if_chain(statement)]
+        last = _if_chain(statement)[-1].orelse
+        if not isinstance(last, cst.Else):
+            raise Unconvertible(
+                f"the loss of this backward() ({', '.join(sorted(loss_names))}) is computed in an if with no else "
+                f"(line {s.line(statement)}) that also runs a backward() or step(): put torch.autocast around its "
+                "forward pass by hand", backward.call)
+        branches.append(last.body)
+        needed_before: Set[str] = set()
+        for branch in branches:
+            body = list(branch.body) if isinstance(branch, cst.IndentedBlock) else []
+            end = next((i for i in range(len(body) - 1, -1, -1)
+                        if statements.assigned_names(body[i]) & loss_names), None)
+            if end is None or id(body[end]) in barriers:
+                raise Unconvertible(
+                    f"the loss of this backward() ({', '.join(sorted(loss_names))}) is not computed plainly in every "
+                    f"branch of the if at line {s.line(statement)}, which also runs a backward() or step(): put "
+                    "torch.autocast around its forward pass by hand", backward.call)
+            start, before_barrier, needed = self._forward_start(body, end, barriers, loss_names)
+            planned = by_block.get(id(branch), (branch, []))[1]
+            if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
+                raise Unconvertible(
+                    f"part of the forward pass for this loss (line {s.line(body[before_barrier])}) runs before "
+                    "an earlier backward()/step(), outside any autocast region: put torch.autocast around it by hand",
+                    backward.call)
+            # what the branch reads and binds nowhere in it comes from before the if
+            needed_before |= needed - set().union(*(statements.assigned_names(line) for line in body[:end]))
+            by_block.setdefault(id(branch), (branch, []))[1].append((self._stateful_forward_start(body, start, barriers),
+                                                                     end))
+        self._check_outer_forward(outer_levels, needed_before, barriers, by_block, backward)
 
     def _plan_caller_regions(self, backward: BackwardCall, loss_names: Set[str], barriers: Set[int],
                              by_block: Dict[int, Tuple[Block, List[Tuple[int, int]]]]) -> bool:
