@@ -1744,7 +1744,8 @@ class ProjectView:
         own = self.path.resolve()
         whole, names_from = self._imported_names()
         found = []
-        for path in self.index.imported_closure(self.path):
+        closure = self.index.imported_closure(self.path)
+        for path in closure:
             imported = self.index.outline(path)
             if imported is None or path == own or not imported.bce_calls:
                 continue
@@ -1761,7 +1762,22 @@ class ProjectView:
                     pending += list(function.local_calls) if function is not None else []
             if any((reached | called) & set(owners) for _, _, owners in imported.bce_calls):
                 found.append((path, imported))
+                continue
+            # reached through the modules this one imports: another module of the closure builds or
+            # calls the class or function holding it (DeepDA: main.py -> models.py -> transfer_losses.py,
+            # whose `AdversarialLoss(...)` comes from loss_funcs/adv.py through two star imports)
+            holders = {owners[0] for _, _, owners in imported.bce_calls if owners}
+            if holders and any(self._names_a_holder(other, holders) for other in closure if other not in (path, own)):
+                found.append((path, imported))
         return found
+
+    def _names_a_holder(self, path: Path, holders: Set[str]) -> bool:
+        """Does the module's text call or subclass one of `holders` (`AdversarialLoss(`)?"""
+        try:
+            data = current_bytes(path)
+        except OSError:
+            return False
+        return any(re.search(rb"\b" + re.escape(name.encode()) + rb"\s*[(.]", data) for name in holders)
 
     def _imported_names(self) -> Tuple[Set[Path], Dict[Path, Set[str]]]:
         """(the project modules this module imports whole: `import m`, `from pkg import m`, a star
