@@ -562,15 +562,12 @@ class TorchConversion(abc.ABC):
         code = self.rules.trains_when_called
         if not has_training or not code or self.project is None:
             return
-        outside = [(where, method) for key, where, method in self.project.training_when_called_elsewhere()
-                   if not self.project.in_this_run(key)]
         node = self.structure.backwards[0].call if self.structure.backwards else None
         self._report_trainers_used(code, node)
-        if not outside:
+        outside = self._outside_this_run(self.project.training_when_called_elsewhere())
+        if outside is None:
             return
-        shown = ", ".join(f"{method}() ({where})" for where, method in outside[:3])
-        shown += f" and {len(outside) - 3} more" if len(outside) > 3 else ""
-        modules = sorted({where.rsplit(":", 1)[0] for where, _ in outside})
+        shown, modules = outside
         self.warn(code, f"{shown} runs a backward() and an optimizer step of its own each time it is called (a loss "
                         "that updates a discriminator, a module that trains a part): if this file's step calls it, "
                         "that inner step runs in mixed precision with no loss scaling (float16 gradients can "
@@ -583,18 +580,25 @@ class TorchConversion(abc.ABC):
         architect.py): that training is this file's too, and it is converted only in its own module.
         When that module is not in this run, the conversion says so and is incomplete."""
         ask = getattr(self.project, "trainers_used_from_elsewhere", None)
-        outside = [(where, method) for key, where, method in (ask() if ask is not None else [])
-                   if not self.project.in_this_run(key)]
-        if not outside:
+        outside = self._outside_this_run(ask() if ask is not None else [])
+        if outside is None:
             return
-        shown = ", ".join(f"{method}() ({where})" for where, method in outside[:3])
-        shown += f" and {len(outside) - 3} more" if len(outside) > 3 else ""
-        modules = sorted({where.rsplit(":", 1)[0] for where, _ in outside})
+        shown, modules = outside
         self.warn(code, f"this file builds a trainer of another module: {shown} runs a backward() and an optimizer step "
                         "of its own, which ampify converts only in its module, and "
                         f"{', '.join(modules)} is not in this run: that training stays float32, or runs in mixed precision "
                         "without loss scaling where this file's conversion reaches it; run ampify on it too, or on "
                         "the repository", node)
+
+    def _outside_this_run(self, found) -> Optional[Tuple[str, List[str]]]:
+        """("Architect.step() (cnn/architect.py:47) and 2 more", its modules) for the (key, where,
+        method) of `found` whose module is not in this run; None when every one is."""
+        outside = [(where, method) for key, where, method in found if not self.project.in_this_run(key)]
+        if not outside:
+            return None
+        shown = ", ".join(f"{method}() ({where})" for where, method in outside[:3])
+        shown += f" and {len(outside) - 3} more" if len(outside) > 3 else ""
+        return shown, sorted({where.rsplit(":", 1)[0] for where, _ in outside})
 
     def _report_imported_inplace_products(self, has_training: bool) -> bool:
         """In-place matrix products in the model code of a project module this file imports
