@@ -936,3 +936,38 @@ def test_an_optimized_tensor_made_here_on_no_device_trains_on_the_cpu(made, flag
     conversion = convert_source(source)
     codes = {f.code for f in conversion.findings}
     assert ("AMP228" in codes) is flagged, codes
+
+
+@pytest.mark.parametrize("helper, status, unscaled_before", [
+    ("sync_grads", FileStatus.CHANGED, False),
+    ("average_gradients", FileStatus.CHANGED, False),
+    ("clip_grads", FileStatus.CHANGED, True),
+    ("sync_and_clip_grads", FileStatus.UNCONVERTED, False),
+])
+def test_a_helper_reducing_the_gradients_across_ranks_is_unscaled_after(helper, status, unscaled_before):
+    """HER's `sync_grads(network)`: no scaler.unscale_() before a reduction across ranks (the step
+    unscales after it, so every rank's inf check sees the reduced gradients); a clipping helper gets
+    one; a helper that does both is refused (AMP215)."""
+    source = textwrap.dedent(f"""\
+        import torch
+        import torch.nn as nn
+        from dist_utils import {helper}
+
+        model = nn.Linear(4, 2).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(10):
+            loss = model(torch.randn(8, 4).cuda()).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            {helper}(model, 1.0)
+            optimizer.step()
+        """)
+    conversion = convert_source(source, Options(backend="native"))
+    assert conversion.status is status, (conversion.reason, conversion.findings)
+    if status is FileStatus.CHANGED:
+        text = conversion.converted
+        assert ("scaler.unscale_(optimizer)" in text) is unscaled_before, text
+        assert text.index("scaler.scale(loss).backward()") < text.index(f"{helper}(model, 1.0)") < \
+            text.index("scaler.step(optimizer)")
+    else:
+        assert any(f.code == "AMP215" and "both reduces" in f.message for f in conversion.findings)

@@ -316,6 +316,15 @@ class ScalerCallPlanner:
         needs += [(self._where(read.node), "grad", read.node) for read in self._grad_reads_before_step(unit)]
         helpers = self._gradient_helper_calls(unit)
         reductions = [call for call in helpers if names.reduces_gradients(statements.called_name(call) or "")]
+        for call in reductions:
+            called = statements.called_name(call) or ""
+            if "clip" in called.lower():
+                # `sync_and_clip_grads(model, max_norm)`: its clipping needs unscaled gradients, and its
+                # reduction the scaled ones (unscale_ after it): no place for the unscale_ is right
+                raise Unconvertible(
+                    f"{called}() (line {self.structure.line(call)}) both reduces the gradients across ranks and clips "
+                    "them: the clipping needs them unscaled, and GradScaler's inf check must come after the reduction; "
+                    "split it (reduce, then scaler.unscale_(optimizer), then clip) by hand", call, code="AMP215")
         needs += [(self._where(call), "helper", call) for call in helpers if call not in reductions]
         self._check_reductions_before_readers(unit, reductions, needs)
         for where, kind, node in sorted(needs, key=lambda item: item[0]):
