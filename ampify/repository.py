@@ -1772,7 +1772,8 @@ class ProjectView:
         return found
 
     def _names_a_holder(self, path: Path, holders: Set[str]) -> bool:
-        """Does the module's text call or subclass one of `holders` (`AdversarialLoss(`)?"""
+        """Does the module's text call one of `holders` or reach an attribute of it (`AdversarialLoss(`,
+        `AdversarialLoss.get_adversarial_result`)?"""
         try:
             data = current_bytes(path)
         except OSError:
