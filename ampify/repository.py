@@ -1361,6 +1361,10 @@ class ProjectView:
     def _own_outline(self) -> Optional[ModuleOutline]:
         return self.index.outline(self.path)
 
+    def is_project_package(self, package: str) -> bool:
+        """Does `import package` in this module mean a module or package of the project?"""
+        return self.index.resolve_module(self.path, package) is not None
+
     def star_bound_imports(self, key: Optional[str] = None) -> Dict[str, str]:
         """Local name -> import the star imports of this module (or of the project module `key`)
         bind: `tf` where `from utils import *` brings utils' `import tensorflow as tf`."""

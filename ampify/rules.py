@@ -445,6 +445,13 @@ RULES: List[Rule] = [
          "everywhere).",
          "alpha_optim.zero_grad()\narchitect.unrolled_backward(trn_X, trn_y, val_X, val_y, lr, w_optim)\n"
          "alpha_optim.step()  # left as it is", MANUAL, incomplete=True),
+    Rule("AMP255", "warning", "the optimizer is handed to a training loop of a third-party library (torchnet's Engine, homura's trainers): its step is there, and nothing is converted",
+         "szagoruyko/attention-transfer hands its SGD to torchnet's `Engine().train(h, loader, epochs, optimizer)`, "
+         "whose loop calls backward() and `optimizer.step(closure)`. The file has no backward() of its own, but it "
+         "trains: it is refused with the library's name, not reported as inference code. Said for a callee named "
+         "like a loop (train, fit, Trainer, Engine, Learner, Runner) of a package outside the standard library, "
+         "torch and the project.",
+         "engine = Engine()\nengine.train(h, train_loader, opt.epochs, optimizer)  # torchnet runs the step", MANUAL),
     Rule("AMP232", "info", "`masked_fill(mask, -1e9)` before a softmax: the constant is now `torch.finfo(scores.dtype).min`",
          "-1e9 overflows float16, and masked_fill raises once the scores are float16 (autocast, apex O1). The scores' own "
          "minimum gives the same softmax in float32. Done only when the filled scores are read by a softmax alone; "
@@ -606,6 +613,9 @@ RULES: List[Rule] = [
          "As AMP253; under O1 that step runs in float16 wherever it is called, with no amp.scale_loss.",
          "loss = self.loss(sr, hr)  # loss/adversarial.py: Adversarial.forward() runs loss_d.backward(); self.optimizer.step()",
          MANUAL, incomplete=True),
+    Rule("AMP345", "warning", "apex: the optimizer is handed to a training loop of a third-party library: its backward() is there, and nothing is converted",
+         "As AMP255: amp.scale_loss would have to wrap the library's backward().",
+         "engine = Engine()\nengine.train(h, train_loader, opt.epochs, optimizer)  # torchnet runs the step", MANUAL),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

@@ -96,6 +96,12 @@ APEX_RULES = BackendRules(
         "is not in this run: that class's step is where the conversion goes (this file needs no change); run ampify "
         "on {module} or on the repository",
     ),
+    library_loop=(
+        "AMP345",
+        "{callee}() runs the training loop with {optimizer}: the backward() amp.scale_loss would wrap is in "
+        "{package}, which ampify does not rewrite; nothing converted: turn on {package}'s own mixed precision "
+        "option if it has one, or write the loop out in this file and run ampify again",
+    ),
     blocked_reason="apex amp would raise on this script (see the warnings)",
     float32_probability_clamp="AMP339",
     inplace_products="AMP340",

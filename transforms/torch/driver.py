@@ -45,6 +45,7 @@ from ampify.transforms.torch import names as names
 from ampify.transforms.torch import statements as statements
 from ampify.transforms.torch.bce_logits import criterion_never_applied
 from ampify.transforms.torch.helper_backwards import helper_refusal_note
+from ampify.transforms.torch.library_loops import library_loop
 from ampify.transforms.torch.autograd_functions_float32 import autocast_devices, plan_float32_functions
 from ampify.transforms.torch.gram_matrix_float32 import plan_float32_grams
 from ampify.transforms.torch.probability_clamps_float32 import plan_float32_clamps
@@ -102,6 +103,9 @@ class BackendRules:
     #: message uses {function}, {where}, {optimizer}, {line}, {module}; a second message for a
     #: trainer class, whose own module gets the whole conversion
     training_elsewhere: Tuple[str, str, str]
+    #: the optimizer is handed to a third-party library's training loop; the message uses
+    #: {callee}, {optimizer}, {package}
+    library_loop: Tuple[str, str]
     hazards: Mapping[HazardKind, HazardRule]
     blocked_reason: str
     #: the code reporting a Gram matrix function of another module rewritten to float32
@@ -263,7 +267,7 @@ class TorchConversion(abc.ABC):
             self.warn(code, message.format(receiver=s.steps[0].receiver), s.steps[0].call)
             return self.result(Verdict.UNCONVERTED, "optimizer steps without a backward() call in this file")
         if not has_training:
-            elsewhere = self._training_elsewhere_not_in_run()
+            elsewhere = self._training_elsewhere_not_in_run() or self._loop_of_a_library()
             if elsewhere is not None:
                 return elsewhere
             return self.result(Verdict.NOTHING_TO_DO, "no backward() call: no training step here (inference or model code)")
@@ -427,6 +431,22 @@ class TorchConversion(abc.ABC):
                           call)
                 return self.result(Verdict.UNCONVERTED, f"the training step is in {module}, not in this run; see the warning")
         return None
+
+    def _loop_of_a_library(self) -> Optional[TransformResult]:
+        """The optimizer built here is handed to the training loop of a third-party library (torchnet's
+        `Engine().train(...)`, homura's `SupervisedTrainer(...)`): the step runs there, where ampify
+        writes nothing; refused with that reason, not called inference code. None when no such call."""
+        if self.project is None:
+            return None
+        s = self.structure
+        found = library_loop(s.module, s.imports, self.project.is_project_package)
+        if found is None:
+            return None
+        code, message = self.rules.library_loop
+        package = found.qualified.split(".", 1)[0]
+        self.warn(code, message.format(callee=found.qualified, optimizer=found.optimizer, package=package), found.call)
+        return self.result(Verdict.UNCONVERTED, f"the training loop runs in {package}, which ampify does not rewrite; "
+                                                "see the warning")
 
     def _trains_through_a_module_not_in_run(self) -> Optional[TransformResult]:
         """A script that builds no optimizer and trains through a training function or class of

@@ -122,6 +122,12 @@ NATIVE_RULES = BackendRules(
         "is not in this run: that class's step is where the conversion goes (this file needs no change); run ampify "
         "on {module} or on the repository",
     ),
+    library_loop=(
+        "AMP255",
+        "{callee}() runs the training loop with {optimizer}: the forward pass, backward() and the optimizer step "
+        "are in {package}, which ampify does not rewrite; nothing converted: turn on {package}'s own mixed "
+        "precision option if it has one, or write the loop out in this file and run ampify again",
+    ),
     blocked_reason="mixed precision would break this file; see the warnings",
     float32_probability_clamp="AMP246",
     inplace_products="AMP249",
