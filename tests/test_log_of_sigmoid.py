@@ -37,3 +37,18 @@ def test_a_float16_probability_in_a_log_is_the_hazard(line):
 ])
 def test_a_float32_probability_or_a_normal_epsilon_is_not(line):
     assert _logs(line) == []
+
+
+def test_a_value_ampify_cannot_follow_in_a_file_with_a_sigmoid_model_is_taken_for_a_probability():
+    assert _logs("p = models['D'](x)\nloss = torch.log(1 - p + 1e-8).mean()")
+    assert _logs("u = torch.rand_like(x)\nu = models['D'](x)\nloss = torch.log(1 - u).mean()")
+
+
+@pytest.mark.parametrize("draw", [
+    "x.new(2, 4).uniform_(1e-5, 1.0 - 1e-5)",  # r9y9/wavenet_vocoder's logistic sampling
+    "torch.rand_like(x)",
+    "torch.empty(2, 4).uniform_()",
+    "np.random.uniform(size=(2, 4))",
+])
+def test_a_random_draw_is_no_probability(draw):
+    assert _logs(f"u = {draw}\nsample = torch.log(u) - torch.log(1. - u)") == []

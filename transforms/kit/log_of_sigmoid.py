@@ -120,8 +120,10 @@ def log_of_probability_calls(module: cst.Module, imports: ImportMap, vocabulary:
             source = judge.probability_in(argument)
             if source is None and index.sigmoid_producers:
                 # `log(1 - x)` of a value ampify cannot follow (`D['model'](X)`, models picked from a
-                # list) in a file whose model ends in a sigmoid: a probability all the same
-                source = _one_minus(argument)
+                # list) in a file whose model ends in a sigmoid: a probability all the same, unless
+                # x is a random draw (`u = x.new(n).uniform_(1e-5, 1 - 1e-5)`, logistic sampling)
+                drawn = _random_draw_names(index.assignments_by_scope.get(scope, []))
+                source = _one_minus(argument, drawn)
             if source is not None:
                 found.append((call, source))
     return found
@@ -395,19 +397,41 @@ def _float32_sigmoid(node: cst.BaseExpression) -> bool:
     return bool(node.args) and _float32_copy(node.args[0].value)
 
 
-def _one_minus(argument: cst.BaseExpression) -> Optional[str]:
+def _one_minus(argument: cst.BaseExpression, drawn: Collection[str] = ()) -> Optional[str]:
     """`1 - x` (`1. - x + 1e-8`) within the log's argument, as written; not `1 - torch.exp(-x)`,
-    nor `1 - torch.sigmoid(x.float())` (a float32 probability)."""
+    nor `1 - torch.sigmoid(x.float())` (a float32 probability), nor `1 - u` of a name in `drawn`."""
     if isinstance(argument, cst.BinaryOperation):
         if isinstance(argument.operator, cst.Subtract) and _number(argument.left) == 1.0:
             subtracted = argument.right
             if isinstance(subtracted, cst.Call) and _last_name(subtracted.func) in _FLOAT32_RESULTS:
                 return None
-            if _float32_sigmoid(subtracted):
+            if _float32_sigmoid(subtracted) or dotted_name(subtracted) in drawn:
                 return None
             return _code(argument)
-        return _one_minus(argument.left) or _one_minus(argument.right)
+        return _one_minus(argument.left, drawn) or _one_minus(argument.right, drawn)
     return None
+
+
+#: methods and functions that fill a tensor with random numbers (no model output)
+_RANDOM_DRAWS = frozenset({"uniform_", "normal_", "random_", "bernoulli_", "exponential_", "geometric_",
+                           "log_normal_", "cauchy_", "rand", "rand_like", "uniform", "random_sample"})
+
+
+def _random_draw_names(assignments: List[cst.Assign]) -> Set[str]:
+    """Names one scope binds to random numbers only: `u = x.new(n).uniform_(1e-5, 1 - 1e-5)`,
+    `u = torch.rand_like(x)`, `u = np.random.uniform(size=n)`; a name bound anywhere else in the
+    scope too is left out."""
+    drawn: Set[str] = set()
+    other: Set[str] = set()
+    for assign in assignments:
+        for target in assign.targets:
+            name = dotted_name(target.target)
+            if name is None:
+                continue
+            value = assign.value
+            is_draw = isinstance(value, cst.Call) and _last_name(value.func) in _RANDOM_DRAWS
+            (drawn if is_draw else other).add(name)
+    return drawn - other
 
 
 def _last_name(node: cst.BaseExpression) -> str:
