@@ -922,3 +922,17 @@ def test_a_log_of_the_probability_written_out_stays_finite_in_float16(tmp_path):
                               "        d_loss = "))
     assert "torch.autocast('cpu'" in naive.read_text()
     assert not math.isfinite(run_script(str(naive)).script_globals["LOSSES"][0])  # -inf, or NaN once it has stepped
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_helper_changing_the_gradients_sees_them_unscaled(dtype, tmp_path):
+    """network-slimming's `updateBN()` adds s * sign(w) to the BatchNorm scales' gradients under a
+    flag: the converted step shrinks them as the fp32 step does. (Added to scaled gradients, the
+    term would be divided by the loss scale, 65536, and the scales would barely move.)"""
+    name = "sparsity_added_to_gradients_by_a_helper"
+    fp32 = run_script(str(script_path(name))).script_globals["BN_NORMS"]
+    mixed = run_script(str(_convert(name, dtype, tmp_path))).script_globals["BN_NORMS"]
+    assert len(mixed) == len(fp32) == 5
+    assert fp32[-1] < 32 - 2, fp32  # the sparsity term moves the 32 scales (1.0 each at the start)
+    for converted, original in zip(mixed, fp32):
+        assert converted == pytest.approx(original, rel=1e-2), (mixed, fp32)

@@ -6,7 +6,7 @@ before which clipping calls or `.grad` reads `scaler.unscale_(optimizer)` goes. 
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -38,6 +38,7 @@ class ScalerCallPlanner:
         #: clipping statements (by id) whose unscale_ is a loop over the optimizers a later loop
         #: steps: the iterable's code (`optimizers` for `for optimizer in optimizers: scaler.unscale_(optimizer)`)
         self.unscale_loops: Dict[int, str] = {}
+        self._grad_functions: Optional[Set[str]] = None
 
     def update_anchor(self, unit: TrainingUnit) -> cst.CSTNode:
         """The statement after which `scaler.update()` runs exactly once per iteration that stepped:
@@ -547,7 +548,9 @@ class ScalerCallPlanner:
             if called is None:
                 continue
             lowered = called.lower()
-            if lowered in names.NOT_GRADIENT_HELPERS or not ("clip" in lowered or "grad" in lowered):
+            if lowered in names.NOT_GRADIENT_HELPERS:
+                continue
+            if not ("clip" in lowered or "grad" in lowered) and called not in self._functions_touching_grad():
                 continue
             where = self._where(call)
             next_step = min((self._where(st.call) for st in unit.steps if self._where(st.call) > where), default=None)
@@ -555,6 +558,18 @@ class ScalerCallPlanner:
                 continue  # a backward() follows before the step (a gradient penalty, say): not a gradient reader
             found.append(call)
         return found
+
+    def _functions_touching_grad(self) -> Set[str]:
+        """Names of this module's functions and methods whose body reads or changes `.grad`
+        (network-slimming's `updateBN()`: `m.weight.grad.data.add_(args.s * torch.sign(m.weight.data))`,
+        an L1 subgradient added to the true gradients): called between backward() and the step,
+        they need the gradients unscaled, whatever they are called."""
+        if self._grad_functions is None:
+            self._grad_functions = {
+                function.name.value for function in statements.nodes_of_type(self.structure.module, cst.FunctionDef)
+                if any(isinstance(node, cst.Attribute) and node.attr.value == "grad"
+                       for node in statements.nodes_of_type(function.body, cst.Attribute))}
+        return self._grad_functions
 
     def _grad_reads_before_step(self, unit: TrainingUnit):
         """`.grad` accesses after the iteration's first backward() and before its last step():
