@@ -90,6 +90,9 @@ class FunctionOutline:
     #: the line of a Gram matrix of a flattened feature map in its body (style transfer's
     #: `features.bmm(features_t)`), 0 if none (torch/gram_matrix_functions.py)
     gram_matrix: int = 0
+    #: its body reads or changes `.grad` (`m.weight.grad.data.add_(...)`): called between backward()
+    #: and the step, it needs the gradients unscaled
+    touches_grad: bool = False
 
 
 def _resolved(path: Path) -> Optional[Path]:
@@ -1234,9 +1237,11 @@ def _function_outline(function, tensorflow: bool = False, gram_names=None) -> Fu
     returns = []
     builds_optimizer = calls_backward = False
     grad_with_graph = tf_gradients = 0
-    applies_gradients = False
+    applies_gradients = touches_grad = False
     local_calls = set()
     for node in ast.walk(function):
+        if isinstance(node, ast.Attribute) and node.attr == "grad":
+            touches_grad = True
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
             calls_backward = True
         if isinstance(node, ast.Call):
@@ -1262,7 +1267,8 @@ def _function_outline(function, tensorflow: bool = False, gram_names=None) -> Fu
     return FunctionOutline(function.name, function.lineno, params, returns_moved, builds_optimizer, calls_backward,
                            grad_with_graph=grad_with_graph, local_calls=tuple(sorted(local_calls)),
                            tf_gradients=tf_gradients, applies_gradients=applies_gradients,
-                           gram_matrix=gram_matrix_line(function, gram_names) if gram_names is not None else 0)
+                           gram_matrix=gram_matrix_line(function, gram_names) if gram_names is not None else 0,
+                           touches_grad=touches_grad)
 
 
 def _is_grad_with_graph(call: ast.Call) -> bool:
@@ -1484,6 +1490,15 @@ class ProjectView:
         """Does this module call a function of another project module that hands back tf.gradients?"""
         outline = self._own_outline()
         return outline is not None and any(self.gradients_function(dotted) is not None for dotted in outline.calls)
+
+    def touches_gradients(self, dotted: str) -> bool:
+        """Is `dotted` (as this module calls it) a function of another project module whose body
+        reads or changes `.grad` (`utils.updateBN(model, s)`)?"""
+        outline = self._own_outline()
+        if outline is None:
+            return False
+        found = self.index.defining_function(self.path, dotted, outline.imports)
+        return found is not None and found[0] != self.path and found[1].touches_grad
 
     def gradient_penalty_function(self, dotted: str) -> Optional[Tuple[str, str, str]]:
         """(key, display, function name) of the project function `dotted` (as this module calls

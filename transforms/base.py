@@ -51,6 +51,12 @@ class ProjectFacts(Protocol):
         """"utils.py:12 get_network()" when the project function `dotted` (as this module calls
         it) returns a model moved to a device; else None."""
 
+    def touches_gradients(self, dotted: str) -> bool:
+        """Is `dotted` a function of another project module whose body reads or changes `.grad`?"""
+
+    def is_project_package(self, package: str) -> bool:
+        """Does `import package` in this module mean a module or package of the project?"""
+
     def gradient_penalty_function(self, dotted: str) -> Optional[Tuple[str, str, str]]:
         """(key, display, function name) of the project function `dotted` when it runs a gradient
         penalty (see gradient_penalty_called)."""

@@ -336,7 +336,9 @@ class NativeConversion(TorchConversion):
         self.torch = self._torch_name()
         self.edits = StatementEdits()
         self.regions = AutocastPlanner(structure, imports, context.project)
-        self.scaler_calls = ScalerCallPlanner(structure, imports)
+        self.scaler_calls = ScalerCallPlanner(
+            structure, imports,
+            context.project.touches_gradients if context.project is not None else (lambda dotted: False))
         self.devices = DeviceChoice(structure, self.torch, self, self.project)
         self.scaler_name = "scaler"
         self.placement = ScalerPlacement(structure, self.scaler_name, context.project, context.display)

@@ -6,7 +6,7 @@ before which clipping calls or `.grad` reads `scaler.unscale_(optimizer)` goes. 
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -22,9 +22,12 @@ from ampify.transforms.torch.training_loop import StepCall, TrainingStructure, T
 class ScalerCallPlanner:
     """update()/unscale_() placement for the training units of one analysed module."""
 
-    def __init__(self, structure: TrainingStructure, imports: ImportMap) -> None:
+    def __init__(self, structure: TrainingStructure, imports: ImportMap,
+                 touches_grad_elsewhere: Callable[[str], bool] = lambda dotted: False) -> None:
         self.structure = structure
         self.imports = imports
+        #: is a dotted call a function of another project module that reads or changes `.grad`?
+        self.touches_grad_elsewhere = touches_grad_elsewhere
         #: per unit (by id): (statement, "after"/"before") in early-exit branches where
         #: scaler.update() also goes
         self.early_exit_updates: Dict[int, List[Tuple[cst.CSTNode, str]]] = {}
@@ -550,7 +553,8 @@ class ScalerCallPlanner:
             lowered = called.lower()
             if lowered in names.NOT_GRADIENT_HELPERS:
                 continue
-            if not ("clip" in lowered or "grad" in lowered) and called not in self._functions_touching_grad():
+            if not ("clip" in lowered or "grad" in lowered) and called not in self._functions_touching_grad() \
+                    and not self.touches_grad_elsewhere(dotted_name(call.func) or ""):
                 continue
             where = self._where(call)
             next_step = min((self._where(st.call) for st in unit.steps if self._where(st.call) > where), default=None)
