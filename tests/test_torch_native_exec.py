@@ -157,6 +157,9 @@ EXPECTED_CALLS = {
     "forward_in_a_branch_before_a_conditional_step": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0},
     # 2 agents x 3 learn() calls: critic, alpha (learned temperature only) and actor steps, one update each
     "loss_in_each_branch_of_an_if_that_trains": {"step": 15, "update": 6, "scale": 15, "load_state_dict": 0},
+    # the distillation branch: 2 epochs x 3 batches, a checkpoint (state_dict) after each epoch
+    "optimizer_of_each_mode_built_in_its_branch": {"step": 6, "update": 6, "scale": 6, "load_state_dict": 0,
+                                                   "state_dict": 2},
 }
 
 
@@ -936,3 +939,17 @@ def test_a_helper_changing_the_gradients_sees_them_unscaled(dtype, tmp_path):
     assert fp32[-1] < 32 - 2, fp32  # the sparsity term moves the 32 scales (1.0 each at the start)
     for converted, original in zip(mixed, fp32):
         assert converted == pytest.approx(original, rel=1e-2), (mixed, fp32)
+
+
+def test_a_float32_mode_beside_a_converted_one_runs(tmp_path):
+    """The distillation mode's step stays float32 (a closure); the GradScaler exists in the other
+    mode's branch only: the distillation mode must run to its checkpoints without a NameError."""
+    name = "float32_mode_saving_beside_a_converted_one"
+    conversion = convert_source(script_path(name).read_text(), Options(), filename=f"{name}.py")
+    assert conversion.status is FileStatus.CHANGED_INCOMPLETE, conversion.reason
+    converted = tmp_path / f"{name}.py"
+    converted.write_text(conversion.converted)
+    evidence = run_script(str(converted))
+    assert set(evidence.script_globals["CHECKPOINTS"]) == {"kd"}
+    assert "scaler" not in evidence.script_globals["CHECKPOINTS"]["kd"]
+    assert len(evidence.script_globals["LOSSES"]) == 6

@@ -88,6 +88,7 @@ from ampify.transforms.torch.training_loop import (
     Unconvertible,
     analyze_training,
     concerns_torch,
+    is_main_guard,
     may_concern_torch_training,
 )
 
@@ -1213,11 +1214,28 @@ class NativeConversion(TorchConversion):
                 return None
             if candidate is not scope and scope is not s.module and s.bindings_visible(self.scaler_name, scope):
                 return None
+            if candidate is s.module and scope is not s.module and not _runs_with_the_module(s, home):
+                # knowledge-distillation-pytorch: the scaler is created in the `else:` of the
+                # script's mode switch, and the other mode's function would read an unbound global
+                return None
             return home.reference
         return None
 
 
 # ---- small helpers --------------------------------------------------------------------------
+
+
+def _runs_with_the_module(s: TrainingStructure, home: ScalerHome) -> bool:
+    """Is a module-level scaler created whenever the script runs: no `if` (but the script's
+    `if __name__ == "__main__":`), `else`, loop or `except` around its creation? Only then may
+    a function read it as a global."""
+    for after in (home.after, *home.also_after):
+        for ancestor in s.ancestors(after):
+            if isinstance(ancestor, (cst.Else, cst.For, cst.While, cst.ExceptHandler)):
+                return False
+            if isinstance(ancestor, cst.If) and not is_main_guard(ancestor):
+                return False
+    return True
 
 
 def _turns_precision_off(existing: str) -> bool:

@@ -306,6 +306,14 @@ class ScalerPlacement:
             # the next optimizer is created right below, before any loop uses the scaler: create the
             # scaler after it instead (`q_optimizer = ...; actor_optimizer = ...; scaler = ...`)
             existing.after, existing.line = after, s.line(after)
+        if existing is not None and _in_exclusive_branches(s, existing.after, after):
+            # knowledge-distillation-pytorch: `if "distill" in params.model_version: ... optimizer =
+            # ...` / `else: ... optimizer = ...`, each mode then training: one run takes one branch,
+            # so the scaler is created in both, after the optimizer of each
+            if all(a is not after for a in existing.also_after):
+                existing.also_after.append(after)
+            existing.optimizers.extend(r for r in receivers if r not in existing.optimizers)
+            return existing
         if existing is not None:
             # one scaler per training setup: the existing one must already exist when this loop
             # runs, created in a block around it (an optimizer created later, under `if
@@ -839,3 +847,13 @@ def _bases_setting(project: ProjectFacts, bases: List[str], receiver: str) -> li
     attribute = receiver[len("self."):]
     return [(base, fact) for base in bases for fact in [project.inherited_attribute(base, attribute)]
             if fact is not None]
+
+
+def _in_exclusive_branches(s: TrainingStructure, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+    """Do the two statements sit in different branches of one `if` (its body and its `else:` or
+    an `elif`), so that no run executes both?"""
+    for ancestor in s.ancestors(first):
+        if isinstance(ancestor, cst.If) and s.contains(ancestor, second):
+            in_body = s.contains(ancestor.body, first)
+            return in_body != s.contains(ancestor.body, second) and ancestor.orelse is not None
+    return False

@@ -1442,12 +1442,12 @@ def _on_every_path(structure: TrainingStructure, binding: Binding, step: cst.CST
         if ancestor is binding.scope:
             return True
         if isinstance(ancestor, (cst.If, cst.Try, cst.For, cst.While)) and not structure.contains(ancestor, step) \
-                and not _is_main_guard(ancestor):
+                and not is_main_guard(ancestor):
             return False
     return True
 
 
-def _is_main_guard(node: cst.CSTNode) -> bool:
+def is_main_guard(node: cst.CSTNode) -> bool:
     """`if __name__ == "__main__":`"""
     test = node.test if isinstance(node, cst.If) else None
     return (isinstance(test, cst.Comparison) and dotted_name(test.left) == "__name__" and len(test.comparisons) == 1
