@@ -1367,6 +1367,11 @@ class ProjectView:
     def _own_outline(self) -> Optional[ModuleOutline]:
         return self.index.outline(self.path)
 
+    def module_trains(self, key: str) -> bool:
+        """Does the project module `key` call `.backward(...)` itself?"""
+        outline = self.index.outline(Path(key))
+        return bool(outline is not None and outline.trains)
+
     def is_project_package(self, package: str) -> bool:
         """Does `import package` in this module mean a module or package of the project?"""
         return self.index.resolve_module(self.path, package) is not None

@@ -452,6 +452,14 @@ RULES: List[Rule] = [
          "like a loop (train, fit, Trainer, Engine, Learner, Runner) of a package outside the standard library, "
          "torch and the project.",
          "engine = Engine()\nengine.train(h, train_loader, opt.epochs, optimizer)  # torchnet runs the step", MANUAL),
+    Rule("AMP256", "info", "a sigmoid whose probability a log reads now takes a float32 copy of the logits: `torch.sigmoid(x.float())`",
+         "kwotsin/mimicry's non-saturating loss, `p = torch.sigmoid(logits)` then `torch.log(p + 1e-8)`: under autocast "
+         "the sigmoid runs in float16, where p is 0 for a logit below about -17 and the log is -inf (AMP229). On a "
+         "float32 copy the probability and its log are what the fp32 script computed (`.float()` of a float32 tensor "
+         "is the tensor itself). Done for sigmoids written out whose value reaches the log through names of the same "
+         "function, in this file or, as one change set, in the module it imports that computes the loss; a model "
+         "ending in nn.Sigmoid is fused instead (AMP248) or refused (AMP229).",
+         "output_fake = torch.sigmoid(output_fake)\n  -> output_fake = torch.sigmoid(output_fake.float())", REVIEW),
     Rule("AMP232", "info", "`masked_fill(mask, -1e9)` before a softmax: the constant is now `torch.finfo(scores.dtype).min`",
          "-1e9 overflows float16, and masked_fill raises once the scores are float16 (autocast, apex O1). The scores' own "
          "minimum gives the same softmax in float32. Done only when the filled scores are read by a softmax alone; "
@@ -616,6 +624,9 @@ RULES: List[Rule] = [
     Rule("AMP345", "warning", "apex: the optimizer is handed to a training loop of a third-party library: its backward() is there, and nothing is converted",
          "As AMP255: amp.scale_loss would have to wrap the library's backward().",
          "engine = Engine()\nengine.train(h, train_loader, opt.epochs, optimizer)  # torchnet runs the step", MANUAL),
+    Rule("AMP346", "info", "apex: a sigmoid whose probability a log reads now takes a float32 copy of the logits: `torch.sigmoid(x.float())`",
+         "As AMP256: under O1 the sigmoid keeps its input's dtype, float32 after `.float()`.",
+         "output_fake = torch.sigmoid(output_fake)\n  -> output_fake = torch.sigmoid(output_fake.float())", REVIEW),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

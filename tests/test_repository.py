@@ -1305,3 +1305,34 @@ def test_apex_scale_loss_with_no_initialize_in_the_file_names_where_it_runs(tmp_
     else:
         assert "no amp.initialize in this file nor in any other module of the repository" in completed.stdout
         assert "it runs in another module" not in completed.stdout
+
+
+def test_a_logged_sigmoid_of_the_loss_module_stays_finite_when_the_discriminator_is_confident():
+    """log_of_a_sigmoid_in_the_loss_module: losses.py's `torch.sigmoid(logits)` then
+    `torch.log(p + 1e-8)` takes a float32 copy of the logits in the converted tree. Run on CPU
+    under float16 autocast with a discriminator whose logits sit near -20 (where a float16 sigmoid
+    is 0 and its log -inf), the generator's loss is finite and equals the fp32 loss; the fp32 tree
+    computes exactly what it did."""
+    torch = pytest.importorskip("torch")
+    import importlib
+
+    case = ROOT / "fixtures" / "repositories" / "log_of_a_sigmoid_in_the_loss_module"
+
+    def run(folder: Path):
+        sys.path.insert(0, str(folder))
+        try:
+            for name in ("train", "losses"):
+                sys.modules.pop(name, None)
+            train = importlib.import_module("train")
+            train.device = torch.device("cpu")
+            return train.main(steps=3, confident_bias=-20.0)
+        finally:
+            sys.path.remove(str(folder))
+            for name in ("train", "losses"):
+                sys.modules.pop(name, None)
+
+    fp32 = run(case / "input")
+    mixed = run(case / "expected")
+    assert all(math.isfinite(loss) for loss in fp32) and fp32[0] > 15, fp32
+    assert all(math.isfinite(loss) for loss in mixed), mixed
+    assert mixed == pytest.approx(fp32, rel=1e-2)

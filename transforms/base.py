@@ -54,6 +54,9 @@ class ProjectFacts(Protocol):
     def touches_gradients(self, dotted: str) -> bool:
         """Is `dotted` a function of another project module whose body reads or changes `.grad`?"""
 
+    def module_trains(self, key: str) -> bool:
+        """Does the project module `key` call `.backward(...)` itself?"""
+
     def is_project_package(self, package: str) -> bool:
         """Does `import package` in this module mean a module or package of the project?"""
 

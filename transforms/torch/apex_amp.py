@@ -104,6 +104,7 @@ APEX_RULES = BackendRules(
     ),
     blocked_reason="apex amp would raise on this script (see the warnings)",
     float32_probability_clamp="AMP339",
+    float32_sigmoid="AMP346",
     inplace_products="AMP340",
     inplace_products_left="AMP341",
     imported_bce="AMP342",

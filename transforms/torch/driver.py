@@ -49,6 +49,7 @@ from ampify.transforms.torch.library_loops import library_loop
 from ampify.transforms.torch.autograd_functions_float32 import autocast_devices, plan_float32_functions
 from ampify.transforms.torch.gram_matrix_float32 import plan_float32_grams
 from ampify.transforms.torch.probability_clamps_float32 import plan_float32_clamps
+from ampify.transforms.torch.sigmoid_float32 import plan_float32_sigmoids
 from ampify.transforms.torch.inplace_matmuls import plan_imported_inplace_products
 from ampify.transforms.torch.bce_imported import plan_imported_bce
 from ampify.transforms.torch.masked_fill_limits import plan_imported_fill_limits
@@ -114,6 +115,9 @@ class BackendRules:
     #: the code reporting probability clamps of another module rewritten to clamp float32 copies
     #: (probability_clamps_float32.py); "" where the backend does not rewrite them
     float32_probability_clamp: str = ""
+    #: the code reporting sigmoids of another module rewritten to take float32 copies before the
+    #: log their loss takes (sigmoid_float32.py)
+    float32_sigmoid: str = ""
     #: the code reporting custom autograd Functions of another module decorated to run in float32
     #: (autograd_functions_float32.py); "" where the backend does not decorate them
     float32_autograd_function: str = ""
@@ -656,16 +660,28 @@ class TorchConversion(abc.ABC):
         if not has_training or rule is None or self.project is None:
             return False
         found = []
-        for _, display, source in self.project.sigmoid_log_sources():
+        modules = []
+        for key, display, source in self.project.sigmoid_log_sources():
             parsed = parsed_module(source)
             if parsed is None:
                 continue
             module, imports, positions = parsed
-            found += [f"{display}:{positions[call].start.line} {statements.code_of(call)}"
-                      for call, _ in log_of_probability_calls(module, imports)]
+            logs = [f"{display}:{positions[call].start.line} {statements.code_of(call)}"
+                    for call, _ in log_of_probability_calls(module, imports)]
+            if logs:
+                found += logs
+                modules.append((key, display, self.project.module_trains(key)))
         if not found:
             return False
         node = self.structure.backwards[0].call if self.structure.backwards else None
+        if self.rules.float32_sigmoid:
+            companions, notes, why = plan_float32_sigmoids(self.project, self.display, self.rules.float32_sigmoid,
+                                                           modules)
+            if why is None:
+                self.companions.extend(companions)
+                self.companion_notes += [(self.rules.float32_sigmoid, note + "; written together with this file, as "
+                                          "one change set", node) for note in notes]
+                return False
         shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
         hazard = Hazard(HazardKind.LOG_OF_PROBABILITY, node, f"{shown} (in the code this file imports)")
         self.warn(rule.code, rule.message.format(**_message_fields(self.structure, hazard, [], has_training,

@@ -131,6 +131,7 @@ NATIVE_RULES = BackendRules(
     ),
     blocked_reason="mixed precision would break this file; see the warnings",
     float32_probability_clamp="AMP246",
+    float32_sigmoid="AMP256",
     inplace_products="AMP249",
     inplace_products_left="AMP250",
     imported_bce="AMP251",

@@ -31,6 +31,7 @@ from ampify.transforms.torch.inplace_matmuls import products_in_their_receivers_
 from ampify.transforms.torch.bce_logits import fuse_bce_after_sigmoid, fuse_imported_sigmoid_model, fuse_logged_sigmoid
 from ampify.transforms.torch.masked_fill_limits import FillLimits, float16_safe_fills
 from ampify.transforms.torch.probability_clamps_float32 import Float32Clamps, float32_clamps
+from ampify.transforms.torch.sigmoid_float32 import Float32Sigmoids, float32_sigmoids
 from ampify.transforms.torch.autograd_functions import unsafe_autograd_functions
 from ampify.transforms.torch.gram_matrix_float32 import Float32Grams, float32_gram_functions
 from ampify.transforms.torch.gram_matrix_functions import gram_matrix_line, torch_names
@@ -277,6 +278,15 @@ def converted_in_shape(
             fused_result = _converted_in_shape(fused[0], convert)
             if fused_result.verdict is Verdict.CONVERTED and not any(f.code == "AMP229" for f in fused_result.findings):
                 return _with_fusion(module, fused[0], fused[1], fused_result)
+    log_code = next((_LOG_REFUSALS[f.code] for f in result.findings if f.code in _LOG_REFUSALS), None)
+    if imports is not None and log_code is not None and not any(f.code in _BCE_REFUSALS for f in result.findings):
+        # the log of a sigmoid written out (mimicry's `p = torch.sigmoid(logits)` then
+        # `torch.log(p + 1e-8)`): the sigmoid takes a float32 copy of the logits (sigmoid_float32.py)
+        sigmoids = float32_sigmoids(module)
+        if sigmoids is not None:
+            fixed = _converted_without(sigmoids.module, _LOG_REFUSALS, convert, imports, context)
+            if fixed is not None:
+                return _with_float32_sigmoids(module, sigmoids, log_code, fixed)
     if imports is not None and any(f.code in _BCE_REFUSALS for f in result.findings):
         # only files the BCE hazard stopped pay for the attempt
         project = context.project if context is not None else None
@@ -336,6 +346,9 @@ _FILL_REFUSALS = ("AMP213", "AMP313")
 
 #: the probability clamp warnings of the two backends -> the code reporting the clamps rewritten
 _CLAMP_REFUSALS = {"AMP244": "AMP246", "AMP337": "AMP339"}
+
+#: the log-of-a-sigmoid warnings of the two backends -> the code reporting the sigmoids rewritten
+_LOG_REFUSALS = {"AMP229": "AMP256", "AMP331": "AMP346"}
 
 #: the native warning on Gram matrices (apex's amp.disable_casts() raises before amp.initialize)
 _GRAM_REFUSALS = ("AMP238",)
@@ -410,6 +423,16 @@ def _with_float32_clamps(original: cst.Module, clamps: Float32Clamps, code: str,
     lines = LineMap(original.code, clamps.module.code)
     findings = [replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings]
     findings.append(Finding(code, clamps.describe(), clamps.rewritten[0][0], 0, Severity.INFO))
+    result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
+    return result
+
+
+def _with_float32_sigmoids(original: cst.Module, sigmoids: Float32Sigmoids, code: str,
+                           result: TransformResult) -> TransformResult:
+    """The module converted after its own logged sigmoids took float32 copies of the logits."""
+    lines = LineMap(original.code, sigmoids.module.code)
+    findings = [replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings]
+    findings.append(Finding(code, sigmoids.describe(), sigmoids.rewritten[0][0], 0, Severity.INFO))
     result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
     return result
 
