@@ -1308,7 +1308,7 @@ def test_apex_scale_loss_with_no_initialize_in_the_file_names_where_it_runs(tmp_
 
 
 def test_a_logged_sigmoid_of_the_loss_module_stays_finite_when_the_discriminator_is_confident():
-    """log_of_a_sigmoid_in_the_loss_module: losses.py's `torch.sigmoid(logits)` then
+    """non_saturating_loss_in_the_loss_module: losses.py's `torch.sigmoid(logits)` then
     `torch.log(p + 1e-8)` takes a float32 copy of the logits in the converted tree. Run on CPU
     under float16 autocast with a discriminator whose logits sit near -20 (where a float16 sigmoid
     is 0 and its log -inf), the generator's loss is finite and equals the fp32 loss; the fp32 tree
@@ -1316,7 +1316,7 @@ def test_a_logged_sigmoid_of_the_loss_module_stays_finite_when_the_discriminator
     torch = pytest.importorskip("torch")
     import importlib
 
-    case = ROOT / "fixtures" / "repositories" / "log_of_a_sigmoid_in_the_loss_module"
+    case = ROOT / "fixtures" / "repositories" / "non_saturating_loss_in_the_loss_module"
 
     def run(folder: Path):
         sys.path.insert(0, str(folder))

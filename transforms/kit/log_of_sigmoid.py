@@ -418,9 +418,9 @@ _RANDOM_DRAWS = frozenset({"uniform_", "normal_", "random_", "bernoulli_", "expo
 
 
 def _random_draw_names(assignments: List[cst.Assign]) -> Set[str]:
-    """Names one scope binds to random numbers only: `u = x.new(n).uniform_(1e-5, 1 - 1e-5)`,
-    `u = torch.rand_like(x)`, `u = np.random.uniform(size=n)`; a name bound anywhere else in the
-    scope too is left out."""
+    """Names one scope binds to random numbers or float32 probabilities only: `u =
+    x.new(n).uniform_(1e-5, 1 - 1e-5)`, `u = torch.rand_like(x)`, `u = np.random.uniform(size=n)`,
+    `p = torch.sigmoid(logits.float())`; a name bound anywhere else in the scope too is left out."""
     drawn: Set[str] = set()
     other: Set[str] = set()
     for assign in assignments:
@@ -429,7 +429,7 @@ def _random_draw_names(assignments: List[cst.Assign]) -> Set[str]:
             if name is None:
                 continue
             value = assign.value
-            is_draw = isinstance(value, cst.Call) and _last_name(value.func) in _RANDOM_DRAWS
+            is_draw = isinstance(value, cst.Call) and (_last_name(value.func) in _RANDOM_DRAWS or _float32_sigmoid(value))
             (drawn if is_draw else other).add(name)
     return drawn - other
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, List, Mapping, Optional, Set, Tuple
 
 import libcst as cst
@@ -28,6 +28,7 @@ from ampify.findings import Finding, Severity
 from ampify.options import Options
 from ampify.transforms.base import CompanionChange, TransformResult, UnitContext, Verdict
 from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.kit.line_map import LineMap
 from ampify.transforms.kit.log_of_sigmoid import log_of_probability_calls
 from ampify.transforms.kit.parsed_modules import parsed_module
 from ampify.transforms.torch.autograd_functions import (
@@ -207,6 +208,29 @@ class TorchConversion(abc.ABC):
     @abc.abstractmethod
     def write(self, plans: List[Any]) -> cst.Module:
         """The converted module."""
+
+    # ---- companions ---------------------------------------------------------------------------
+
+    def pending_edits(self) -> "_PendingEdits":
+        """The project as the rewrites of this change set see it (each made on top of the last)."""
+        return _PendingEdits(self.project, self.companions)
+
+    def add_companions(self, companions: List[CompanionChange]) -> None:
+        """Add edits of other modules to this change set; an edit of a module edited already, made
+        on top of that edit (pending_edits), becomes one change with it (sigmoid_focal_loss.py: its
+        Function decorated, its sigmoid taking a float32 copy)."""
+        for change in companions:
+            index = next((i for i, c in enumerate(self.companions) if c.key == change.key), None)
+            if index is None or change.old != self.companions[index].new:
+                self.companions.append(change)  # a clash is refused whole (convert._check_one_edit_per_module)
+                continue
+            earlier = self.companions[index]
+            lines = LineMap(earlier.old.decode("utf-8", "replace"), earlier.new.decode("utf-8", "replace"))
+            findings = sorted([*earlier.findings, *(replace(f, line=lines.original_line(f.line)) for f in change.findings)],
+                              key=lambda f: (f.line, f.column, f.code))
+            purpose = change.reason.split(": ", 1)[-1]
+            self.companions[index] = CompanionChange(change.key, change.display, earlier.old, change.new, findings,
+                                                     f"{earlier.reason}; {purpose}")
 
     # ---- findings ---------------------------------------------------------------------------
 
@@ -555,9 +579,9 @@ class TorchConversion(abc.ABC):
         if not self.project.bce_modules(called):
             return False
         node = self.structure.backwards[0].call if self.structure.backwards else None
-        companions, notes, refused = plan_imported_bce(self.project, self.display, code, called)
+        companions, notes, refused = plan_imported_bce(self.pending_edits(), self.display, code, called)
         if refused is None:
-            self.companions.extend(companions)
+            self.add_companions(companions)
             self.companion_notes += [(code, note + "; written together with this file, as one change set", node)
                                      for note in notes]
             return False
@@ -637,9 +661,9 @@ class TorchConversion(abc.ABC):
         if not modules:
             return False
         node = self.structure.backwards[0].call if self.structure.backwards else None
-        companions, notes, refused = plan_imported_inplace_products(self.project, self.display, code)
+        companions, notes, refused = plan_imported_inplace_products(self.pending_edits(), self.display, code)
         if refused is None:
-            self.companions.extend(companions)
+            self.add_companions(companions)
             self.companion_notes += [(code, note + "; written together with this file, as one change set", node)
                                      for note in notes]
             return False
@@ -675,15 +699,18 @@ class TorchConversion(abc.ABC):
             return False
         node = self.structure.backwards[0].call if self.structure.backwards else None
         if self.rules.float32_sigmoid:
-            companions, notes, why = plan_float32_sigmoids(self.project, self.display, self.rules.float32_sigmoid,
+            companions, notes, why = plan_float32_sigmoids(self.pending_edits(), self.display, self.rules.float32_sigmoid,
                                                            modules)
             if why is None:
-                self.companions.extend(companions)
+                self.add_companions(companions)
                 self.companion_notes += [(self.rules.float32_sigmoid, note + "; written together with this file, as "
                                           "one change set", node) for note in notes]
                 return False
+            refused = f"; ampify did not rewrite it: {why}"
+        else:
+            refused = ""
         shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
-        hazard = Hazard(HazardKind.LOG_OF_PROBABILITY, node, f"{shown} (in the code this file imports)")
+        hazard = Hazard(HazardKind.LOG_OF_PROBABILITY, node, f"{shown} (in the code this file imports{refused})")
         self.warn(rule.code, rule.message.format(**_message_fields(self.structure, hazard, [], has_training,
                                                                    self.scaling)), node)
         if not self.blocked_reason and rule.file_reason:
@@ -711,10 +738,10 @@ class TorchConversion(abc.ABC):
         node = self.structure.backwards[0].call if self.structure.backwards else None
         refused = ""
         if imported and self.rules.float32_probability_clamp:
-            companions, notes, why = plan_float32_clamps(self.project, self.display, self.rules.float32_probability_clamp,
+            companions, notes, why = plan_float32_clamps(self.pending_edits(), self.display, self.rules.float32_probability_clamp,
                                                          ROUNDS_TO_ONE[dtype])
             if why is None:
-                self.companions.extend(companions)
+                self.add_companions(companions)
                 self.companion_notes += [(self.rules.float32_probability_clamp, note + "; written together with this "
                                           "file, as one change set", node) for note in notes]
                 imported = []
@@ -749,9 +776,9 @@ class TorchConversion(abc.ABC):
         node = self.structure.backwards[0].call if self.structure.backwards else None
         refused = ""
         if self.rules.float32_gram_matrix:
-            companions, notes, why = plan_float32_grams(project, self.display, self.rules.float32_gram_matrix)
+            companions, notes, why = plan_float32_grams(self.pending_edits(), self.display, self.rules.float32_gram_matrix)
             if why is None:
-                self.companions.extend(companions)
+                self.add_companions(companions)
                 self.companion_notes += [(self.rules.float32_gram_matrix, note + "; written together with this file, "
                                           "as one change set", node) for note in notes]
                 return False
@@ -816,10 +843,10 @@ class TorchConversion(abc.ABC):
         refused = ""
         if imported and self.rules.float32_autograd_function:
             devices = autocast_devices(self.source.decode("utf-8", "replace"))
-            companions, notes, why = plan_float32_functions(self.project, self.display,
+            companions, notes, why = plan_float32_functions(self.pending_edits(), self.display,
                                                             self.rules.float32_autograd_function, devices)
             if why is None:
-                self.companions.extend(companions)
+                self.add_companions(companions)
                 self.companion_notes += [(self.rules.float32_autograd_function, note + "; written together with this "
                                           "file, as one change set", node) for note in notes]
                 imported = []
@@ -857,9 +884,9 @@ class TorchConversion(abc.ABC):
         if not overflows:
             return False
         node = self.structure.backwards[0].call if self.structure.backwards else None
-        companions, notes, refused = plan_imported_fill_limits(project, self.display)
+        companions, notes, refused = plan_imported_fill_limits(self.pending_edits(), self.display)
         if refused is None:
-            self.companions.extend(companions)
+            self.add_companions(companions)
             self.companion_notes += [("AMP232", note + "; written together with this file, as one change set", node)
                                      for note in notes]
             return False
@@ -991,3 +1018,19 @@ def _runs_in(structure, node: cst.CSTNode, functions: Set[str]) -> bool:
     """Is node inside a function named in `functions`?"""
     scope = structure.scope_of(node)
     return isinstance(scope, cst.FunctionDef) and scope.name.value in functions
+
+
+class _PendingEdits:
+    """The project whose modules read as this change set has edited them so far: a second rewrite
+    of one module is made on top of the first."""
+
+    def __init__(self, project, companions: List[CompanionChange]) -> None:
+        self._project = project
+        self._companions = companions
+
+    def source_of(self, key: str) -> Optional[bytes]:
+        edited = next((c.new for c in reversed(self._companions) if c.key == key), None)
+        return edited if edited is not None else self._project.source_of(key)
+
+    def __getattr__(self, name: str):
+        return getattr(self._project, name)
