@@ -194,6 +194,9 @@ class ModuleOutline:
     #: module-level class -> its methods decorated `@torch.no_grad()` (or `inference_mode`):
     #: what they return carries no gradient (stylegan2's `AdaptiveAugment.tune`)
     no_grad_methods: Dict[str, FrozenSet[str]] = field(default_factory=dict)
+    #: packages whose modules it imports by a name computed at run time:
+    #: `importlib.import_module("models.{}".format(name))` (CornerNet's nnet/py_factory.py) -> "models"
+    dynamic_imports: List[str] = field(default_factory=list)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -426,6 +429,11 @@ class RepositoryIndex:
             if name is not None:  # `from pkg import module`
                 targets.append(self.resolve_module(path, f"{module}.{name}" if module else name, level, entry_roots))
         targets += [self.resolve_module(path, module, level, entry_roots) for module, level in outline.star_imports]
+        for package in outline.dynamic_imports:
+            # a module of the package picked at run time: any of them may be the one
+            init = self.resolve_module(path, package, 0, entry_roots)
+            if init is not None and init.name == "__init__.py":
+                targets += sorted(_resolved(module) for module in init.parent.glob("*.py") if module.name != "__init__.py")
         return targets
 
     def wrapper_steps(self) -> List[WrapperStep]:
@@ -894,6 +902,15 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
             if isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
                 outline.trains = True
             name = _dotted(node.func)
+            if name in ("importlib.import_module", "import_module") and node.args:
+                argument = node.args[0]
+                if isinstance(argument, ast.Name):  # `module_file = "models.{}".format(...)` first
+                    argument = next((n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                                     and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                                     and n.targets[0].id == argument.id), argument)
+                package = _dynamic_import_package(argument)
+                if package is not None and package not in outline.dynamic_imports:
+                    outline.dynamic_imports.append(package)
             if name is not None:
                 call = Call(path, node.lineno, node.col_offset,
                             tuple(k.arg for k in node.keywords if k.arg), sum(1 for a in node.args if not isinstance(a, ast.Starred)))
@@ -902,6 +919,24 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
     if b"sys.path" in data:
         outline.sys_path_additions = _sys_path_additions(tree, path)
     return outline
+
+
+def _dynamic_import_package(argument: ast.AST) -> Optional[str]:
+    """"models" for `"models.{}".format(name)`, `f"models.{name}"`, `"models." + name` and
+    `"models.%s" % name`: the package whose module is picked at run time; None otherwise."""
+    text = None
+    if isinstance(argument, ast.Call) and isinstance(argument.func, ast.Attribute) and argument.func.attr == "format" \
+            and isinstance(argument.func.value, ast.Constant) and isinstance(argument.func.value.value, str):
+        text = argument.func.value.value.split("{", 1)[0]
+    elif isinstance(argument, ast.JoinedStr) and argument.values and isinstance(argument.values[0], ast.Constant):
+        text = str(argument.values[0].value)
+    elif isinstance(argument, ast.BinOp) and isinstance(argument.op, (ast.Add, ast.Mod)) \
+            and isinstance(argument.left, ast.Constant) and isinstance(argument.left.value, str):
+        text = argument.left.value.split("%", 1)[0]
+    if not text or "." not in text:
+        return None
+    package = text.rsplit(".", 1)[0]
+    return package if all(part.isidentifier() for part in package.split(".")) else None
 
 
 def _sys_path_additions(tree: ast.Module, path: Path) -> List[Path]:

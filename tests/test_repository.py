@@ -1336,3 +1336,53 @@ def test_a_logged_sigmoid_of_the_loss_module_stays_finite_when_the_discriminator
     assert all(math.isfinite(loss) for loss in fp32) and fp32[0] > 15, fp32
     assert all(math.isfinite(loss) for loss in mixed), mixed
     assert mixed == pytest.approx(fp32, rel=1e-2)
+
+
+def test_a_clamp_helper_of_a_model_package_picked_at_run_time_keeps_its_bound_in_float16():
+    """model_module_picked_at_run_time: py_factory.py imports `models.<name>` by a name computed at
+    run time; the package's modules are read, and CornerNet's `_sigmoid` clamp helper clamps a
+    float32 copy in the converted tree. Fed float16 logits (what autocast hands it), the focal loss
+    of a confident false positive stays finite and equals the fp32 loss; unchanged, it is inf."""
+    torch = pytest.importorskip("torch")
+    import importlib.util
+
+    case = ROOT / "fixtures" / "repositories" / "model_module_picked_at_run_time"
+
+    def load(tree: str):
+        path = case / tree / "models" / "py_utils" / "kp_utils.py"
+        spec = importlib.util.spec_from_file_location(f"kp_utils_{tree}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    logits = torch.full((1, 1, 4, 4), 10.0)  # confident everywhere
+    gt = torch.zeros(1, 1, 4, 4)
+    gt[0, 0, 0, 0] = 1.0  # one true corner; the others are confident false positives
+
+    def loss(module, dtype):
+        return module._neg_loss([module._sigmoid(logits.clone().to(dtype))], gt).float().item()
+
+    original, converted = load("input"), load("expected")
+    fp32 = loss(original, torch.float32)
+    assert math.isfinite(fp32)
+    assert not math.isfinite(loss(original, torch.float16))
+    assert loss(converted, torch.float16) == pytest.approx(fp32, rel=1e-3)
+    assert loss(converted, torch.float32) == fp32
+
+
+@pytest.mark.parametrize("argument", ['"models.{}".format(name)', 'f"models.{name}"', '"models." + name',
+                                      '"models.%s" % name', 'module_file'])
+def test_a_module_picked_at_run_time_brings_its_package_into_the_import_closure(tmp_path, argument):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "resnet.py").write_text("import torch\n")
+    (tmp_path / "models" / "vgg.py").write_text("import torch\n")
+    (tmp_path / "train.py").write_text(
+        f"import importlib\nname = 'resnet'\nmodule_file = 'models.{{}}'.format(name)\n"
+        f"net = importlib.import_module({argument})\n")
+    index = RepositoryIndex(tmp_path)
+    closure = {p.name for p in index.imported_closure(tmp_path / "train.py")}
+    assert {"resnet.py", "vgg.py"} <= closure
+    (tmp_path / "other.py").write_text("import importlib\nnet = importlib.import_module(name)\n")
+    assert not {p.name for p in index.imported_closure(tmp_path / "other.py")}

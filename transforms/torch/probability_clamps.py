@@ -11,6 +11,16 @@ classification)` is -inf and `0 * -inf` NaN: the loss is NaN, GradScaler skips t
 skipping as the detector grows confident. bfloat16 (spacing 2**-8) rounds 1 - 1e-3 to 1 too, and
 with no scaler the NaN reaches the weights. A clamp counts when its upper bound is `1 - eps` (or a
 literal just below 1) and the same function takes the log of one minus the clamped name.
+
+A clamp helper counts too: princeton-vl/CornerNet's (and xingyizhou/CenterNet's)
+
+    def _sigmoid(x):
+        x = torch.clamp(x.sigmoid_(), min=1e-4, max=1-1e-4)
+        return x
+
+hands the clamped probability to a focal loss, `torch.log(1 - neg_pred)`, of another function or
+module. A module-level function returning such a clamp is one when its module, or another module
+of the training file's project, takes `log(1 - ...)` (`clamp_helpers`).
 """
 
 from __future__ import annotations
@@ -27,10 +37,13 @@ LOG_OF_COMPLEMENT = re.compile(rb"log\(\s*1(?:\.0*)?\s*-")
 ROUNDS_TO_ONE = {"float16": 2.0 ** -12, "bfloat16": 2.0 ** -9}
 
 
-def probability_clamps(tree: ast.AST) -> List[Tuple[int, str, float]]:
+def probability_clamps(tree: ast.AST, with_helpers: Optional[bool] = None) -> List[Tuple[int, str, float]]:
     """(line, the clamp as written, eps) for each clamp `name = clamp(x, lo, 1 - eps)` in a function
-    that also takes `log(1 - name)`."""
+    that also takes `log(1 - name)`; and the clamps of clamp helpers (`clamp_helpers`) when
+    `with_helpers`, or, when it is None, when the module itself takes `log(1 - ...)` somewhere."""
     found = []
+    if with_helpers or (with_helpers is None and _complements_logged(tree)):
+        found += clamp_helpers(tree)
     for function in ast.walk(tree):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
@@ -44,7 +57,25 @@ def probability_clamps(tree: ast.AST) -> List[Tuple[int, str, float]]:
             eps = _upper_bound_gap(node.value)
             if eps is not None:
                 found.append((node.lineno, ast.unparse(node.value), eps))
-    return sorted(found)
+    return sorted(set(found))
+
+
+def clamp_helpers(tree: ast.AST) -> List[Tuple[int, str, float]]:
+    """(line, clamp, eps) of module-level functions that return a probability clamp:
+    `x = torch.clamp(x.sigmoid_(), min=1e-4, max=1-1e-4)` then `return x`, or the clamp returned."""
+    found = []
+    for function in getattr(tree, "body", []):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        returned = {node.value.id for node in ast.walk(function)
+                    if isinstance(node, ast.Return) and isinstance(node.value, ast.Name)}
+        for node in ast.walk(function):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                    and node.targets[0].id in returned and isinstance(node.value, ast.Call):
+                eps = _upper_bound_gap(node.value)
+                if eps is not None:
+                    found.append((node.lineno, ast.unparse(node.value), eps))
+    return found
 
 
 def _complements_logged(function: ast.AST) -> set:
