@@ -28,6 +28,7 @@ from ampify.transforms.torch.inherited_optimizers import InheritedAttribute, cla
 from ampify.transforms.torch.inplace_matmuls import MARKERS as INPLACE_MARKERS, inplace_product_lines
 from ampify.transforms.torch.sigmoid_models import sigmoid_model_classes
 from ampify.transforms.torch.probability_clamps import (
+    clamp_helpers,
     LOG_OF_COMPLEMENT as _LOG_OF_COMPLEMENT,
     probability_clamps,
 )
@@ -197,6 +198,11 @@ class ModuleOutline:
     #: packages whose modules it imports by a name computed at run time:
     #: `importlib.import_module("models.{}".format(name))` (CornerNet's nnet/py_factory.py) -> "models"
     dynamic_imports: List[str] = field(default_factory=list)
+    #: the module takes `log(1 - ...)` (bytes): a clamp helper of the project may feed it
+    logs_complement: bool = False
+    #: (line, clamp, eps) of module-level functions returning a probability clamp, in a module that
+    #: takes no `log(1 - ...)` itself (torch/probability_clamps.py clamp_helpers)
+    clamp_helpers: List[Tuple[int, str, float]] = field(default_factory=list)
 
     def exports(self, name: str) -> bool:
         """Would `from this_module import *` bind `name`?"""
@@ -892,8 +898,13 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
         outline.gradient_dropping_functions = gradient_dropping_functions(tree)
     if b"warpctc_pytorch" in data or b"warprnnt_pytorch" in data:
         outline.gradient_dropping_imports = gradient_dropping_imports(tree)
-    if (b"clamp" in data or b"clip" in data) and _LOG_OF_COMPLEMENT.search(data):
+    outline.logs_complement = bool(_LOG_OF_COMPLEMENT.search(data))
+    if (b"clamp" in data or b"clip" in data) and outline.logs_complement:
         outline.probability_clamps = probability_clamps(tree)
+    elif b"clamp" in data or b"clip" in data:
+        # a clamp helper (CenterNet's models/utils.py `_sigmoid`) whose clamp a focal loss of another
+        # module takes the log of one minus (ProjectView.probability_clamps_imported)
+        outline.clamp_helpers = clamp_helpers(tree)
     if b"igmoid" in data or b"expit" in data:
         outline.sigmoid_models = sigmoid_model_classes(tree)
         outline.may_log_a_sigmoid = b"log" in data
@@ -1709,8 +1720,18 @@ class ProjectView:
         for path in self.index.imported_closure(self.path):
             outline = self.index.outline(path)
             if outline is not None and path != own:
-                found += [(self.where(path, line), text, eps) for line, text, eps in outline.probability_clamps]
+                found += [(self.where(path, line), text, eps) for line, text, eps in self._clamps_of(outline)]
         return found
+
+    def _clamps_of(self, outline: ModuleOutline) -> List[Tuple[int, str, float]]:
+        """A module's probability clamps, and its clamp helpers when a module of this file's import
+        closure (or this file) takes `log(1 - ...)`."""
+        if not outline.clamp_helpers:
+            return outline.probability_clamps
+        closure = [self.path.resolve(), *self.index.imported_closure(self.path)]
+        if any((o := self.index.outline(path)) is not None and o.logs_complement for path in closure):
+            return [*outline.probability_clamps, *outline.clamp_helpers]
+        return outline.probability_clamps
 
     def probability_models(self) -> Dict[str, str]:
         """The name a class is called by here (`Discriminator`, `models.Discriminator`) -> "models.py:12
@@ -1759,7 +1780,7 @@ class ProjectView:
         own = self.path.resolve()
         for path in self.index.imported_closure(self.path):
             outline = self.index.outline(path)
-            if outline is not None and path != own and any(eps <= max_eps for _, _, eps in outline.probability_clamps):
+            if outline is not None and path != own and any(eps <= max_eps for _, _, eps in self._clamps_of(outline)):
                 found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], outline.trains))
         return found
 

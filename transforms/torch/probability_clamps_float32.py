@@ -53,7 +53,7 @@ class Float32Clamps:
 
 
 def float32_clamps(module: cst.Module, source: Optional[bytes] = None,
-                   max_eps: float = 1.0) -> Optional[Float32Clamps]:
+                   max_eps: float = 1.0, with_helpers: Optional[bool] = None) -> Optional[Float32Clamps]:
     """The module with every probability clamp (probability_clamps.py) of eps up to `max_eps`
     taking a float32 copy of what it clamps; None when it has none. A clamp that cannot be
     rewritten (the tensor passed by keyword) is listed in `left`, the module otherwise unchanged."""
@@ -61,7 +61,7 @@ def float32_clamps(module: cst.Module, source: Optional[bytes] = None,
         tree = ast.parse(source if source is not None else module.code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-    found = {line: text for line, text, eps in probability_clamps(tree) if eps <= max_eps}
+    found = {line: text for line, text, eps in probability_clamps(tree, with_helpers) if eps <= max_eps}
     if not found:
         return None
     positions = Positions(module)
@@ -129,7 +129,7 @@ def plan_float32_clamps(project, here: str, code: str,
     Returns (companions, one line per module for this module's report, None), or ([], [], the
     reason it cannot be done)."""
     def rewrite(key: str, display: str, source: bytes, module: cst.Module):
-        clamps = float32_clamps(module, source, max_eps)
+        clamps = float32_clamps(module, source, max_eps, with_helpers=True)
         if clamps is None:
             return None  # rewritten already, by the change set of another training file of this run
         if clamps.left:
