@@ -266,6 +266,7 @@ class RepositoryIndex:
         self._search_roots: Dict[Path, List[Path]] = {}
         self._unsafe_holders: Optional[Dict[Path, ModuleOutline]] = None
         self._training_when_called: Optional[Dict[Path, ModuleOutline]] = None
+        self._init_paths: Optional[List[Path]] = None
 
     # ---- where modules are -------------------------------------------------------------------
 
@@ -279,13 +280,26 @@ class RepositoryIndex:
         if cached is not None:
             return cached
         folder = importer.parent
-        roots = self._sys_path_additions(importer) + [folder, self.root, self.root / "src"]
+        roots = self._sys_path_additions(importer) + [folder, self.root, self.root / "src"] + self._init_paths_roots()
         unique: List[Path] = []
         for root in roots:
             if root not in unique and root.is_dir() and self._inside(root):
                 unique.append(root)
         self._search_roots[importer] = unique
         return unique
+
+    def _init_paths_roots(self) -> List[Path]:
+        """The folders the project's `_init_paths.py` modules put on sys.path (FairMOT's
+        src/_init_paths.py adds src/lib): every entry script imports one first, so a module under
+        lib/ imports its siblings from there whoever runs it; searched last."""
+        if self._init_paths is None:
+            self._init_paths = []
+            for path in self.modules():
+                if path.name == "_init_paths.py":
+                    outline = self.outline(path)
+                    if outline is not None:
+                        self._init_paths += [p for p in outline.sys_path_additions if p not in self._init_paths]
+        return self._init_paths
 
     def _sys_path_additions(self, importer: Path) -> List[Path]:
         """The folders `importer` adds to sys.path itself, or through a module of its own folder
@@ -411,6 +425,13 @@ class RepositoryIndex:
         # module it imports afterwards: faster-rcnn's lib/model/faster_rcnn/vgg16.py imports
         # `model.faster_rcnn.faster_rcnn` from lib/
         entry_roots = tuple(self.search_roots(key))
+        for subclassing in self.trainer_subclass_modules(key):
+            # FairMOT's trains/mot.py subclasses base_trainer.py's BaseTrainer and builds the loss its
+            # run_epoch() computes: what that module imports runs in this module's training step
+            if subclassing not in seen:
+                seen.add(subclassing)
+                order.append(subclassing)
+                queue.append(subclassing)
         while queue and len(order) < MAX_IMPORTED_MODULES:
             path = queue.pop(0)
             outline = self.outline(path)
@@ -423,6 +444,21 @@ class RepositoryIndex:
                     queue.append(target)
         self._closures[key] = order
         return order
+
+    def trainer_subclass_modules(self, path: Path) -> List[Path]:
+        """Project modules that subclass a class of `path` whose methods train (a trainer base class):
+        their overrides (the loss, the forward pass) run in its training step."""
+        outline = self.outline(path)
+        if outline is None or not outline.training_classes:
+            return []
+        found: List[Path] = []
+        for name in outline.training_classes:
+            for user in self.users_of(path, name, ()):
+                shapes = self.outline(user)
+                if shapes is not None and user not in found and any(
+                        name in bases for bases, _ in shapes.class_shapes.values()):
+                    found.append(user)
+        return found
 
     def import_targets(self, path: Path, outline: ModuleOutline,
                        entry_roots: Sequence[Path] = ()) -> List[Optional[Path]]:
