@@ -267,6 +267,7 @@ class RepositoryIndex:
         self._unsafe_holders: Optional[Dict[Path, ModuleOutline]] = None
         self._training_when_called: Optional[Dict[Path, ModuleOutline]] = None
         self._init_paths: Optional[List[Path]] = None
+        self._trainer_subclassers: Dict[Path, List[Path]] = {}
 
     # ---- where modules are -------------------------------------------------------------------
 
@@ -425,13 +426,6 @@ class RepositoryIndex:
         # module it imports afterwards: faster-rcnn's lib/model/faster_rcnn/vgg16.py imports
         # `model.faster_rcnn.faster_rcnn` from lib/
         entry_roots = tuple(self.search_roots(key))
-        for subclassing in self.trainer_subclass_modules(key):
-            # FairMOT's trains/mot.py subclasses base_trainer.py's BaseTrainer and builds the loss its
-            # run_epoch() computes: what that module imports runs in this module's training step
-            if subclassing not in seen:
-                seen.add(subclassing)
-                order.append(subclassing)
-                queue.append(subclassing)
         while queue and len(order) < MAX_IMPORTED_MODULES:
             path = queue.pop(0)
             outline = self.outline(path)
@@ -446,18 +440,29 @@ class RepositoryIndex:
         return order
 
     def trainer_subclass_modules(self, path: Path) -> List[Path]:
-        """Project modules that subclass a class of `path` whose methods train (a trainer base class):
-        their overrides (the loss, the forward pass) run in its training step."""
+        """Modules of `path`'s own folder that subclass a class of `path` whose methods train (a
+        trainer base class, FairMOT's trains/base_trainer.py and trains/mot.py): their overrides (the
+        loss, the forward pass) run in its training step. Only the folder is searched: that is where
+        such subclasses sit, and a search of the whole project per module would cost a parse of
+        every file."""
+        path = path.resolve()
+        cached = self._trainer_subclassers.get(path)
+        if cached is not None:
+            return cached
         outline = self.outline(path)
-        if outline is None or not outline.training_classes:
-            return []
         found: List[Path] = []
-        for name in outline.training_classes:
-            for user in self.users_of(path, name, ()):
-                shapes = self.outline(user)
-                if shapes is not None and user not in found and any(
-                        name in bases for bases, _ in shapes.class_shapes.values()):
-                    found.append(user)
+        if outline is not None and outline.training_classes:
+            for sibling in sorted(path.parent.glob("*.py")):
+                resolved = _resolved(sibling)
+                if resolved is None or resolved == path:
+                    continue
+                shapes = self.outline(resolved)
+                if shapes is None or not any(name in bases for name in outline.training_classes
+                                             for bases, _ in shapes.class_shapes.values()):
+                    continue
+                if any(target == path for target in self.import_targets(resolved, shapes)):
+                    found.append(resolved)
+        self._trainer_subclassers[path] = found
         return found
 
     def import_targets(self, path: Path, outline: ModuleOutline,
@@ -1437,6 +1442,20 @@ class ProjectView:
         self.path = path.resolve()
         #: what the user named on the command line: only files in these are written
         self.named = tuple(p.resolve() for p in named)
+        self._training_closure: Optional[List[Path]] = None
+
+    def training_closure(self) -> List[Path]:
+        """The project modules this module imports, directly or not, and those the modules of its
+        folder subclassing its trainer class import (FairMOT's trains/mot.py builds the loss that
+        base_trainer.py's step computes): the code its training step runs."""
+        if self._training_closure is None:
+            closure = list(self.index.imported_closure(self.path))
+            for subclassing in self.index.trainer_subclass_modules(self.path):
+                for path in [subclassing, *self.index.imported_closure(subclassing)]:
+                    if path not in closure and path != self.path:
+                        closure.append(path)
+            self._training_closure = closure
+        return self._training_closure
 
     def where(self, path: Path, line: int) -> str:
         """`engine.py:56`, relative to the project root."""
@@ -1602,7 +1621,7 @@ class ProjectView:
         """(key, "vae.py", source) for each project module this module imports, directly or
         through each other (not this module itself)."""
         found = []
-        for path in self.index.imported_closure(self.path):
+        for path in self.training_closure():
             if path == self.path.resolve():
                 continue
             source = self.source_of(str(path))
@@ -1615,7 +1634,7 @@ class ProjectView:
         that name a sigmoid and a log (ModuleOutline.may_log_a_sigmoid)."""
         found = []
         own = self.path.resolve()
-        for path in self.index.imported_closure(self.path):
+        for path in self.training_closure():
             outline = self.index.outline(path)
             if outline is None or path == own or not outline.may_log_a_sigmoid:
                 continue
@@ -1641,7 +1660,7 @@ class ProjectView:
 
     def _gram_matrix_methods_imported(self) -> Iterator[Tuple[Path, int, str]]:
         own = self.path.resolve()
-        for path in self.index.imported_closure(self.path):
+        for path in self.training_closure():
             outline = self.index.outline(path)
             if outline is not None and path != own:
                 for line, method in outline.gram_matrix_methods:
@@ -1678,7 +1697,7 @@ class ProjectView:
         """"transformer/Modules.py:25 masked_fill(..., -1e9)" for model code of the project
         modules this module imports, directly or through other project modules."""
         found = []
-        for path in self.index.imported_closure(self.path):
+        for path in self.training_closure():
             outline = self.index.outline(path)
             if outline is None or path == self.path.resolve():
                 continue
@@ -1691,7 +1710,7 @@ class ProjectView:
         fail or compute wrong values under autocast (autograd_functions.py)."""
         found = []
         own = self.path.resolve()
-        for path in self.index.imported_closure(self.path):
+        for path in self.training_closure():
             outline = self.index.outline(path)
             if outline is not None and path != own:
                 found += [f"{self.where(path, line)} {name}: {why}" for line, name, why in outline.unsafe_autograd_functions]
@@ -1728,7 +1747,7 @@ class ProjectView:
         module imports with Functions of unsafe_autograd_functions(), to decorate there."""
         found = []
         own = self.path.resolve()
-        for path in self.index.imported_closure(self.path):
+        for path in self.training_closure():
             outline = self.index.outline(path)
             if outline is not None and path != own and outline.unsafe_autograd_functions:
                 found.append((str(path), self.where(path, 0).rsplit(":", 1)[0],
@@ -1741,7 +1760,7 @@ class ProjectView:
         of this module and of the project modules it imports whose backward() drops the incoming
         gradient (autograd_functions.py)."""
         found = []
-        for path in [self.path.resolve(), *self.index.imported_closure(self.path)]:
+        for path in [self.path.resolve(), *self.training_closure()]:
             outline = self.index.outline(path)
             if outline is not None:
                 found += [f"{self.where(path, line)} {name}: {why}" for line, name, why in outline.gradient_dropping_functions]
@@ -1753,7 +1772,7 @@ class ProjectView:
         to 1 (torch/probability_clamps.py)."""
         found = []
         own = self.path.resolve()
-        for path in self.index.imported_closure(self.path):
+        for path in self.training_closure():
             outline = self.index.outline(path)
             if outline is not None and path != own:
                 found += [(self.where(path, line), text, eps) for line, text, eps in self._clamps_of(outline)]
@@ -1764,7 +1783,7 @@ class ProjectView:
         closure (or this file) takes `log(1 - ...)`."""
         if not outline.clamp_helpers:
             return outline.probability_clamps
-        closure = [self.path.resolve(), *self.index.imported_closure(self.path)]
+        closure = [self.path.resolve(), *self.training_closure()]
         if any((o := self.index.outline(path)) is not None and o.logs_complement for path in closure):
             return [*outline.probability_clamps, *outline.clamp_helpers]
         return outline.probability_clamps
@@ -1814,7 +1833,7 @@ class ProjectView:
         rewrite there."""
         found = []
         own = self.path.resolve()
-        for path in self.index.imported_closure(self.path):
+        for path in self.training_closure():
             outline = self.index.outline(path)
             if outline is not None and path != own and any(eps <= max_eps for _, _, eps in self._clamps_of(outline)):
                 found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], outline.trains))
@@ -1825,7 +1844,7 @@ class ProjectView:
         modules it imports, of a binding whose backward() dropped the incoming gradient in some
         releases."""
         found = []
-        for path in [self.path.resolve(), *self.index.imported_closure(self.path)]:
+        for path in [self.path.resolve(), *self.training_closure()]:
             outline = self.index.outline(path)
             if outline is not None:
                 found += [(self.where(path, line), package) for line, package in outline.gradient_dropping_imports]
@@ -1860,7 +1879,7 @@ class ProjectView:
         own = self.path.resolve()
         whole, names_from = self._imported_names()
         found = []
-        closure = self.index.imported_closure(self.path)
+        closure = self.training_closure()
         for path in closure:
             imported = self.index.outline(path)
             if imported is None or path == own or not imported.bce_calls:
@@ -1932,7 +1951,7 @@ class ProjectView:
         """(key, display, trains) of the project modules this module imports (directly or through
         other project modules) whose outline `holds(outline)` something."""
         found = []
-        for path in self.index.imported_closure(self.path):
+        for path in self.training_closure():
             outline = self.index.outline(path)
             if outline is None or path == self.path.resolve() or not holds(outline):
                 continue
