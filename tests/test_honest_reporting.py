@@ -200,3 +200,14 @@ def test_model_train_is_not_taken_for_a_function_of_the_file_named_train():
     assert not any("calls train()" in f.message for f in conversion.findings)
     # the train() function's own backward, with no step anywhere, is still reported
     assert any(f.code == "AMP220" and f.line == 7 for f in conversion.findings)
+
+
+def test_a_refusal_a_reshape_answers_also_says_what_still_refuses_the_step():
+    """The loss inside the backward() call is bound by ampify itself; when the step is refused all
+    the same (its optimizer built in the caller only when none is handed in), the warning says so."""
+    source = (FIXTURES / "torch_native" / "loss_in_the_backward_call_of_a_step_refused_otherwise.in.py").read_bytes()
+    conversion = convert_source(source, filename="finetune.py")
+    assert conversion.status is FileStatus.UNCONVERTED
+    [warning] = [f for f in conversion.findings if f.code == "AMP215"]
+    assert "the loss is computed inside the backward() call itself" in warning.message
+    assert "ampify binds it itself, but the step would still be refused: the caller at line 20" in warning.message

@@ -364,6 +364,9 @@ _BCE_REFUSALS = ("AMP210", "AMP310")
 #: findings that say a training step was refused, with the reason
 _STEP_REFUSALS = ("AMP215", "AMP317")
 
+#: refusals a reshape answers (the loss bound to a name, a one-line compound statement expanded)
+_SHAPE_REFUSALS = ("the loss is computed inside the backward() call itself", "inside a one-line compound statement")
+
 #: findings that say a training step (or a backward) was refused: a reshape may change those
 _REFUSALS = ("AMP215", "AMP220", "AMP317", "AMP316")
 
@@ -385,6 +388,16 @@ def _converted_in_shape(module: cst.Module, convert: Callable[[cst.Module], Tran
     if shaped.verdict is not Verdict.CONVERTED or (
         result.verdict is Verdict.CONVERTED and _refusals(shaped) >= _refusals(result)
     ):
+        still = next((f.message for f in shaped.findings if f.code in _STEP_REFUSALS
+                      and not any(shape in f.message for shape in _SHAPE_REFUSALS)), None)
+        if still is not None and shaped.verdict is not Verdict.CONVERTED:
+            # jacobgil/pytorch-pruning: `self.criterion(self.model(input), label).backward()` is bound
+            # to a name by the reshape, and the step is refused all the same: say why, or the user
+            # binds the loss in vain
+            lines = LineMap(module.code, normalized.code)
+            note = f"ampify binds it itself, but the step would still be refused: {lines.in_message(still)}"
+            result.findings = [replace(f, message=f"{f.message} ({note})")
+                               if any(shape in f.message for shape in _SHAPE_REFUSALS) else f for f in result.findings]
         return result
     lines = LineMap(module.code, normalized.code)
     shaped.findings = sorted(
