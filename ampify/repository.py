@@ -452,9 +452,15 @@ class RepositoryIndex:
         outline = self.outline(path)
         found: List[Path] = []
         if outline is not None and outline.training_classes:
+            spelled = [name.encode() for name in outline.training_classes]
             for sibling in sorted(path.parent.glob("*.py")):
                 resolved = _resolved(sibling)
                 if resolved is None or resolved == path:
+                    continue
+                try:
+                    if not any(name in current_bytes(resolved) for name in spelled):
+                        continue  # a byte test before any parse: most siblings never name the class
+                except OSError:
                     continue
                 shapes = self.outline(resolved)
                 if shapes is None or not any(name in bases for name in outline.training_classes

@@ -215,6 +215,14 @@ class TorchConversion(abc.ABC):
         """The project as the rewrites of this change set see it (each made on top of the last)."""
         return _PendingEdits(self.project, self.companions)
 
+    def written_together(self, code: str, companions: List[CompanionChange], notes: List[str],
+                         node: Optional[cst.CSTNode]) -> None:
+        """Rewrites of other modules planned for this file's hazards: into the change set, each said
+        on this file's report (`code`) as written with it."""
+        self.add_companions(companions)
+        self.companion_notes += [(code, note + "; written together with this file, as one change set", node)
+                                 for note in notes]
+
     def add_companions(self, companions: List[CompanionChange]) -> None:
         """Add edits of other modules to this change set; an edit of a module edited already, made
         on top of that edit (pending_edits), becomes one change with it (sigmoid_focal_loss.py: its
@@ -581,9 +589,7 @@ class TorchConversion(abc.ABC):
         node = self.structure.backwards[0].call if self.structure.backwards else None
         companions, notes, refused = plan_imported_bce(self.pending_edits(), self.display, code, called)
         if refused is None:
-            self.add_companions(companions)
-            self.companion_notes += [(code, note + "; written together with this file, as one change set", node)
-                                     for note in notes]
+            self.written_together(code, companions, notes, node)
             return False
         found = self.project.bce_imported(called)
         run = [where for where, owners in found if called & set(owners)]
@@ -663,9 +669,7 @@ class TorchConversion(abc.ABC):
         node = self.structure.backwards[0].call if self.structure.backwards else None
         companions, notes, refused = plan_imported_inplace_products(self.pending_edits(), self.display, code)
         if refused is None:
-            self.add_companions(companions)
-            self.companion_notes += [(code, note + "; written together with this file, as one change set", node)
-                                     for note in notes]
+            self.written_together(code, companions, notes, node)
             return False
         shown = ", ".join(display for _, display, _ in modules[:3])
         # not blocking: the module may be imported and never run by this step (a package importing
@@ -702,9 +706,7 @@ class TorchConversion(abc.ABC):
             companions, notes, why = plan_float32_sigmoids(self.pending_edits(), self.display, self.rules.float32_sigmoid,
                                                            modules)
             if why is None:
-                self.add_companions(companions)
-                self.companion_notes += [(self.rules.float32_sigmoid, note + "; written together with this file, as "
-                                          "one change set", node) for note in notes]
+                self.written_together(self.rules.float32_sigmoid, companions, notes, node)
                 return False
             refused = f"; ampify did not rewrite it: {why}"
         else:
@@ -741,9 +743,7 @@ class TorchConversion(abc.ABC):
             companions, notes, why = plan_float32_clamps(self.pending_edits(), self.display, self.rules.float32_probability_clamp,
                                                          ROUNDS_TO_ONE[dtype])
             if why is None:
-                self.add_companions(companions)
-                self.companion_notes += [(self.rules.float32_probability_clamp, note + "; written together with this "
-                                          "file, as one change set", node) for note in notes]
+                self.written_together(self.rules.float32_probability_clamp, companions, notes, node)
                 imported = []
             else:
                 refused = f"; ampify did not rewrite it: {why}"
@@ -778,9 +778,7 @@ class TorchConversion(abc.ABC):
         if self.rules.float32_gram_matrix:
             companions, notes, why = plan_float32_grams(self.pending_edits(), self.display, self.rules.float32_gram_matrix)
             if why is None:
-                self.add_companions(companions)
-                self.companion_notes += [(self.rules.float32_gram_matrix, note + "; written together with this file, "
-                                          "as one change set", node) for note in notes]
+                self.written_together(self.rules.float32_gram_matrix, companions, notes, node)
                 return False
             refused = f"; ampify did not rewrite it: {why}"
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
@@ -846,9 +844,7 @@ class TorchConversion(abc.ABC):
             companions, notes, why = plan_float32_functions(self.pending_edits(), self.display,
                                                             self.rules.float32_autograd_function, devices)
             if why is None:
-                self.add_companions(companions)
-                self.companion_notes += [(self.rules.float32_autograd_function, note + "; written together with this "
-                                          "file, as one change set", node) for note in notes]
+                self.written_together(self.rules.float32_autograd_function, companions, notes, node)
                 imported = []
             else:
                 refused = f"; ampify did not decorate them: {why}"
@@ -886,9 +882,7 @@ class TorchConversion(abc.ABC):
         node = self.structure.backwards[0].call if self.structure.backwards else None
         companions, notes, refused = plan_imported_fill_limits(self.pending_edits(), self.display)
         if refused is None:
-            self.add_companions(companions)
-            self.companion_notes += [("AMP232", note + "; written together with this file, as one change set", node)
-                                     for note in notes]
+            self.written_together("AMP232", companions, notes, node)
             return False
         rule = self.rules.hazards[HazardKind.MASKED_FILL]
         shown = ", ".join(overflows[:3]) + (f" and {len(overflows) - 3} more" if len(overflows) > 3 else "")

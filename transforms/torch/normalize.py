@@ -251,7 +251,7 @@ def converted_in_shape(
         if clamps is not None and clamps.rewritten and not clamps.left:
             fixed = _converted_without(clamps.module, _CLAMP_REFUSALS, convert, imports, context)
             if fixed is not None:
-                return _with_float32_clamps(module, clamps, clamp_code, fixed)
+                return _with_float32_copies(module, clamps, clamp_code, fixed)
     if imports is not None and any(f.code in _GRAM_REFUSALS for f in result.findings):
         names = _own_gram_matrix_functions(module)
         grams, why = float32_gram_functions(module, names) if names else (None, None)
@@ -286,7 +286,7 @@ def converted_in_shape(
         if sigmoids is not None:
             fixed = _converted_without(sigmoids.module, _LOG_REFUSALS, convert, imports, context)
             if fixed is not None:
-                return _with_float32_sigmoids(module, sigmoids, log_code, fixed)
+                return _with_float32_copies(module, sigmoids, log_code, fixed)
     if imports is not None and any(f.code in _BCE_REFUSALS for f in result.findings):
         # only files the BCE hazard stopped pay for the attempt
         project = context.project if context is not None else None
@@ -430,22 +430,12 @@ def _with_fusion(original: cst.Module, fused: cst.Module, fusion, result: Transf
     return result
 
 
-def _with_float32_clamps(original: cst.Module, clamps: Float32Clamps, code: str,
+def _with_float32_copies(original: cst.Module, rewrite: Union[Float32Clamps, Float32Sigmoids], code: str,
                          result: TransformResult) -> TransformResult:
-    """The module converted after its own probability clamps took float32 copies."""
-    lines = LineMap(original.code, clamps.module.code)
+    """The module converted after its own probability clamps, or logged sigmoids, took float32 copies."""
+    lines = LineMap(original.code, rewrite.module.code)
     findings = [replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings]
-    findings.append(Finding(code, clamps.describe(), clamps.rewritten[0][0], 0, Severity.INFO))
-    result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
-    return result
-
-
-def _with_float32_sigmoids(original: cst.Module, sigmoids: Float32Sigmoids, code: str,
-                           result: TransformResult) -> TransformResult:
-    """The module converted after its own logged sigmoids took float32 copies of the logits."""
-    lines = LineMap(original.code, sigmoids.module.code)
-    findings = [replace(f, line=lines.original_line(f.line), message=lines.in_message(f.message)) for f in result.findings]
-    findings.append(Finding(code, sigmoids.describe(), sigmoids.rewritten[0][0], 0, Severity.INFO))
+    findings.append(Finding(code, rewrite.describe(), rewrite.rewritten[0][0], 0, Severity.INFO))
     result.findings = sorted(findings, key=lambda f: (f.line, f.column, f.code))
     return result
 
