@@ -569,10 +569,9 @@ class ScalerCallPlanner:
         an L1 subgradient added to the true gradients): called between backward() and the step,
         they need the gradients unscaled, whatever they are called."""
         if self._grad_functions is None:
-            self._grad_functions = {
-                function.name.value for function in statements.nodes_of_type(self.structure.module, cst.FunctionDef)
-                if any(isinstance(node, cst.Attribute) and node.attr.value == "grad"
-                       for node in statements.nodes_of_type(function.body, cst.Attribute))}
+            # the analysis recorded every `.grad` access with the function holding it: no walk here
+            self._grad_functions = {read.scope.name.value for read in self.structure.grad_reads
+                                    if isinstance(read.scope, cst.FunctionDef)}
         return self._grad_functions
 
     def _grad_reads_before_step(self, unit: TrainingUnit):
