@@ -486,7 +486,8 @@ class RepositoryIndex:
             # a module of the package picked at run time: any of them may be the one
             init = self.resolve_module(path, package, 0, entry_roots)
             if init is not None and init.name == "__init__.py":
-                targets += sorted(_resolved(module) for module in init.parent.glob("*.py") if module.name != "__init__.py")
+                targets += sorted(resolved for module in init.parent.glob("*.py") if module.name != "__init__.py"
+                                  and (resolved := _resolved(module)) is not None)
         return targets
 
     def wrapper_steps(self) -> List[WrapperStep]:

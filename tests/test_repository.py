@@ -1386,3 +1386,14 @@ def test_a_module_picked_at_run_time_brings_its_package_into_the_import_closure(
     assert {"resnet.py", "vgg.py"} <= closure
     (tmp_path / "other.py").write_text("import importlib\nnet = importlib.import_module(name)\n")
     assert not {p.name for p in index.imported_closure(tmp_path / "other.py")}
+
+
+def test_a_symlink_loop_in_a_package_picked_at_run_time_is_passed_over(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "resnet.py").write_text("import torch\n")
+    (tmp_path / "models" / "loop.py").symlink_to(tmp_path / "models" / "loop.py")
+    (tmp_path / "train.py").write_text("import importlib\nnet = importlib.import_module(f'models.{name}')\n")
+    closure = {p.name for p in RepositoryIndex(tmp_path).imported_closure(tmp_path / "train.py")}
+    assert "resnet.py" in closure and "loop.py" not in closure
