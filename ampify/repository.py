@@ -340,6 +340,17 @@ class RepositoryIndex:
                     return _resolved(path)
         return None
 
+    def namespace_package(self, root: Path, package: str) -> bool:
+        """Is `root/package` a folder of the project holding Python modules (imported as a
+        namespace package, with no `__init__.py`)?"""
+        folder = root.joinpath(*package.split("."))
+        if not folder.is_dir() or not self._inside(folder):
+            return False
+        try:
+            return any(entry.suffix == ".py" for entry in folder.iterdir())
+        except OSError:
+            return False
+
     def _inside(self, path: Path) -> bool:
         resolved = _resolved(path)
         if resolved is None:
@@ -1481,8 +1492,12 @@ class ProjectView:
         return bool(outline is not None and outline.trains)
 
     def is_project_package(self, package: str) -> bool:
-        """Does `import package` in this module mean a module or package of the project?"""
-        return self.index.resolve_module(self.path, package) is not None
+        """Does `import package` in this module mean a module or package of the project? A folder
+        without `__init__.py` on the module's sys.path is one too (a namespace package: HRNet's
+        lib/core/function.py, imported as `core.function` once `_init_paths` adds lib/)."""
+        if self.index.resolve_module(self.path, package) is not None:
+            return True
+        return any(self.index.namespace_package(root, package) for root in self.index.search_roots(self.path))
 
     def star_bound_imports(self, key: Optional[str] = None) -> Dict[str, str]:
         """Local name -> import the star imports of this module (or of the project module `key`)
