@@ -169,7 +169,7 @@ LOOP_OWNING_FRAMEWORKS = {
 #: calls that only move or build input data; a statement with nothing but these is not "forward"
 DATA_PREPARATION_CALLS = {
     "to", "cuda", "cpu", "next", "iter", "__iter__", "__next__", "len", "enumerate", "size", "fill_", "zero_",
-    "item",
+    "item", "DataLoader",
     "float", "long", "int", "view", "reshape", "unsqueeze", "squeeze", "permute", "contiguous",
     "detach", "clone", "range", "zip", "full", "full_like", "zeros", "zeros_like", "ones",
     "ones_like", "randn", "randn_like", "rand", "rand_like", "randint", "empty", "arange",
@@ -191,6 +191,9 @@ DATA_PREPARATION_CALLS = {
 
 #: modules whose functions compute on host data, never a model's forward pass
 HOST_DATA_MODULES = ("numpy", "math", "random")
+#: torch's data loading (`iter(data.DataLoader(dataset, ...))` re-made at each epoch boundary of an
+#: iteration-counted loop, Retinaface's and ssd.pytorch's): builds batches, runs no model
+DATA_LOADING_PREFIX = "torch.utils.data."
 
 #: methods that fetch a batch when called on a data source (`replay_buffer.sample(batch_size)`,
 #: `train_dataset.get_batch()`, `data_iter.next()`): data preparation, not a forward pass. Only

@@ -154,7 +154,9 @@ def has_forward_call(statement: cst.CSTNode, imports=None, data_helpers: Set[str
     preparation too (`x_np = np.sin(steps)`); so do the module's own helpers in `data_helpers`
     (`mixup_data`, `self.get_torch_variable`: see data_preparation_helpers)."""
     for call in calls_within(statement):
-        if imports is not None and (imports.resolve(call.func) or "").split(".")[0] in names.HOST_DATA_MODULES:
+        resolved = imports.resolve(call.func) if imports is not None else None
+        if resolved is not None and (resolved.split(".")[0] in names.HOST_DATA_MODULES
+                                     or resolved.startswith(names.DATA_LOADING_PREFIX)):
             continue
         called = called_name(call)
         if called is None:
