@@ -198,6 +198,10 @@ class ModuleOutline:
     #: packages whose modules it imports by a name computed at run time:
     #: `importlib.import_module("models.{}".format(name))` (CornerNet's nnet/py_factory.py) -> "models"
     dynamic_imports: List[str] = field(default_factory=list)
+    #: imports inside its functions and methods (module, imported name or None, relative level):
+    #: DB's `SegDetectorModel.__init__` runs `from decoders.seg_detector_loss import ...`, whose
+    #: losses its training step computes; followed for the closure, never bound as module names
+    local_imports: List[Tuple[str, Optional[str], int]] = field(default_factory=list)
     #: the module takes `log(1 - ...)` (bytes): a clamp helper of the project may feed it
     logs_complement: bool = False
     #: (line, clamp, eps) of module-level functions returning a probability clamp, in a module that
@@ -493,6 +497,13 @@ class RepositoryIndex:
             if name is not None:  # `from pkg import module`
                 targets.append(self.resolve_module(path, f"{module}.{name}" if module else name, level, entry_roots))
         targets += [self.resolve_module(path, module, level, entry_roots) for module, level in outline.star_imports]
+        # `import structure.model` binds `structure`, and imports structure/model.py too (DB's
+        # structure/builder.py reaches its model classes so: `getattr(structure.model, name)`)
+        targets += [self.resolve_module(path, dotted, 0, entry_roots) for dotted in outline.dotted_imports]
+        for module, name, level in outline.local_imports:
+            targets.append(self.resolve_module(path, module, level, entry_roots))
+            if name is not None:
+                targets.append(self.resolve_module(path, f"{module}.{name}" if module else name, level, entry_roots))
         for package in outline.dynamic_imports:
             # a module of the package picked at run time: any of them may be the one
             init = self.resolve_module(path, package, 0, entry_roots)
@@ -904,7 +915,9 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
     lines = data.split(b"\n") if products else []
     gram_names = torch_names(tree) if products else None
     outline.mixed_precision = any(marker in data for marker in (b"autocast", b"GradScaler", b"scale_loss"))
+    module_level = set()
     for statement in _module_level(tree.body):
+        module_level.add(id(statement))
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
             outline.functions[statement.name] = _function_outline(
                 statement, tensorflow, gram_names if products and _may_hold_a_gram_matrix(lines, statement) else None)
@@ -967,7 +980,16 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
     if b"igmoid" in data or b"expit" in data:
         outline.sigmoid_models = sigmoid_model_classes(tree)
         outline.may_log_a_sigmoid = b"log" in data
+    old_torch_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If) and _tests_for_old_torch(node.test)
+                      for statement in node.body for inner in ast.walk(statement)} if b"__version__" in data else set()
     for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in module_level \
+                and id(node) not in old_torch_only:
+            if isinstance(node, ast.Import):
+                outline.local_imports += [(alias.name, None, 0) for alias in node.names]
+            else:
+                outline.local_imports += [(node.module or "", alias.name if alias.name != "*" else None, node.level)
+                                          for alias in node.names]
         if isinstance(node, ast.Call):
             if isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
                 outline.trains = True
@@ -1158,14 +1180,36 @@ def _constant_number(node: Optional[ast.AST]) -> Optional[float]:
 
 
 def _module_level(statements: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
-    """Module-level statements, also those under a module-level if/try/with (`try: import x`)."""
+    """Module-level statements, also those under a module-level if/try/with (`try: import x`);
+    not those under a test for a torch older than mixed precision (`if torch.__version__.startswith('0'):`,
+    HRNet's bn_helper.py importing its compiled InPlaceABN only there): that code never runs
+    beside torch.amp."""
     for statement in statements:
         yield statement
         if isinstance(statement, (ast.If, ast.Try, ast.With)):
             for part in ("body", "orelse", "finalbody"):
+                if part == "body" and isinstance(statement, ast.If) and _tests_for_old_torch(statement.test):
+                    continue
                 yield from _module_level(getattr(statement, part, []))
             for handler in getattr(statement, "handlers", []):
                 yield from _module_level(handler.body)
+
+
+def _tests_for_old_torch(test: ast.expr) -> bool:
+    """`torch.__version__.startswith('0')` / `torch.__version__ < '1.0'`: true only on a torch
+    without autocast (before 1.6)."""
+    def is_version(node: ast.expr) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "__version__" and _dotted(node.value) == "torch"
+
+    if isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute) and test.func.attr == "startswith" \
+            and is_version(test.func.value) and len(test.args) == 1 and isinstance(test.args[0], ast.Constant):
+        prefix = test.args[0].value
+        return isinstance(prefix, str) and prefix.startswith("0")
+    if isinstance(test, ast.Compare) and is_version(test.left) and len(test.ops) == 1 \
+            and isinstance(test.ops[0], (ast.Lt, ast.LtE)) and isinstance(test.comparators[0], ast.Constant):
+        bound = test.comparators[0].value
+        return isinstance(bound, str) and bool(re.match(r"(0|1\.[0-5])(\.|$)", bound))
+    return False
 
 
 def loss_class_backward(klass: ast.ClassDef) -> Optional[Tuple[int, str]]:
@@ -1461,6 +1505,7 @@ class ProjectView:
         #: what the user named on the command line: only files in these are written
         self.named = tuple(p.resolve() for p in named)
         self._training_closure: Optional[List[Path]] = None
+        self._bce_of_entry_scripts_found: Optional[List[Tuple[Path, ModuleOutline, Path]]] = None
 
     def training_closure(self) -> List[Path]:
         """The project modules this module imports, directly or not, and those the modules of its
@@ -1878,26 +1923,95 @@ class ProjectView:
         return self._imported_modules_with(lambda outline: outline.inplace_products)
 
     def imports_a_bce(self) -> bool:
-        """Does a project module this module imports (directly or not) compute a BCE on
-        probabilities in a function or method? (the cheap question before bce_modules)"""
-        return bool(self._imported_modules_with(lambda outline: outline.bce_calls))
+        """Does a project module this module imports (directly or not), or one an entry script
+        running it imports (bce_of_entry_scripts), compute a BCE on probabilities in a function or
+        method? (the cheap question before bce_modules)"""
+        return bool(self._imported_modules_with(lambda outline: outline.bce_calls)) or bool(
+            self._bce_of_entry_scripts())
+
+    def entry_scripts(self) -> List[Path]:
+        """The project modules that import this one (directly or not) and sit where a script that
+        runs it sits: its own folder, a folder above it, or a folder at the top of the project
+        (HRNet's tools/ beside lib/). Only those spelling this module's name, or a training class
+        or function of it, are read (disentangling-vae's main.py: `from disvae import Trainer`)."""
+        own = self.path
+        outline = self._own_outline()
+        if outline is None:
+            return []
+        spelled = {own.stem.encode()} | {name.encode() for name in outline.training_classes} | {
+            name.encode() for name, function in outline.functions.items() if function.calls_backward}
+        root = self.index.root
+        folders = {folder for folder in [own.parent, *own.parent.parents] if folder == root or root in folder.parents}
+        found = []
+        for path in self.index.modules():
+            if path == own or not (path.parent in folders or path.parent.parent == root):
+                continue
+            try:
+                data = current_bytes(path)
+            except OSError:
+                continue
+            if any(name in data for name in spelled) and own in self.index.imported_closure(path):
+                found.append(path)
+        return found
+
+    def _bce_of_entry_scripts(self) -> List[Tuple[Path, ModuleOutline, Path]]:
+        """The modules that compute a BCE on probabilities and that an entry script running this
+        module imports and reaches (imports it, or a name of it,
+        or another module it imports names the class or function holding the BCE): the loss or the
+        model such a script hands this module's training step (disentangling-vae's main.py builds
+        `loss_f = get_loss_f(...)` from disvae/models/losses.py and hands it to `Trainer`). The step
+        may run it; whether it does cannot be read here. Each with the entry script that reaches it."""
+        if self._bce_of_entry_scripts_found is None:
+            own = self.path
+            found: List[Tuple[Path, ModuleOutline, Path]] = []
+            for entry in self.entry_scripts():
+                reached = self.index.imported_closure(entry)
+                holding = [(path, outline) for path in reached if path != own
+                           and (outline := self.index.outline(path)) is not None and outline.bce_calls]
+                if not holding:
+                    continue
+                whole, names_from = ProjectView(self.index, entry)._imported_names()
+                for path, outline in holding:
+                    holders = {owners[0] for _, _, owners in outline.bce_calls if owners}
+                    if path in whole or path in names_from or any(
+                            self._names_a_holder(other, holders) for other in [entry, *reached] if other != path):
+                        if all(path != known for known, _, _ in found):
+                            found.append((path, outline, entry))
+            self._bce_of_entry_scripts_found = found
+        return self._bce_of_entry_scripts_found
 
     def bce_modules(self, called: Set[str]) -> List[Tuple[str, str, bool]]:
         """(key, display, trains) of the project modules this module imports whose functions or
         methods compute a BCE on probabilities (torch/bce_imported.py), where this module may run
         it: a module it imports whole (`import losses`), or one holding it in a function, class or
-        method it imports by name (or one such function calls) or `called` names."""
+        method it imports by name (or one such function calls) or `called` names; or one an entry
+        script running this module reaches (the loss it hands the step: _bce_of_entry_scripts)."""
         return [(str(path), self.where(path, 0).rsplit(":", 1)[0], outline.trains)
                 for path, outline in self._bce_outlines(called)]
 
     def bce_imported(self, called: Set[str]) -> List[Tuple[str, Tuple[str, ...]]]:
         """("networks.py:65 F.binary_cross_entropy in Discriminator.calc_dis_loss()", its owners'
         names) for each BCE on probabilities of bce_modules(called)."""
-        return [(f"{self.where(path, line)} {name} in {'.'.join(owners)}()", owners)
+        own = {path for path, _ in self._own_bce_outlines(called)}
+        entries = {path: entry for path, _, entry in self._bce_of_entry_scripts() if path not in own}
+        return [(f"{self.where(path, line)} {name} in {'.'.join(owners)}(){self._reached_by(entries.get(path))}",
+                 owners)
                 for path, outline in self._bce_outlines(called) for line, name, owners in outline.bce_calls]
 
+    def _reached_by(self, entry: Optional[Path]) -> str:
+        """", reached by main.py, which runs this file" for a module only an entry script reaches."""
+        if entry is None:
+            return ""
+        return f", reached by {self.where(entry, 0).rsplit(':', 1)[0]}, which runs this file"
+
     def _bce_outlines(self, called: Set[str]) -> List[Tuple[Path, ModuleOutline]]:
-        """The modules of bce_modules(called), each with its outline."""
+        """The modules of bce_modules(called), each with its outline: those this module reaches,
+        then those only an entry script running it reaches."""
+        found = self._own_bce_outlines(called)
+        return found + [(path, outline) for path, outline, _ in self._bce_of_entry_scripts()
+                        if all(path != known for known, _ in found)]
+
+    def _own_bce_outlines(self, called: Set[str]) -> List[Tuple[Path, ModuleOutline]]:
         own = self.path.resolve()
         whole, names_from = self._imported_names()
         found = []

@@ -424,7 +424,7 @@ RULES: List[Rule] = [
          "AMP252.",
          "loss = F.binary_cross_entropy(F.sigmoid(out0), all0)\n"
          "  -> loss = F.binary_cross_entropy_with_logits(out0, all0)", REVIEW),
-    Rule("AMP252", "warning", "the code this file imports computes BCE on probabilities, which autocast refuses, and ampify could not fuse it there: left as it is",
+    Rule("AMP252", "warning", "the code this file imports, or that the script running it hands it, computes BCE on probabilities, which autocast refuses, and ampify could not fuse it there: left as it is",
          "The file is converted, and if its step runs that loss, it raises on the first batch. Said when the BCE "
          "does not take a sigmoid the module applies itself, when that module is not in this run, or trains itself.",
          "from losses import BCEDiceLoss  # F.binary_cross_entropy(probabilities, target) there", MANUAL,
@@ -614,7 +614,7 @@ RULES: List[Rule] = [
          "As AMP251: apex O1 refuses `F.binary_cross_entropy` too (it asks for the logits form).",
          "loss = F.binary_cross_entropy(F.sigmoid(out0), all0)\n"
          "  -> loss = F.binary_cross_entropy_with_logits(out0, all0)", REVIEW),
-    Rule("AMP343", "warning", "apex: the code this file imports computes BCE on probabilities, which O1 refuses, and ampify could not fuse it there: left as it is",
+    Rule("AMP343", "warning", "apex: the code this file imports, or that the script running it hands it, computes BCE on probabilities, which O1 refuses, and ampify could not fuse it there: left as it is",
          "As AMP252.", "from losses import BCEDiceLoss  # F.binary_cross_entropy(probabilities, target) there", MANUAL,
          incomplete=True),
     Rule("AMP344", "warning", "apex: a class of a module not in this run trains each time it is called (backward() and a step in its forward(), or in a method of a trainer this file builds): its step is not scaled",

@@ -1397,3 +1397,33 @@ def test_a_symlink_loop_in_a_package_picked_at_run_time_is_passed_over(tmp_path)
     (tmp_path / "train.py").write_text("import importlib\nnet = importlib.import_module(f'models.{name}')\n")
     closure = {p.name for p in RepositoryIndex(tmp_path).imported_closure(tmp_path / "train.py")}
     assert "resnet.py" in closure and "loop.py" not in closure
+
+
+@pytest.mark.parametrize("test, followed", [
+    ("torch.__version__.startswith('0')", False),
+    ("torch.__version__ < '1.0'", False),
+    ("torch.__version__ <= '1.5.1'", False),
+    ("torch.__version__.startswith('2')", True),
+    ("torch.__version__ >= '1.0'", True),
+    ("use_abn", True),
+])
+def test_the_import_closure_follows_dotted_and_function_imports_not_code_for_a_torch_before_autocast(
+        tmp_path, test, followed):
+    # DB's `import structure.model` and the loss its model imports inside __init__; HRNet's
+    # bn_helper.py importing its compiled InPlaceABN only under a torch 0.x test
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "structure").mkdir()
+    (tmp_path / "structure" / "__init__.py").write_text("")
+    (tmp_path / "structure" / "model.py").write_text(
+        "import torch.nn as nn\n\n\nclass SegModel(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        from losses import BalanceLoss\n        self.criterion = BalanceLoss()\n")
+    (tmp_path / "losses.py").write_text("import torch\n")
+    (tmp_path / "abn.py").write_text("import torch\n")
+    (tmp_path / "plain_bn.py").write_text("import torch\n")
+    (tmp_path / "bn_helper.py").write_text(
+        f"import torch\nuse_abn = False\nif {test}:\n    from abn import InPlaceABN as BatchNorm2d\n"
+        "    def make():\n        import abn\nelse:\n    from plain_bn import BatchNorm2d\n")
+    (tmp_path / "builder.py").write_text("import structure.model\nimport bn_helper\n")
+    closure = {p.name for p in RepositoryIndex(tmp_path).imported_closure(tmp_path / "builder.py")}
+    assert {"model.py", "losses.py", "plain_bn.py"} <= closure
+    assert ("abn.py" in closure) == followed

@@ -602,7 +602,8 @@ class TorchConversion(abc.ABC):
                       "steps of this file were left unconverted: compute it with binary_cross_entropy_with_logits on "
                       "the logits there, then rerun ampify", node)
             return True
-        self.warn(self.rules.imported_bce_left, f"the code this file imports computes BCE on probabilities ({shown}), "
+        self.warn(self.rules.imported_bce_left, f"the code this file imports, or that the script running it hands it, "
+                                                f"computes BCE on probabilities ({shown}), "
                   "which raises under autocast if this step runs it; ampify did not fuse it with its sigmoid there: "
                   f"{refused}", node)
         return False
