@@ -94,6 +94,11 @@ class FunctionOutline:
     #: its body reads or changes `.grad` (`m.weight.grad.data.add_(...)`): called between backward()
     #: and the step, it needs the gradients unscaled
     touches_grad: bool = False
+    #: the line of a DataParallel / DistributedDataParallel wrap it returns (`net = torch.nn.DataParallel(net,
+    #: gpu_ids)` ... `return net`, pix2pix's init_net), 0 if none
+    returns_parallel_wrap: int = 0
+    #: the module's functions whose result it returns (`return init_net(net, init_type, gpu_ids)`)
+    returned_calls: Tuple[str, ...] = ()
 
 
 def _resolved(path: Path) -> Optional[Path]:
@@ -1383,6 +1388,8 @@ def _function_outline(function, tensorflow: bool = False, gram_names=None) -> Fu
     """`gram_names`: the module's torch_names() when the function may hold a Gram matrix, else None."""
     params = tuple(a.arg for a in [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs])
     moved = set()
+    wrapped: Dict[str, int] = {}  # name -> line of the DataParallel wrap assigned to it
+    called_into: Dict[str, str] = {}  # name -> the module function whose result is assigned to it
     returns = []
     builds_optimizer = calls_backward = False
     grad_with_graph = tf_gradients = 0
@@ -1404,6 +1411,12 @@ def _function_outline(function, tensorflow: bool = False, gram_names=None) -> Fu
             if not tf_gradients and called.split(".")[0] in ("tf", "tensorflow") and called.endswith(".gradients"):
                 tf_gradients = node.lineno
             applies_gradients = applies_gradients or called.rsplit(".", 1)[-1] in ("apply_gradients", "minimize")
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            if _is_parallel_wrap(node.value):
+                wrapped.update((target, node.lineno) for target in targets)
+            elif isinstance(node.value.func, ast.Name):
+                called_into.update((target, node.value.func.id) for target in targets)
         if isinstance(node, ast.Assign) and _is_device_move(node.value):
             moved |= {t.id for t in node.targets if isinstance(t, ast.Name)}
         elif isinstance(node, ast.Expr) and _is_device_move(node.value):
@@ -1413,11 +1426,24 @@ def _function_outline(function, tensorflow: bool = False, gram_names=None) -> Fu
         elif isinstance(node, ast.Return) and node.value is not None:
             returns.append(node.value)
     returns_moved = any(_is_device_move(value) or (isinstance(value, ast.Name) and value.id in moved) for value in returns)
+    wrap_line = next((value.lineno if _is_parallel_wrap(value) else wrapped[value.id] for value in returns
+                      if _is_parallel_wrap(value) or (isinstance(value, ast.Name) and value.id in wrapped)), 0)
+    returned_calls = {value.func.id for value in returns if isinstance(value, ast.Call) and isinstance(value.func, ast.Name)}
+    returned_calls |= {called_into[value.id] for value in returns if isinstance(value, ast.Name) and value.id in called_into}
     return FunctionOutline(function.name, function.lineno, params, returns_moved, builds_optimizer, calls_backward,
                            grad_with_graph=grad_with_graph, local_calls=tuple(sorted(local_calls)),
                            tf_gradients=tf_gradients, applies_gradients=applies_gradients,
                            gram_matrix=gram_matrix_line(function, gram_names) if gram_names is not None else 0,
-                           touches_grad=touches_grad)
+                           touches_grad=touches_grad, returns_parallel_wrap=wrap_line,
+                           returned_calls=tuple(sorted(returned_calls)))
+
+
+def _is_parallel_wrap(node: ast.AST) -> bool:
+    """`torch.nn.DataParallel(net, ...)`, `DistributedDataParallel(model, ...)`, also moved on (`.cuda()`)."""
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("cuda", "to"):
+        node = node.func.value
+    return isinstance(node, ast.Call) and (_dotted(node.func) or "").rsplit(".", 1)[-1] in (
+        "DataParallel", "DistributedDataParallel")
 
 
 def _is_grad_with_graph(call: ast.Call) -> bool:
@@ -1553,6 +1579,31 @@ class ProjectView:
             return {}
         bound = self.index.star_bound_imports(path, outline.star_imports)
         return {name: target for name, target in bound.items() if name not in outline.imports}
+
+    def returns_parallel_wrapped(self, dotted: str) -> Optional[str]:
+        """"models/networks.py:56 init_net()" when the project function that `dotted` calls here
+        returns its model wrapped in DataParallel / DistributedDataParallel, itself or through the
+        functions of its module whose result it returns (pix2pix's define_G -> init_net); else None."""
+        outline = self._own_outline()
+        if outline is None:
+            return None
+        found = self.index.function(self.path, dotted, outline.imports)
+        if found is None:
+            return None
+        path, function = found
+        module = self.index.outline(path)
+        seen: Set[str] = set()
+        pending = [function]
+        while pending:
+            current = pending.pop()
+            if current.name in seen:
+                continue
+            seen.add(current.name)
+            if current.returns_parallel_wrap:
+                return f"{self.where(path, current.returns_parallel_wrap)} {current.name}()"
+            if module is not None:
+                pending += [module.functions[name] for name in current.returned_calls if name in module.functions]
+        return None
 
     def returns_device_moved(self, dotted: str) -> Optional[str]:
         outline = self._own_outline()

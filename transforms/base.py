@@ -51,6 +51,10 @@ class ProjectFacts(Protocol):
         """"utils.py:12 get_network()" when the project function `dotted` (as this module calls
         it) returns a model moved to a device; else None."""
 
+    def returns_parallel_wrapped(self, dotted: str) -> Optional[str]:
+        """"models/networks.py:56 init_net()" when the project function `dotted` (as this module
+        calls it) returns its model wrapped in DataParallel / DistributedDataParallel; else None."""
+
     def touches_gradients(self, dotted: str) -> bool:
         """Is `dotted` a function of another project module whose body reads or changes `.grad`?"""
 

@@ -490,6 +490,7 @@ class ApexConversion(TorchConversion):
                 "by hand",
             )
         self.setups.check_models_reach_the_gpu(setup)
+        self.setups.check_models_not_wrapped_by_helpers(setup)
         self.setups.check_defined_for_scale_loss(unit, setup)
         self.setups.check_never_none(unit, setup)
         anchor = self.place_initialize(

@@ -127,6 +127,7 @@ def plan_caller(
         setup = found
         calls.append(s.statement_of(call) or call)
     conversion.setups.check_models_reach_the_gpu(setup)
+    conversion.setups.check_models_not_wrapped_by_helpers(setup)
     anchor = conversion.place_initialize(losses, setup, calls, f" (for {function.name.value}() in {step_display})")
     conversion.plan_checkpoints(setup, anchor)
     conversion.add_import()

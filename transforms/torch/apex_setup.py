@@ -163,6 +163,28 @@ class ApexSetupFinder:
             "project that builds it returns it moved); move the model to the GPU in this file, then rerun ampify",
         )
 
+    def check_models_not_wrapped_by_helpers(self, setup: ApexSetup) -> None:
+        """amp.initialize raises on a model already wrapped in DataParallel / DistributedDataParallel.
+        Refuse when a model is built by a project function that returns it so wrapped (pix2pix and
+        BicycleGAN's `networks.define_G(...)`, whose init_net wraps the net for its GPUs): the
+        converted script would crash at amp.initialize."""
+        if self.project is None:
+            return
+        for model in setup.models:
+            for binding in self.s.bindings_visible(model, setup.scope):
+                if binding.kind not in ("assign", "attribute") or not isinstance(binding.value, cst.Call):
+                    continue
+                called = dotted_name(binding.value.func)
+                wrapped = self.project.returns_parallel_wrapped(called) if called is not None else None
+                if wrapped is not None:
+                    refuse(
+                        binding.statement or setup.construction_statements[0],
+                        f"{self.amp}.initialize refuses models already wrapped in DataParallel / "
+                        f"DistributedDataParallel, and {called}() returns {model} so wrapped ({wrapped}): "
+                        f"{self.amp}.initialize must run before that wrap, which ampify does not move into another "
+                        "module; use --backend native, or initialize there by hand",
+                    )
+
     def _built_on_a_device(self, call: cst.Call) -> bool:
         """Does this call (`get_network(args)`, `utils.build(cfg)`) reach a function of the
         project that returns its model moved to a device?"""
