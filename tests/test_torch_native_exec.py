@@ -953,3 +953,68 @@ def test_a_float32_mode_beside_a_converted_one_runs(tmp_path):
     assert set(evidence.script_globals["CHECKPOINTS"]) == {"kd"}
     assert "scaler" not in evidence.script_globals["CHECKPOINTS"]["kd"]
     assert len(evidence.script_globals["LOSSES"]) == 6
+
+
+def test_a_step_built_by_a_trainer_factory_trains_as_the_fp32_step_on_cpu():
+    """reid-strong-baseline's `create_supervised_trainer_with_center(model, ..., optimizer,
+    optimizer_center, ...)` builds its step `_update` as a nested function: the GradScaler is
+    created in the factory, before `_update`, which reads it from the closure; the center loss's
+    gradients are multiplied by 1 / weight between backward() and the steps, as they are (a scaling
+    commutes with the loss scale). Run on CPU (float16 autocast, GradScaler("cpu")): both optimizers
+    step, and the model and the centers move as the float32 run's do."""
+    import torch
+
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "torch_native" / \
+        "step_function_built_by_a_trainer_factory.in.py"
+    source = fixture.read_text()
+    conversion = convert_source(source, Options(), filename="train.py")
+    assert conversion.status is FileStatus.CHANGED, conversion.reason
+    assert "    scaler = torch.amp.GradScaler(torch.device(device).type)\n\n    def _update(" in conversion.converted
+    assert "scaler.unscale_(" not in conversion.converted
+    results = {}
+    for side, code in (("fp32", source), ("amp", conversion.converted)):
+        namespace = {"__name__": side}
+        exec(compile(code, f"{side}.py", "exec"), namespace)
+        untrained = namespace["main"](torch.device("cpu"), steps=0)[1].centers.detach().clone()
+        model, center = namespace["main"](torch.device("cpu"), steps=4)
+        results[side] = (torch.cat([p.detach().flatten() for p in model.parameters()]), center.centers.detach().clone())
+        assert (results[side][1] - untrained).abs().max() > 1e-3, side  # the centers' optimizer stepped
+    assert torch.allclose(results["amp"][0], results["fp32"][0], atol=5e-3), \
+        (results["amp"][0] - results["fp32"][0]).abs().max()
+    assert torch.allclose(results["amp"][1], results["fp32"][1], atol=5e-3), \
+        (results["amp"][1] - results["fp32"][1]).abs().max()
+
+
+@pytest.mark.parametrize("flags", [(1.0, 1.0), (1.0, 0.0), (0.0, 1.0), (0.0, 0.0)])
+def test_conditional_steps_each_with_its_update_train_as_fp32_whichever_branches_run(flags, monkeypatch):
+    """BicycleGAN's update_D(): two `if`s, each with its discriminator's zero_grad, backward and step.
+    Converted, each step is followed by its own scaler.update(): whichever branches run, no scaler.step()
+    repeats before an update() ("step() has already been called since the last update()") and no
+    update() runs without a step ("No inf checks were recorded"). Run on CPU (float16 autocast,
+    GradScaler("cpu") starting at scale 1, so that no first step is skipped for overflow, which would
+    hide what is compared), the discriminators move as the float32 run's do."""
+    import functools
+
+    import torch
+
+    monkeypatch.setattr(torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=1.0))
+
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "torch_native" / \
+        "each_conditional_step_in_its_own_branch.in.py"
+    source = fixture.read_text()
+    conversion = convert_source(source, Options(), filename="train.py")
+    assert conversion.status is FileStatus.CHANGED, conversion.reason
+    assert conversion.converted.count("self.scaler.update()") == 2
+    results = {}
+    for side, code in (("fp32", source), ("amp", conversion.converted)):
+        namespace = {"__name__": side}
+        exec(compile(code, f"{side}.py", "exec"), namespace)
+        torch.manual_seed(1)
+        model = namespace["main"](*flags, device=torch.device("cpu"), steps=3)
+        results[side] = torch.cat([p.detach().flatten() for p in [*model.netD.parameters(), *model.netD2.parameters()]])
+        if side == "amp":
+            assert model.scaler.get_scale() == 1.0  # no step skipped: what moved is what the fp32 run moves
+    torch.manual_seed(0)
+    assert (results["fp32"] - torch.cat([p.detach().flatten() for p in [
+        *torch.nn.Linear(4, 1).parameters(), *torch.nn.Linear(4, 1).parameters()]])).abs().max() > 0.05 or not any(flags)
+    assert torch.allclose(results["amp"], results["fp32"], atol=5e-3), (results["amp"] - results["fp32"]).abs().max()

@@ -781,12 +781,16 @@ class NativeConversion(TorchConversion):
                 "iteration after an optimizer step",
                 exit_statement,
             )
+        own_branches = id(plan.unit) in self.scaler_calls.own_branch_updates
         for step_statement in plan.restep_updates:
             self.edits.insert_after(step_statement, f"{reference}.update()")
             self.info(
                 "AMP203",
-                f"{reference}.update() also added after line {s.line(step_statement)}: that optimizer is stepped "
-                "again later in the iteration, and a GradScaler steps an optimizer once between update() calls",
+                f"{reference}.update() also added after line {s.line(step_statement)}: "
+                + ("each optimizer step is conditional, in an `if` of its own with the backward() it steps, so "
+                   "each is followed by its update() (one after every step that runs)" if own_branches else
+                   "that optimizer is stepped again later in the iteration, and a GradScaler steps an optimizer "
+                   "once between update() calls"),
                 step_statement,
             )
         for clip_statement, receiver in plan.unscale_before:
@@ -1133,7 +1137,8 @@ class NativeConversion(TorchConversion):
         device = device or self.devices.device_for(home.device_scope, home.line + 1, home.after)
         self.scaler_devices[key] = device
         scaler_class = self._scaler_class()
-        self.edits.insert_after(home.after, f"{home.reference} = {scaler_class}({device})")
+        insert = self.edits.insert_before if home.before else self.edits.insert_after
+        insert(home.after, f"{home.reference} = {scaler_class}({device})")
         for earlier in home.also_after:
             if id(earlier) in self.edits.created_scalers:
                 continue
@@ -1145,6 +1150,14 @@ class NativeConversion(TorchConversion):
                                 f"{home.line}; the step uses whichever exists)", earlier)
         if home.inherited:
             self._report_inherited(home, f"{scaler_class}({device})")
+            return
+        if home.factory is not None:
+            factory, step = home.factory
+            self.info("AMP204", f"created {home.reference} = {scaler_class}({device}) in {factory}(), before the "
+                                f"training step {step}() it builds: {', '.join(home.optimizers)} "
+                                f"{'is its parameter' if len(home.optimizers) == 1 else 'are its parameters'}, it runs "
+                                f"once per trainer it builds, and {step}() reads the scaler from the closure",
+                      home.after)
             return
         self.info(
             "AMP204",

@@ -41,6 +41,8 @@ class ScalerCallPlanner:
         #: clipping statements (by id) whose unscale_ is a loop over the optimizers a later loop
         #: steps: the iterable's code (`optimizers` for `for optimizer in optimizers: scaler.unscale_(optimizer)`)
         self.unscale_loops: Dict[int, str] = {}
+        #: units (by id) whose conditional steps each get an update() of their own, in their branch
+        self.own_branch_updates: Set[int] = set()
         self._grad_functions: Optional[Set[str]] = None
 
     def update_anchor(self, unit: TrainingUnit) -> cst.CSTNode:
@@ -64,6 +66,13 @@ class ScalerCallPlanner:
                    or _loops_over_the_optimizers(s, p[common_depth - 1][1], steps) for p in paths) and not (
             self._steps_in_every_branch(anchors, steps, unit)
         ):
+            own_updates = self._update_after_each_conditional_step(unit, steps, anchors)
+            if own_updates is not None:
+                self.early_exit_updates[id(unit)] = []
+                self.restep_updates[id(unit)] = own_updates[:-1]
+                self.own_branch_updates.add(id(unit))
+                check_no_gradients_unscaled_twice(self.structure, unit, steps, self.zero_grads_of)
+                return own_updates[-1]
             raise Unconvertible(
                 "every optimizer step is conditional, in different branches: place scaler.update() by hand "
                 "so that it runs exactly once after the steps",
@@ -98,6 +107,32 @@ class ScalerCallPlanner:
         self.restep_updates[id(unit)] = self._updates_between_steps_of_one_optimizer(unit, steps, paths, common_depth)
         check_no_gradients_unscaled_twice(self.structure, unit, steps, self.zero_grads_of)
         return self.last_update_in_branch.get(id(unit), body[last])
+
+    def _update_after_each_conditional_step(self, unit: TrainingUnit, steps: Sequence[StepCall],
+                                            anchors: Sequence[cst.CSTNode]) -> Optional[List[cst.CSTNode]]:
+        """Every step is conditional, each in an `if` of its own that also runs the backward()
+        calls whose gradients it steps (BicycleGAN's update_D: `if lambda_GAN > 0: zero_grad, backward,
+        optimizer_D.step()`, then `if lambda_GAN2 > 0: ... optimizer_D2.step()`): scaler.update()
+        right after each step, in its branch, runs once per step that ran, after the gradients it
+        unscaled were made with the scale it unscaled them by. The step statements, in order; None
+        when the iteration is not so made (a backward outside those branches, two steps in one)."""
+        s = self.structure
+        where = self._where
+        if len({id(a) for a in anchors}) != len(anchors) or not all(isinstance(a, cst.If) for a in anchors):
+            return None
+        found = []
+        for step, anchor in zip(steps, anchors):
+            statement = s.statement_of(step.call)
+            block = s.block_of(statement) if isinstance(statement, cst.SimpleStatementLine) else None
+            if block is None or s.parent(block) is not anchor or statements.find_jump(anchor) is not None:
+                return None
+            inside = [b for b in unit.backwards if s.contains(anchor, b.call)]
+            if not inside or any(where(b.call) > where(step.call) for b in inside):
+                return None
+            found.append(statement)
+        if any(not any(s.contains(anchor, b.call) for anchor in anchors) for b in unit.backwards):
+            return None
+        return found
 
     def _updates_between_steps_of_one_optimizer(
         self, unit: TrainingUnit, steps: Sequence[StepCall], paths, common_depth: int
@@ -581,7 +616,26 @@ class ScalerCallPlanner:
             return []
         first_backward = min(self._where(b.call) for b in unit.backwards)
         last_step = max(self._where(st.call) for st in unit.steps)
-        return [r for r in unit.grad_reads if first_backward < self._where(r.node) < last_step]
+        return [r for r in unit.grad_reads if first_backward < self._where(r.node) < last_step
+                and not self._scales_the_gradient(r.node)]
+
+    def _scales_the_gradient(self, node: cst.CSTNode) -> bool:
+        """Is this `.grad` access only an in-place scaling of that gradient (`p.grad.data *= 1. /
+        weight`, `p.grad.mul_(c)`, `p.grad.div_(n)`, `p.grad.zero_()`)? Multiplying commutes with the
+        loss scale, so the scaled gradient may be scaled as it is: reid-strong-baseline's center loss
+        rescales its parameters' gradients between backward() and the steps of two optimizers."""
+        s = self.structure
+        target = node
+        parent = s.parent(node)
+        if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value == "data":
+            target, parent = parent, s.parent(parent)
+        if isinstance(parent, cst.AugAssign) and parent.target is target:
+            return isinstance(parent.operator, (cst.MultiplyAssign, cst.DivideAssign)) and not _reads_grad(parent.value)
+        if isinstance(parent, cst.Attribute) and parent.value is target and parent.attr.value in ("mul_", "div_", "zero_"):
+            call = s.parent(parent)
+            return (isinstance(call, cst.Call) and call.func is parent and isinstance(s.parent(call), cst.Expr)
+                    and not any(_reads_grad(arg.value) for arg in call.args))
+        return False
 
     def _grad_read_statement(self, unit: TrainingUnit, node: cst.CSTNode, step_block, step) -> cst.CSTNode:
         """The statement of the step's block that holds a `.grad` read: `scaler.unscale_` goes
@@ -675,3 +729,8 @@ def _loops_over_the_optimizers(s: TrainingStructure, loop: cst.CSTNode, steps: S
         return False
     return not any(isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
                    for call in statements.calls_within(loop.body))
+
+
+def _reads_grad(node: cst.CSTNode) -> bool:
+    """Does the expression access a `.grad`?"""
+    return any(isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in statements.nodes_of_type(node, cst.Attribute))

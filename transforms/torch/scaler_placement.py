@@ -115,6 +115,11 @@ class ScalerHome:
     #: the function that creates the optimizers and trains, called in a loop (`train(epoch)` of
     #: meliketoy/wide-resnet.pytorch): its scaler starts again at the initial scale each call
     recreated_per_call: Optional[str] = None
+    #: the creation goes before `after`, not after it (a factory's first statement is the step
+    #: function it returns)
+    before: bool = False
+    #: (factory, step function) when the scaler is created in a factory of the step (_factory_of)
+    factory: Optional[Tuple[str, str]] = None
 
 
 @dataclass
@@ -217,15 +222,15 @@ class ScalerPlacement:
             plan.home = self._variable_home(receivers, unit.scope, use_statement, unit.steps[0].call)
             return
         if set(kinds.values()) == {"parameter"} and isinstance(unit.scope, cst.FunctionDef):
-            for receiver in receivers:
-                owner = s.bindings_visible(receiver, unit.scope)[0].scope
-                if owner is not unit.scope:
-                    raise Unconvertible(
-                        f"{receiver} is a parameter of the enclosing function "
-                        f"{getattr(getattr(owner, 'name', None), 'value', '?')}(): create the GradScaler there "
-                        "by hand (once per training run) and use it here",
-                        unit.steps[0].call,
-                    )
+            owners = {id(s.bindings_visible(r, unit.scope)[0].scope): s.bindings_visible(r, unit.scope)[0].scope
+                      for r in receivers}
+            if list(owners) != [id(unit.scope)]:
+                factory = self._factory_of(unit.scope, list(owners.values()), receivers)
+                if isinstance(factory, str):
+                    raise Unconvertible(factory, unit.steps[0].call)
+                plan.reference = self.scaler_name
+                plan.home = factory
+                return
             self._thread_through_parameter(plan, receivers)
             return
         parameters = [r for r in receivers if kinds[r] == "parameter"]
@@ -239,6 +244,44 @@ class ScalerPlacement:
         raise Unconvertible(
             f"optimizers {', '.join(receivers)} are partly parameters, partly local variables", unit.steps[0].call
         )
+
+    def _factory_of(self, step_function: cst.FunctionDef, owners: List[Scope], receivers: List[str]):
+        """The step function is defined inside the function whose parameter the optimizer is, and
+        handed away from there (reid-strong-baseline's `create_supervised_trainer(model, optimizer,
+        loss_fn, device)` returns `Engine(_update)`; a trainer factory returning its `train_step`):
+        that factory runs once per training run, so the GradScaler is created in it, just before
+        the step function, which reads it from the closure. A ScalerHome, or the reason it cannot
+        be (a string)."""
+        s = self.structure
+        owner = owners[0]
+        name = getattr(getattr(owner, "name", None), "value", "?")
+        by_hand = (f"{receivers[0]} is a parameter of the enclosing function {name}(): create the GradScaler there "
+                   "by hand (once per training run) and use it here")
+        if len(owners) != 1 or not isinstance(owner, cst.FunctionDef) or s.class_of(owner) is not None:
+            return by_hand
+        body = list(owner.body.body) if isinstance(owner.body, cst.IndentedBlock) else []
+        if step_function not in body:
+            return by_hand  # defined deeper (under an if, in a loop): where it runs once is not read
+        uses = [node for node in s.name_nodes.get(step_function.name.value, [])
+                if node is not step_function.name and s.contains(owner, node)]
+        calls = [node for node in uses if isinstance(s.parent(node), cst.Call) and s.parent(node).func is node]
+        if calls or not (uses or step_function.decorators):
+            return by_hand  # called in place (it runs where the factory runs), or never handed away
+        factory_calls, _ = _calls_of_function(s, owner) if s.scope_of(owner) is s.module else ([], [])
+        if any(isinstance(a, (cst.For, cst.While)) for call in factory_calls for a in s.ancestors(call)):
+            return (f"{name}() builds the training step {step_function.name.value}() and is called in a loop: a "
+                    "GradScaler created in it would start again at its initial scale at each call; create it once, "
+                    "where the optimizer is created, and hand it in")
+        index = body.index(step_function)
+        after = body[index - 1] if index > 0 else step_function
+        home = ScalerHome(owner, self.scaler_name, after, owner, s.line(after), list(receivers),
+                          first_use=s.line(step_function), before=index == 0,
+                          factory=(name, step_function.name.value))
+        existing = self.homes.get(id(owner))
+        if existing is not None:
+            return existing
+        self.homes[id(owner)] = home
+        return home
 
     def _collection_of(self, receiver: str, unit) -> Optional[str]:
         """`optimizers` when every step of `receiver` runs in `for receiver in optimizers:` (a plain
