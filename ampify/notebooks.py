@@ -6,8 +6,8 @@ into one module, each behind a marker comment; the module is converted like any 
 result is split at the markers again and only the cells whose code changed get a new `source`.
 
 IPython syntax is kept exactly: a line magic or shell line (`%matplotlib inline`, `!pip install`,
-`x = !ls`, `model?`) stands in the program as a `pass` that carries its number and is put back
-unchanged; a cell magic that runs Python (`%%time`, `%%capture`...) has only its first line
+`x = !ls`, `model?`, and each line it goes on over after a trailing backslash) stands in the program
+as a `pass` that carries its number and is put back unchanged; a cell magic that runs Python (`%%time`, `%%capture`...) has only its first line
 masked; a cell run by anything else (`%%bash`, `%%writefile`) is left out of the program.
 
 The notebook is written back with its own JSON layout (indentation, key order, non-ASCII,
@@ -141,10 +141,15 @@ def build_program(notebook: Dict[str, Any]) -> Tuple[str, List[ProgramCell]]:
             raise ConversionError(f"cell {index + 1} holds ampify's own marker comments; not converted")
         program_cell = ProgramCell(index, line + 1, 0, source)
         kept: List[str] = []
+        continued = False  # the line before is an IPython line ending in a backslash: this one is part of it
         for number, text in enumerate(lines):
             bare = text.rstrip("\r\n")
-            if (number == 0 and bare.strip().startswith("%%")) or _IPYTHON_LINE.match(bare):
-                indent = bare[: len(bare) - len(bare.lstrip())]
+            if continued or (number == 0 and bare.strip().startswith("%%")) or _IPYTHON_LINE.match(bare):
+                # `!python test.py --dataroot ... \` goes on over the next lines (gan-compression's
+                # notebooks): each is masked at the indentation of the line it continues
+                indent = (kept[-1][: len(kept[-1]) - len(kept[-1].lstrip())] if continued
+                          else bare[: len(bare) - len(bare.lstrip())])
+                continued = bare.endswith("\\") and not (number == 0 and bare.strip().startswith("%%"))
                 # put back as it was, a "\r" before the line's "\n" included
                 program_cell.masked[mask_number] = text[:-1] if text.endswith("\n") else text
                 kept.append(indent + _MASK.format(mask_number) + "\n")

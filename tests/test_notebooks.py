@@ -169,3 +169,24 @@ def test_ipython_lines_with_windows_line_endings_come_back_exactly():
     notebook = read_notebook(data)
     program, cells = build_program(notebook)
     assert split_program(program, cells) == {0: "import torch\r\n%matplotlib inline\r\nx = 1\r\n"}
+
+
+def test_a_shell_line_continued_with_backslashes_is_masked_whole_and_the_training_cell_converts():
+    # gan-compression's notebooks: `!python get_test_opt.py --dataroot ... \` over several lines
+    shell = ["!python get_test_opt.py --dataroot database/horse2zebra/valA \\\n", "--dataset_mode single \\\n",
+             "    --ngf 64 --netG resnet_9blocks\n"]
+    train = ["for x, y in loader:\n", "    optimizer.zero_grad()\n", "    loss = criterion(model(x), y)\n",
+             "    loss.backward()\n", "    optimizer.step()\n"]
+    data = _notebook([["import torch\n", "import torch.nn as nn\n"], shell + ["print('done')\n"],
+                      ["device = torch.device('cuda')\n", "model = nn.Linear(4, 2).to(device)\n",
+                       "criterion = nn.CrossEntropyLoss()\n",
+                       "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n", "loader = []\n"], train])
+    program, cells = build_program(read_notebook(data))
+    assert "--dataset_mode" not in program and "resnet_9blocks" not in program
+    compile(program, "program", "exec")
+    assert split_program(program, cells)[1] == "".join(shell) + "print('done')\n"
+    result = convert_notebook(data, Options(), "cycle_gan.ipynb")
+    assert result.conversion.status is FileStatus.CHANGED, result.conversion.reason
+    cells_after = json.loads(result.conversion.converted)["cells"]
+    assert "".join(cells_after[1]["source"]) == "".join(shell) + "print('done')\n"
+    assert "scaler.scale(loss).backward()" in "".join(cells_after[3]["source"])
