@@ -197,6 +197,10 @@ class ModuleOutline:
     #: (line, "F.binary_cross_entropy", (class, method) or (function,)) of the BCE losses on
     #: probabilities its functions and methods compute, which autocast refuses (torch/bce_imported.py)
     bce_calls: List[Tuple[int, str, Tuple[str, ...]]] = field(default_factory=list)
+    #: module-level classes with no base (or `object`) whose step() reads no `.grad` and steps
+    #: nothing: an average of the weights named like an optimizer (self-ensemble's
+    #: `EMAWeightOptimizer`, MixMatch's `WeightEMA`), no optimizer for a GradScaler to step
+    weight_averages: FrozenSet[str] = frozenset()
     #: module-level class -> its methods decorated `@torch.no_grad()` (or `inference_mode`):
     #: what they return carries no gradient (stylegan2's `AdaptiveAugment.tune`)
     no_grad_methods: Dict[str, FrozenSet[str]] = field(default_factory=dict)
@@ -939,6 +943,8 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
             if own_backward is not None:
                 outline.loss_backwards[statement.name] = own_backward
             outline.class_shapes[statement.name] = _class_shape(statement)
+            if _averages_weights(statement):
+                outline.weight_averages = outline.weight_averages | {statement.name}
             no_grad = no_grad_methods(statement)
             if no_grad:
                 outline.no_grad_methods[statement.name] = no_grad
@@ -1278,6 +1284,19 @@ def module_loss_classes(tree: ast.Module, path=""):
             if own is not None:
                 owners.append((path, statement.name, own[0], own[1]))
     return shapes, owners
+
+
+def _averages_weights(klass: ast.ClassDef) -> bool:
+    """A class with no base but `object` whose `step()` neither reads `.grad` nor calls a `.step()`:
+    it moves weights by itself (an EMA of another network's), it steps no optimizer."""
+    if any(_dotted(base) != "object" for base in klass.bases):
+        return False
+    step = next((node for node in klass.body if isinstance(node, ast.FunctionDef) and node.name == "step"), None)
+    if step is None:
+        return False
+    return not any((isinstance(node, ast.Attribute) and node.attr == "grad") or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step")
+        for node in ast.walk(step))
 
 
 def _class_shape(klass: ast.ClassDef) -> Tuple[Tuple[str, ...], FrozenSet[str]]:
@@ -2385,18 +2404,29 @@ class ProjectView:
             return None
         return self.where(path, line)
 
-    def project_class(self, local: str) -> Optional[Tuple[str, str, bool]]:
-        """(key, class name, it subclasses an optimizer) for the class of another project module
-        that this module imports as `local` (`class Lookahead(Optimizer)` is one, seq2seq's
-        wrapper `class Optimizer(object)` and a scheduler `class FindLR(_LRScheduler)` are not);
-        None when `local` is no such class."""
+    def project_class(self, local: str) -> Optional[Tuple[str, str, bool, bool]]:
+        """(key, class name, it subclasses an optimizer, it only averages weights) for the class of
+        another project module that this module imports as `local`, or reaches as `module.Class`
+        (`class Lookahead(Optimizer)` is an optimizer, seq2seq's wrapper `class Optimizer(object)`
+        and a scheduler `class FindLR(_LRScheduler)` are not; self-ensemble's
+        `optim_weight_ema.EMAWeightOptimizer` averages weights); None when `local` is no such class."""
         found = self._imported_class(local)
+        if found is None and "." in local:
+            outline = self._own_outline()
+            imports = dict(outline.imports) if outline is not None else {}
+            for module, name, level in (outline.local_imports if outline is not None else []):
+                # `import optim_weight_ema` inside the experiment function: seen where no module-level import binds it
+                imports.setdefault(name or module.split(".")[0], (module if name else module.split(".")[0], name, level))
+            located = self.index.module_class(self.path, local, imports)
+            if located is not None:
+                found = located[0], located[1], self.index.outline(located[0])
         if found is None:
             return None
         path, name, target = found
         shape = target.class_shapes.get(name) if target is not None else None
         return str(path), name, shape is not None and any(
-            base.endswith("Optimizer") and "sched" not in base.lower() for base in shape[0])
+            base.endswith("Optimizer") and "sched" not in base.lower() for base in shape[0]), \
+            target is not None and name in target.weight_averages
 
     def no_grad_method(self, local: str, method: str) -> bool:
         """Is `method` of the class this module imports from another project module as `local`

@@ -1427,3 +1427,33 @@ def test_the_import_closure_follows_dotted_and_function_imports_not_code_for_a_t
     closure = {p.name for p in RepositoryIndex(tmp_path).imported_closure(tmp_path / "builder.py")}
     assert {"model.py", "losses.py", "plain_bn.py"} <= closure
     assert ("abn.py" in closure) == followed
+
+
+def test_a_weight_average_of_another_module_steps_as_it_was_and_the_teacher_follows_on_cpu(tmp_path, monkeypatch):
+    """self-ensemble's `teacher_optimizer = optim_weight_ema.EMAWeightOptimizer(teacher_net, student_net)`
+    (a class of another module, imported inside the function, named like an optimizer): its step()
+    averages weights and has no param_groups, so `scaler.step(teacher_optimizer)` would raise on the
+    first batch. The converted experiment keeps it a plain step after the student's; run on CPU
+    (float16 autocast, GradScaler("cpu") from scale 1, so that no first step is skipped for overflow),
+    the student and the teacher end as the float32 run's do."""
+    import functools
+
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=1.0))
+    case = ROOT / "fixtures" / "repositories" / "weight_average_of_another_module"
+    converted = (case / "expected" / "experiment_meanteacher.py").read_text()
+    assert "        teacher_optimizer.step()\n" in converted and "scaler.step(teacher_optimizer)" not in converted
+    results = {}
+    for side, folder in (("fp32", case / "input"), ("amp", case / "expected")):
+        sys.path.insert(0, str(folder))
+        try:
+            sys.modules.pop("optim_weight_ema", None)
+            namespace = {"__name__": side}
+            exec(compile((folder / "experiment_meanteacher.py").read_text(), f"{side}.py", "exec"), namespace)
+            student, teacher = namespace["experiment"](torch.device("cpu"), steps=4)
+        finally:
+            sys.path.remove(str(folder))
+            sys.modules.pop("optim_weight_ema", None)
+        results[side] = [torch.cat([p.detach().flatten() for p in net.parameters()]) for net in (student, teacher)]
+    for fp32, amp in zip(results["fp32"], results["amp"]):
+        assert torch.allclose(amp, fp32, atol=5e-3), (amp - fp32).abs().max()

@@ -292,7 +292,7 @@ def unknown_step_after_backward(structure: TrainingStructure, unit: TrainingUnit
         built = [binding.qualified_call or "" for binding in structure.bindings_visible(receiver, site.scope)]
         if any(_STEPS_NOT_AN_OPTIMIZER.search(call) or "lr_scheduler" in call for call in built):
             continue
-        if _step_of_a_class_reading_no_gradients(structure, receiver, site.scope):
+        if receiver in structure.weight_averages or _step_of_a_class_reading_no_gradients(structure, receiver, site.scope):
             continue
         return (
             f"{receiver}.step() (line {structure.line(site.call)}) runs after this backward() in its iteration, "

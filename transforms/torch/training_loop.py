@@ -186,9 +186,10 @@ class WrapperUse:
         return f"{self.display}:{self.step.line} {self.step.klass}.{self.step.method}()"
 
 
-#: ProjectView.project_class: (module key, class name, it subclasses an optimizer) for a class of
-#: another project module imported under a local name, else None
-ProjectClass = Callable[[str], Optional[Tuple[str, str, bool]]]
+#: ProjectView.project_class: (module key, class name, it subclasses an optimizer, it only averages
+#: weights) for a class of another project module imported under a local name (or reached as
+#: `module.Class`), else None
+ProjectClass = Callable[[str], Optional[Tuple[str, str, bool, bool]]]
 
 
 @dataclass
@@ -311,6 +312,9 @@ class TrainingStructure:
     clips: List[CallSite] = field(default_factory=list)
     #: every `<expr>.grad` attribute access
     grad_reads: List[GradRead] = field(default_factory=list)
+    #: receivers named like optimizers that hold an average of weights built by a class of another
+    #: project module (self-ensemble's `teacher_optimizer`): their step() is no optimizer's
+    weight_averages: Set[str] = field(default_factory=set)
     units: List[TrainingUnit] = field(default_factory=list)
     #: backward calls that no unit holds (no optimizer step in any enclosing loop or function)
     unpaired_backwards: List[BackwardCall] = field(default_factory=list)
@@ -1246,17 +1250,33 @@ def _optimizer_reason(
             return f"{dotted_name(binding.value.func)}, a subclass of an optimizer"
     if receiver in collector.wrapper_classes:
         return None
+    if any(_instance_of_a_weight_average(collector, binding) for binding in bindings):
+        structure.weight_averages.add(receiver)
+        return None  # self-ensemble's `teacher_optimizer = optim_weight_ema.EMAWeightOptimizer(...)`
     if any(_instance_of_a_plain_local_class(collector, binding) for binding in bindings):
         return None  # MixMatch's `ema_optimizer = WeightEMA(model, ema_model)`: named so, not one
     if bindings and all(binding.kind == "parameter" for binding in bindings):
         # `def train(..., optimizer, ema_optimizer, ...)` called as `train(..., ema_optimizer, ...)`
         passed = _names_passed_for(structure, receiver, bindings[0].scope)
-        if passed and all(any(_instance_of_a_plain_local_class(collector, b) for b in structure.bindings_visible(name, where))
+        if passed and all(any(_instance_of_a_plain_local_class(collector, b) or _instance_of_a_weight_average(collector, b)
+                              for b in structure.bindings_visible(name, where))
                           for name, _, where in passed):
             return None
     if names.looks_like_optimizer_name(receiver) or collection_of_optimizers(receiver) is not None:
         return NAMED_LIKE_AN_OPTIMIZER
     return None
+
+
+def _instance_of_a_weight_average(collector: _Collector, binding: Binding) -> bool:
+    """Is `binding` built by a class of another project module that only averages weights
+    (self-ensemble's `teacher_optimizer = optim_weight_ema.EMAWeightOptimizer(teacher_net, student_net)`:
+    no base, a step() that reads no gradient and steps nothing)?"""
+    value = binding.value
+    if not isinstance(value, cst.Call):
+        return False
+    called = dotted_name(value.func)
+    found = collector.project_class(called) if called is not None else None
+    return found is not None and len(found) > 3 and bool(found[3])
 
 
 def _instance_of_a_plain_local_class(collector: _Collector, binding: Binding) -> bool:
