@@ -197,6 +197,9 @@ class ModuleOutline:
     #: (line, "F.binary_cross_entropy", (class, method) or (function,)) of the BCE losses on
     #: probabilities its functions and methods compute, which autocast refuses (torch/bce_imported.py)
     bce_calls: List[Tuple[int, str, Tuple[str, ...]]] = field(default_factory=list)
+    #: (line of the torch.autograd.grad(..., create_graph=True), "Class.method") for methods of
+    #: module-level classes that take a gradient penalty (StyleGAN.pytorch's LogisticGAN.R1Penalty)
+    penalty_methods: List[Tuple[int, str]] = field(default_factory=list)
     #: module-level classes with no base (or `object`) whose step() reads no `.grad` and steps
     #: nothing: an average of the weights named like an optimizer (self-ensemble's
     #: `EMAWeightOptimizer`, MixMatch's `WeightEMA`), no optimizer for a GradScaler to step
@@ -945,6 +948,8 @@ def _outline(path: Path) -> Optional[ModuleOutline]:
             outline.class_shapes[statement.name] = _class_shape(statement)
             if _averages_weights(statement):
                 outline.weight_averages = outline.weight_averages | {statement.name}
+            if b"create_graph" in data:
+                outline.penalty_methods += _penalty_methods(statement)
             no_grad = no_grad_methods(statement)
             if no_grad:
                 outline.no_grad_methods[statement.name] = no_grad
@@ -1284,6 +1289,18 @@ def module_loss_classes(tree: ast.Module, path=""):
             if own is not None:
                 owners.append((path, statement.name, own[0], own[1]))
     return shapes, owners
+
+
+def _penalty_methods(klass: ast.ClassDef) -> List[Tuple[int, str]]:
+    """(line, "Class.method") for each method of the class whose body takes a gradient penalty."""
+    found = []
+    for method in klass.body:
+        if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            line = next((node.lineno for node in ast.walk(method) if isinstance(node, ast.Call)
+                         and _is_grad_with_graph(node)), 0)
+            if line:
+                found.append((line, f"{klass.name}.{method.name}"))
+    return found
 
 
 def _averages_weights(klass: ast.ClassDef) -> bool:
@@ -1818,6 +1835,25 @@ class ProjectView:
             outline = self.index.outline(path)
             found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], tuple(functions),
                           bool(outline is not None and outline.trains)))
+        return found
+
+    def penalty_methods_used(self) -> List[str]:
+        """"models/Losses.py:206 LogisticGAN.R1Penalty()" for each method of a class of another
+        project module that takes a gradient penalty, where this module or a module it imports
+        builds that class (`Losses.LogisticGAN(self.dis)`) and the class's module has no training
+        step of its own: the penalty then runs in this module's step, under its autocast."""
+        own = self.path.resolve()
+        closure = self.training_closure()
+        found = []
+        for path in closure:
+            outline = self.index.outline(path)
+            if outline is None or path == own or not outline.penalty_methods or outline.trains:
+                continue
+            classes = {name.split(".")[0] for _, name in outline.penalty_methods}
+            built = {klass for klass in classes if any(
+                self._names_a_holder(other, {klass}) for other in [own, *closure] if other != path)}
+            found += [f"{self.where(path, line)} {name}()" for line, name in outline.penalty_methods
+                      if name.split(".")[0] in built]
         return found
 
     def gradient_penalty_called(self, dotted: str) -> Optional[str]:

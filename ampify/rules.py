@@ -460,6 +460,15 @@ RULES: List[Rule] = [
          "function, in this file or, as one change set, in the module it imports that computes the loss; a model "
          "ending in nn.Sigmoid is fused instead (AMP248) or refused (AMP229).",
          "output_fake = torch.sigmoid(output_fake)\n  -> output_fake = torch.sigmoid(output_fake.float())", REVIEW),
+    Rule("AMP257", "warning", "a class of another module that this step builds takes a gradient penalty in a method (torch.autograd.grad with create_graph=True): under float16 autocast its gradients are unscaled, so the training steps are left unconverted",
+         "huangzh13/StyleGAN.pytorch's `LogisticGAN.R1Penalty()` (models/Losses.py) differentiates the "
+         "discriminator's output with respect to the real images; GAN.py's step computes it through "
+         "`self.loss.dis_loss(...)`. Under autocast those input gradients are float16 and not scaled: small ones "
+         "flush to zero, and the penalty the fp32 script applies is lost. A penalty function of another module is "
+         "threaded the GradScaler (AMP230); one in a method of a class is not, so the file is refused with "
+         "float16 (bfloat16 keeps float32's range: it converts).",
+         "real_grads = torch.autograd.grad(outputs=real_logit, inputs=real_img, create_graph=True)[0]  "
+         "# models/Losses.py, run by GAN.py's step", MANUAL),
     Rule("AMP232", "info", "`masked_fill(mask, -1e9)` before a softmax: the constant is now `torch.finfo(scores.dtype).min`",
          "-1e9 overflows float16, and masked_fill raises once the scores are float16 (autocast, apex O1). The scores' own "
          "minimum gives the same softmax in float32. Done only when the filled scores are read by a softmax alone; "
@@ -627,6 +636,10 @@ RULES: List[Rule] = [
     Rule("AMP346", "info", "apex: a sigmoid whose probability a log reads now takes a float32 copy of the logits: `torch.sigmoid(x.float())`",
          "As AMP256: under O1 the sigmoid keeps its input's dtype, float32 after `.float()`.",
          "output_fake = torch.sigmoid(output_fake)\n  -> output_fake = torch.sigmoid(output_fake.float())", REVIEW),
+    Rule("AMP347", "warning", "apex: a class of another module that this step builds takes a gradient penalty in a method: under O1 its gradients are unscaled, so the training steps are left unconverted",
+         "As AMP257: O1 runs that penalty in float16 with no loss scale on its torch.autograd.grad.",
+         "real_grads = torch.autograd.grad(outputs=real_logit, inputs=real_img, create_graph=True)[0]  "
+         "# models/Losses.py, run by GAN.py's step", MANUAL),
     Rule("AMP500", "error", "error: internal error in the Keras transform; the file is left unchanged",
          "A bug in ampify must never cost a file: the file is left as it was and the run goes on.",
          "AMP500 internal error in the keras-mixed-precision transform (KeyError: ...); this file is left unchanged", MANUAL),

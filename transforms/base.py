@@ -51,6 +51,10 @@ class ProjectFacts(Protocol):
         """"utils.py:12 get_network()" when the project function `dotted` (as this module calls
         it) returns a model moved to a device; else None."""
 
+    def penalty_methods_used(self) -> List[str]:
+        """"models/Losses.py:206 LogisticGAN.R1Penalty()" for each gradient penalty taken in a
+        method of a class of another project module that this module (or one it imports) builds."""
+
     def returns_parallel_wrapped(self, dotted: str) -> Optional[str]:
         """"models/networks.py:56 init_net()" when the project function `dotted` (as this module
         calls it) returns its model wrapped in DataParallel / DistributedDataParallel; else None."""

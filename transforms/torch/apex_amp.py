@@ -102,6 +102,12 @@ APEX_RULES = BackendRules(
         "{package}, which ampify does not rewrite; nothing converted: turn on {package}'s own mixed precision "
         "option if it has one, or write the loop out in this file and run ampify again",
     ),
+    penalty_method=(
+        "AMP347",
+        "this step builds a class of another module that takes a gradient penalty in a method ({found}): under O1 "
+        "its torch.autograd.grad runs on unscaled float16 gradients, and small ones flush to zero; the training "
+        "steps of this file were left unconverted: convert by hand, or use --backend native --dtype bfloat16",
+    ),
     blocked_reason="apex amp would raise on this script (see the warnings)",
     float32_probability_clamp="AMP339",
     float32_sigmoid="AMP346",

@@ -108,6 +108,9 @@ class BackendRules:
     #: the optimizer is handed to a third-party library's training loop; the message uses
     #: {callee}, {optimizer}, {package}
     library_loop: Tuple[str, str]
+    #: a gradient penalty in a method of a class of another module this step builds (blocks with
+    #: float16 scaling); the message uses {found}
+    penalty_method: Tuple[str, str]
     hazards: Mapping[HazardKind, HazardRule]
     blocked_reason: str
     #: the code reporting a Gram matrix function of another module rewritten to float32
@@ -566,9 +569,29 @@ class TorchConversion(abc.ABC):
         logs = self._report_imported_logs_of_sigmoid(has_training)
         products = self._report_imported_inplace_products(has_training)
         bce = self._report_imported_bce(has_training)
+        penalties = self._report_penalty_methods(has_training)
         self._report_training_when_called(has_training)
         return self._report_unsafe_autograd_functions(has_training) or self._report_imported_overflows(has_training) \
-            or dropped or grams or clamps or logs or products or bce or blocked
+            or dropped or grams or clamps or logs or products or bce or penalties or blocked
+
+    def _report_penalty_methods(self, has_training: bool) -> bool:
+        """A method of a class of another project module that this step builds takes a gradient
+        penalty (StyleGAN.pytorch's `LogisticGAN.R1Penalty()`, run through `self.loss.dis_loss(...)`):
+        under float16 its torch.autograd.grad is unscaled and small input gradients flush to zero.
+        A penalty function is threaded the GradScaler; a method of a class is not: blocked (True)
+        with float16 scaling, said nowhere with bfloat16 (float32's range)."""
+        code, message = self.rules.penalty_method
+        if not has_training or not code or self.project is None or not self.scaling_is_float16():
+            return False
+        found = self.project.penalty_methods_used()
+        if not found:
+            return False
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        node = self.structure.backwards[0].call if self.structure.backwards else None
+        self.warn(code, message.format(found=shown), node)
+        if not self.blocked_reason:
+            self.blocked_reason = "a gradient penalty of another module's class would run unscaled in float16; see the warning"
+        return True
 
     def _report_imported_bce(self, has_training: bool) -> bool:
         """A BCE on probabilities in the code this file imports (MUNIT's discriminator computing its

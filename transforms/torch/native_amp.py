@@ -129,6 +129,14 @@ NATIVE_RULES = BackendRules(
         "are in {package}, which ampify does not rewrite; nothing converted: turn on {package}'s own mixed "
         "precision option if it has one, or write the loop out in this file and run ampify again",
     ),
+    penalty_method=(
+        "AMP257",
+        "this step builds a class of another module that takes a gradient penalty in a method ({found}): under "
+        "float16 autocast its torch.autograd.grad runs on unscaled float16 gradients, and small ones flush to zero; "
+        "ampify threads the GradScaler into penalty functions, not into methods of another module's classes; the "
+        "training steps of this file were left unconverted: scale the penalty's outputs by hand "
+        "(torch.autograd.grad(scaler.scale(out), ...), then divide by scaler.get_scale()), or use --dtype bfloat16",
+    ),
     blocked_reason="mixed precision would break this file; see the warnings",
     float32_probability_clamp="AMP246",
     float32_sigmoid="AMP256",
