@@ -13,7 +13,8 @@ seq2seq's `Optimizer` that clips before it steps):
             self._optimizer.step()
 
 A wrapper here is a module-level class that is not itself an optimizer (no `...Optimizer` base)
-and keeps a constructor argument in an attribute (`self._optimizer = optimizer`); its stepping
+and keeps a constructor argument in an attribute (`self._optimizer = optimizer`), or an optimizer
+it builds (BiSeNet's `self.optim = torch.optim.SGD(...)`); its stepping
 methods are those that call `self.<that attribute>.step()` exactly once, as a statement of their
 own, and run no backward(). A training step that calls one is converted through it
 (transforms/torch/wrapper_steps.py).
@@ -106,11 +107,22 @@ def _members(klass: ast.ClassDef) -> FrozenSet[str]:
     return frozenset(found)
 
 
+#: torch.optim's optimizer classes, by name: a wrapper may build its optimizer itself
+_TORCH_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "ASGD", "LBFGS",
+                               "NAdam", "RAdam", "SparseAdam", "Rprop"})
+
+
 def _attributes_from_arguments(init: ast.FunctionDef) -> set:
+    """The attributes the constructor sets to one of its arguments (`self._optimizer = optimizer`),
+    or to an optimizer it builds itself (BiSeNet's `self.optim = torch.optim.SGD(param_list, ...)`)."""
     arguments = {a.arg for a in [*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs][1:]}
     attributes = set()
     for node in ast.walk(init):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in arguments:
+        if not isinstance(node, ast.Assign):
+            continue
+        handed = isinstance(node.value, ast.Name) and node.value.id in arguments
+        built = isinstance(node.value, ast.Call) and _dotted(node.value.func).rsplit(".", 1)[-1] in _TORCH_OPTIMIZERS
+        if handed or built:
             for target in node.targets:
                 if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
                     attributes.add(target.attr)

@@ -18,7 +18,7 @@ import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import Collection, Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ampify.transforms.kit.ast_names import ast_dotted as _dotted
 from ampify.transforms.tf1.names import is_tf1_optimizer_class
@@ -2200,15 +2200,23 @@ class ProjectView:
             found.append((str(path), self.where(path, 0).rsplit(":", 1)[0], outline.trains))
         return found
 
-    def wrapper_step(self, method: str) -> Optional[Tuple[str, str, WrapperStep]]:
-        """(key, display, the method) when exactly one optimizer wrapper class of the project has a
-        stepping method of this name (optimizer_wrappers.py); else None."""
+    def wrapper_step(self, method: str, called: Collection[str] = ()) -> Optional[Tuple[str, str, WrapperStep, bool]]:
+        """(key, display, the method, it is one of several) when an optimizer wrapper class of the
+        project has a stepping method of this name (optimizer_wrappers.py); else None. When several
+        classes have a `step()`, the one the training module builds (`called`: the last names of
+        the callables it calls) is chosen; failing that, the first, marked as one of several (a
+        name stepped may then be any of them: not converted through it)."""
         found = [step for step in self.index.wrapper_steps() if step.method == method]
-        if len(found) != 1:
+        if not found:
             return None
-        if method != "step" and self.index.definitions(method) != 1:
+        if method != "step" and (len(found) != 1 or self.index.definitions(method) != 1):
             return None  # another class of the project has a method of that name: a call may mean it
-        return str(found[0].path), self.where(found[0].path, 0).rsplit(":", 1)[0], found[0]
+        several = len(found) > 1
+        if several:
+            built = [step for step in found if step.klass in called]
+            if len({step.klass for step in built}) == 1:
+                found, several = built, False
+        return str(found[0].path), self.where(found[0].path, 0).rsplit(":", 1)[0], found[0], several
 
     def wrapper_steps_here(self) -> List[WrapperStep]:
         """The stepping methods of the wrapper classes of this module (read from this module only)."""

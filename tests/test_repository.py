@@ -179,10 +179,12 @@ print(json.dumps({{"losses": {module}.LOSSES, **calls}}))
 
 
 @pytest.mark.parametrize("module, entry, steps, unscales",
-                         [("train", "main", 8, 8), ("seq2seq_trainer", "run", 4, 4), ("handed_trainer", "run", 4, 4)])
+                         [("train", "main", 8, 8), ("seq2seq_trainer", "run", 4, 4), ("handed_trainer", "run", 4, 4),
+                          ("poly_lr_trainer", "run", 4, 4)])
 def test_training_through_a_converted_optimizer_wrapper_runs_on_cpu(tmp_path, module, entry, steps, unscales):
     """The converted scripts step Adam through GradScaler inside the project's wrapper classes
-    (ScheduledOptim's Noam schedule, seq2seq's clipping Optimizer, which unscales first), under
+    (ScheduledOptim's Noam schedule, seq2seq's clipping Optimizer, which unscales first, BiSeNet's
+    PolyOptimizer, which builds its Adam itself, beside another wrapper with a step()), under
     CPU float16 autocast, and train like the float32 originals. (GradScaler.step unscales
     itself when nothing did before: one unscale_ per step either way; a second would raise.)"""
     pytest.importorskip("torch")

@@ -221,9 +221,10 @@ class ProjectFacts(Protocol):
     def wrapper_step_methods(self) -> Sequence[str]:
         """Names of the stepping methods of the project's optimizer wrapper classes."""
 
-    def wrapper_step(self, method: str) -> Optional[Tuple[str, str, Any]]:
-        """(key, display, ampify.optimizer_wrappers.WrapperStep) when exactly one wrapper class of
-        the project has a stepping method of this name; else None."""
+    def wrapper_step(self, method: str, called: Sequence[str] = ()) -> Optional[Tuple[str, str, Any, bool]]:
+        """(key, display, ampify.optimizer_wrappers.WrapperStep, it is one of several) for the
+        wrapper class of the project with a stepping method of this name (the one of the classes
+        `called` that this module builds, when several have a step()); else None."""
 
     def wrapper_steps_here(self) -> Sequence[Any]:
         """The stepping methods (WrapperStep) of the wrapper classes of this module."""

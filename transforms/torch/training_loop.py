@@ -1134,6 +1134,9 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
             reason = _optimizer_reason(structure, collector, receiver, site.scope)
             if any(_instance_of_wrapper(collector, b, wrapper) for b in structure.bindings_visible(receiver, site.scope)):
                 reason = f"{wrapper.described} steps the optimizer it wraps"
+                wrapper = dataclasses.replace(wrapper, ambiguous=False)
+            elif wrapper.ambiguous and reason == NAMED_LIKE_AN_OPTIMIZER:
+                pass  # several wrapper classes have a step(), and nothing here tells which: not converted
             elif _stepped_through_opaque_wrapper(structure, collector, site, opaque_receivers):
                 reason = None
             elif reason == NAMED_LIKE_AN_OPTIMIZER and _used_as_the_wrapper(structure, receiver, site.scope, wrapper.step):

@@ -35,6 +35,8 @@ import libcst as cst
 from ampify.findings import Finding, Severity
 from ampify.optimizer_wrappers import wrapper_steps
 from ampify.transforms.base import CompanionChange
+from ampify.transforms.kit.imports import dotted_name
+from ampify.transforms.torch.statements import calls_within
 from ampify.transforms.torch.training_loop import NAMED_LIKE_AN_OPTIMIZER, HazardKind, TrainingStructure, WrapperUse
 
 
@@ -58,16 +60,18 @@ def project_wrapper_steps(structure: TrainingStructure, module: cst.Module, proj
     if not structure.unpaired_backwards and not name_only:
         return {}
     code = module.code
+    # the wrapper classes this module builds tell which one its `optimizer.step()` means when several have a step()
+    called = {name.rsplit(".", 1)[-1] for name in (dotted_name(call.func) for call in calls_within(module)) if name}
     found: Dict[str, WrapperUse] = {}
     for method in project.wrapper_step_methods():
         if method == "step" and not name_only:
             continue
         if method != "step" and f".{method}()" not in code:
             continue
-        located = project.wrapper_step(method)
+        located = project.wrapper_step(method, called)
         if located is not None:
-            key, display, step = located
-            found[method] = WrapperUse(key, display, step)
+            key, display, step, several = located
+            found[method] = WrapperUse(key, display, step, ambiguous=several)
     return found
 
 
