@@ -72,7 +72,7 @@ def wrapper_steps(path: Path, data: bytes) -> List[WrapperStep]:
         init = next((m for m in methods if m.name == "__init__"), None)
         if init is None:
             continue
-        inner = _attributes_from_arguments(init)
+        inner = _attributes_from_arguments(init, any(_calls_backward(m) for m in methods))
         members = _members(klass)
         for method in methods:
             if method.name.startswith("__") or _calls_backward(method):
@@ -112,16 +112,19 @@ _TORCH_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Ad
                                "NAdam", "RAdam", "SparseAdam", "Rprop"})
 
 
-def _attributes_from_arguments(init: ast.FunctionDef) -> set:
+def _attributes_from_arguments(init: ast.FunctionDef, trains: bool = False) -> set:
     """The attributes the constructor sets to one of its arguments (`self._optimizer = optimizer`),
-    or to an optimizer it builds itself (BiSeNet's `self.optim = torch.optim.SGD(param_list, ...)`)."""
+    or to an optimizer it builds itself (BiSeNet's `self.optim = torch.optim.SGD(param_list, ...)`),
+    unless the class `trains` (a method runs backward(): DARTS' Architect, an RL agent, is a
+    trainer holding its optimizer, not a wrapper)."""
     arguments = {a.arg for a in [*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs][1:]}
     attributes = set()
     for node in ast.walk(init):
         if not isinstance(node, ast.Assign):
             continue
         handed = isinstance(node.value, ast.Name) and node.value.id in arguments
-        built = isinstance(node.value, ast.Call) and _dotted(node.value.func).rsplit(".", 1)[-1] in _TORCH_OPTIMIZERS
+        built = not trains and isinstance(node.value, ast.Call) and \
+            _dotted(node.value.func).rsplit(".", 1)[-1] in _TORCH_OPTIMIZERS
         if handed or built:
             for target in node.targets:
                 if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":

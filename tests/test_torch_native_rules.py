@@ -971,3 +971,16 @@ def test_a_helper_reducing_the_gradients_across_ranks_is_unscaled_after(helper, 
             text.index("scaler.step(optimizer)")
     else:
         assert any(f.code == "AMP215" and "both reduces" in f.message for f in conversion.findings)
+
+
+def test_a_step_function_fetching_its_optimizer_gets_no_scaler_of_its_own():
+    """stacked hourglass: `optimizer = train_cfg['optimizer']` inside a function that runs one step per
+    call; a GradScaler after that line would restart at 65536 every step: refused, naming the fetch."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    source = (root / "fixtures" / "torch_native" / "optimizer_fetched_in_a_step_function.in.py").read_text()
+    conversion = convert_source(source, Options(), filename="pose.py")
+    assert conversion.status is FileStatus.UNCONVERTED and conversion.converted is None
+    assert any("make_train() runs one training step per call" in f.message and "fetches optimizer at line 20" in f.message
+               for f in conversion.findings), [f.message for f in conversion.findings]

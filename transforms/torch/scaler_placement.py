@@ -218,6 +218,7 @@ class ScalerPlacement:
             if isinstance(unit.owner, (cst.For, cst.While)):
                 use_statement = s.statement_of(unit.owner)
             else:
+                self._refuse_a_scaler_per_call(unit, receivers)
                 use_statement = s.statement_of(unit.backwards[0].call)
             plan.home = self._variable_home(receivers, unit.scope, use_statement, unit.steps[0].call)
             return
@@ -244,6 +245,25 @@ class ScalerPlacement:
         raise Unconvertible(
             f"optimizers {', '.join(receivers)} are partly parameters, partly local variables", unit.steps[0].call
         )
+
+    def _refuse_a_scaler_per_call(self, unit, receivers: List[str]) -> None:
+        """The step is a function's whole body, with no loop of its own (called once per batch),
+        and it fetches its optimizer rather than building it (stacked hourglass's `optimizer =
+        train_cfg['optimizer']`): a GradScaler created after that line would be a new one at every
+        step, starting again at the initial scale, and a step that overflows there would be skipped
+        every time. Refused with that reason."""
+        s = self.structure
+        if not isinstance(unit.owner, cst.FunctionDef):
+            return
+        for receiver in receivers:
+            local = [b for b in s.bindings_visible(receiver, unit.scope) if b.scope is unit.scope and b.statement is not None]
+            if local and not any(isinstance(b.value, cst.Call) for b in local):
+                fetched = local[-1]
+                raise Unconvertible(
+                    f"{unit.owner.name.value}() runs one training step per call (no loop of its own) and fetches "
+                    f"{receiver} at line {s.line(fetched.statement)} instead of building it: a GradScaler created "
+                    "there would start again at its initial scale at every step; create it where the optimizer is "
+                    "created, keep it beside it, and use it here", unit.steps[0].call)
 
     def _factory_of(self, step_function: cst.FunctionDef, owners: List[Scope], receivers: List[str]):
         """The step function is defined inside the function whose parameter the optimizer is, and

@@ -1135,6 +1135,10 @@ def _identify_optimizers(structure: TrainingStructure, collector: _Collector) ->
             if any(_instance_of_wrapper(collector, b, wrapper) for b in structure.bindings_visible(receiver, site.scope)):
                 reason = f"{wrapper.described} steps the optimizer it wraps"
                 wrapper = dataclasses.replace(wrapper, ambiguous=False)
+            elif reason is None:
+                wrapper = None  # `scheduler.step()`: no optimizer, and no wrapper of one
+            elif reason == NAMED_LIKE_AN_OPTIMIZER and _handed_torch_optimizers(structure, receiver, site.scope):
+                wrapper = None  # pytorch/examples' `train(args, model, ..., optimizer, epoch)`, handed optim.Adadelta(...)
             elif wrapper.ambiguous and reason == NAMED_LIKE_AN_OPTIMIZER:
                 pass  # several wrapper classes have a step(), and nothing here tells which: not converted
             elif _stepped_through_opaque_wrapper(structure, collector, site, opaque_receivers):
@@ -1401,6 +1405,23 @@ def _plain_optimizer(structure: TrainingStructure, name: str, scope: Scope) -> b
     """Is every binding of `name` seen from `scope` a torch optimizer construction (and one at least)?"""
     bindings = structure.bindings_visible(name, scope)
     return bool(bindings) and all(names.is_optimizer_qualname(b.qualified_call or "") for b in bindings)
+
+
+def _handed_torch_optimizers(structure: TrainingStructure, receiver: str, scope: Scope) -> bool:
+    """Is `receiver` a parameter that every call of its function in this file hands a name bound
+    to a torch optimizer built here (`optimizer = optim.Adadelta(model.parameters(), ...)`)? Then
+    it is no wrapper class of the project, whatever the project holds."""
+    bindings = structure.bindings_visible(receiver, scope)
+    if not bindings or not all(binding.kind == "parameter" for binding in bindings):
+        return False
+    passed = _names_passed_for(structure, receiver, bindings[0].scope)
+    if not passed:
+        return False
+    for name, _, where in passed:
+        built = structure.bindings_visible(name, where)
+        if not built or not all(b.qualified_call and names.is_optimizer_qualname(b.qualified_call) for b in built):
+            return False
+    return True
 
 
 def _names_passed_for(structure: TrainingStructure, parameter: str, function: Scope) -> Optional[List[Tuple[str, cst.Call, Scope]]]:
