@@ -1620,10 +1620,7 @@ class ProjectView:
         """"models/networks.py:56 init_net()" when the project function that `dotted` calls here
         returns its model wrapped in DataParallel / DistributedDataParallel, itself or through the
         functions of its module whose result it returns (pix2pix's define_G -> init_net); else None."""
-        outline = self._own_outline()
-        if outline is None:
-            return None
-        found = self.index.function(self.path, dotted, outline.imports)
+        found = self._function_called(dotted)
         if found is None:
             return None
         path, function = found
@@ -1642,14 +1639,16 @@ class ProjectView:
         return None
 
     def returns_device_moved(self, dotted: str) -> Optional[str]:
-        outline = self._own_outline()
-        if outline is None:
-            return None
-        found = self.index.function(self.path, dotted, outline.imports)
+        found = self._function_called(dotted)
         if found is None or not found[1].returns_device_moved:
             return None
         path, function = found
         return f"{self.where(path, function.line)} {function.name}()"
+
+    def _function_called(self, dotted: str) -> Optional[Tuple[Path, FunctionOutline]]:
+        """The project function a call named `dotted` reaches from this module, or None."""
+        outline = self._own_outline()
+        return self.index.function(self.path, dotted, outline.imports) if outline is not None else None
 
     def training_functions_called(self) -> List[Tuple[str, str, str, bool]]:
         """(key, "engine.py:12", "engine.train_one_epoch", is a class) for each function of another project module
