@@ -984,3 +984,25 @@ def test_a_step_function_fetching_its_optimizer_gets_no_scaler_of_its_own():
     assert conversion.status is FileStatus.UNCONVERTED and conversion.converted is None
     assert any("make_train() runs one training step per call" in f.message and "fetches optimizer at line 20" in f.message
                for f in conversion.findings), [f.message for f in conversion.findings]
+
+
+def test_a_factory_whose_first_statement_is_the_step_gets_its_scaler_before_it():
+    source = textwrap.dedent('''\
+        import torch
+
+
+        def make_train_step(model, optimizer, loss_fn):
+            def train_step(x, y):
+                optimizer.zero_grad()
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                optimizer.step()
+                return loss.item()
+
+            return train_step
+        ''')
+    conversion = convert_source(source, Options(), filename="steps.py")
+    assert conversion.status is FileStatus.CHANGED, conversion.reason
+    assert ('def make_train_step(model, optimizer, loss_fn):\n    scaler = torch.amp.GradScaler("cuda")\n'
+            '    def train_step(x, y):') in conversion.converted
+    compile(conversion.converted, "steps.py", "exec")

@@ -280,7 +280,8 @@ class ScalerPlacement:
         if len(owners) != 1 or not isinstance(owner, cst.FunctionDef) or s.class_of(owner) is not None:
             return by_hand
         body = list(owner.body.body) if isinstance(owner.body, cst.IndentedBlock) else []
-        if step_function not in body:
+        index = next((i for i, statement in enumerate(body) if statement is step_function), None)
+        if index is None:
             return by_hand  # defined deeper (under an if, in a loop): where it runs once is not read
         uses = [node for node in s.name_nodes.get(step_function.name.value, [])
                 if node is not step_function.name and s.contains(owner, node)]
@@ -292,7 +293,6 @@ class ScalerPlacement:
             return (f"{name}() builds the training step {step_function.name.value}() and is called in a loop: a "
                     "GradScaler created in it would start again at its initial scale at each call; create it once, "
                     "where the optimizer is created, and hand it in")
-        index = body.index(step_function)
         after = body[index - 1] if index > 0 else step_function
         home = ScalerHome(owner, self.scaler_name, after, owner, s.line(after), list(receivers),
                           first_use=s.line(step_function), before=index == 0,
