@@ -945,6 +945,17 @@ class ApexConversion(TorchConversion):
                     load.call,
                 )
                 continue
+            if load.scope is setup.scope and load.statement is not anchor and self.s.contains(anchor, load.statement):
+                # Towards-Realtime-MOT: `if resume:` loads the optimizer's state, and amp.initialize
+                # follows the whole if/else (each branch builds the optimizer): neither inside the
+                # branch (before initialize) nor after the if (its checkpoint is gone) is right
+                self.warn(
+                    "AMP319", f"the optimizer state is loaded inside the statement {self.amp}.initialize follows "
+                    f"(line {self.s.line(anchor)}), so before it: restore {self.amp}.load_state_dict(checkpoint['amp']) "
+                    f"after {self.amp}.initialize by hand",
+                    load.call,
+                )
+                continue
             indent = self.parse_config.default_indent
             code = f'if "amp" in {source_name}:\n{indent}{self.amp}.load_state_dict({source_name}["amp"])'
             before_initialize = load.scope is setup.scope and _pos(self.s, load.statement) < _pos(self.s, anchor)

@@ -1232,7 +1232,10 @@ class NativeConversion(TorchConversion):
             home = self.placement.homes.get(id(candidate))
             if home is None:
                 continue
-            if candidate is scope and home.line >= line:
+            if candidate is scope and (home.line >= line or (not home.before and s.end_line(home.after) >= line)):
+                # not yet created there: before the statement it follows, or inside it (Towards-
+                # Realtime-MOT loads the optimizer's state in `if resume:`, and the scaler is
+                # created after that if/else, each branch of which builds the optimizer)
                 return None
             if candidate is not scope and scope is not s.module and s.bindings_visible(self.scaler_name, scope):
                 return None

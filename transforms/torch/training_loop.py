@@ -376,6 +376,11 @@ class TrainingStructure:
         """The node's 1-based start line."""
         return self.position(node).line
 
+    def end_line(self, node: cst.CSTNode) -> int:
+        """The node's 1-based last line."""
+        found = self._positions.get(node) if self._positions is not None else None
+        return found.end.line if found is not None else 0
+
     def statement_of(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         """The statement that directly sits in a block (IndentedBlock or Module) and holds node."""
         current: Optional[cst.CSTNode] = node
