@@ -54,17 +54,26 @@ def sigmoid_model_classes(tree: ast.Module) -> Dict[str, int]:
     if not torch_roots:
         return {}
     found: Dict[str, int] = {}
-    for statement in tree.body:
-        if not isinstance(statement, ast.ClassDef):
-            continue
-        methods = [s for s in statement.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        forward = next((m for m in methods if m.name == "forward"), None)
-        if forward is None:
-            continue
-        judge = _Judge(torch_roots, _sigmoid_attributes(methods, torch_roots), forward)
-        returns = [node for node in _own_nodes(forward) if isinstance(node, ast.Return)]
-        if returns and all(r.value is not None and judge.is_probability(r.value, r.lineno) for r in returns):
-            found[statement.name] = statement.lineno
+    classes = [statement for statement in tree.body if isinstance(statement, ast.ClassDef)]
+    # to a fixpoint: a model whose forward() returns what a submodule of such a class returns
+    # (semi-supervised-pytorch's VariationalAutoencoder: `return self.decoder(z)`, its Decoder
+    # ending in `self.output_activation = nn.Sigmoid()`) counts too
+    for _ in range(len(classes)):
+        grown = False
+        for statement in classes:
+            if statement.name in found:
+                continue
+            methods = [s for s in statement.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            forward = next((m for m in methods if m.name == "forward"), None)
+            if forward is None:
+                continue
+            judge = _Judge(torch_roots, _sigmoid_attributes(methods, torch_roots, set(found)), forward)
+            returns = [node for node in _own_nodes(forward) if isinstance(node, ast.Return)]
+            if returns and all(r.value is not None and judge.is_probability(r.value, r.lineno) for r in returns):
+                found[statement.name] = statement.lineno
+                grown = True
+        if not grown:
+            break
     return found
 
 
@@ -113,13 +122,16 @@ def _is_sigmoid_layer(node: ast.AST, torch_roots: Dict[str, str]) -> bool:
     return False
 
 
-def _sigmoid_attributes(methods: List[ast.AST], torch_roots: Dict[str, str]) -> Set[str]:
+def _sigmoid_attributes(methods: List[ast.AST], torch_roots: Dict[str, str], models: Set[str]) -> Set[str]:
     """`main` for `self.main = nn.Sequential(..., nn.Sigmoid())`, `sig` for `self.sig = nn.Sigmoid()`,
-    in any method of the class."""
+    `decoder` for `self.decoder = Decoder(...)` where Decoder is one of `models` (classes of the
+    module already found to return a probability), in any method of the class."""
     found = set()
     for method in methods:
         for node in ast.walk(method):
-            if isinstance(node, ast.Assign) and _is_sigmoid_layer(node.value, torch_roots):
+            if isinstance(node, ast.Assign) and (_is_sigmoid_layer(node.value, torch_roots) or (
+                    isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                    and node.value.func.id in models)):
                 for target in node.targets:
                     if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
                             and target.value.id == "self"):
