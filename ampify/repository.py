@@ -1976,9 +1976,13 @@ class ProjectView:
             if target is not None and name in target.sigmoid_models:
                 found[called] = f"{self.where(path, target.sigmoid_models[name])} {name}"
 
-        for local, (module, name, level) in outline.imports.items():
+        imports = dict(outline.imports)
+        for module, name, level in outline.local_imports:
+            # `from models import VariationalAutoencoder` inside main(): the model it builds there
+            imports.setdefault(name or module.split(".")[0], (module if name else module.split(".")[0], name, level))
+        for local, (module, name, level) in imports.items():
             if name is not None:
-                located = self.index.project_class(self.path, local, outline.imports)
+                located = self.index.project_class(self.path, local, imports)
                 if located is not None:
                     add(local, located[0], located[1])
                 continue
