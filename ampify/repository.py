@@ -2069,14 +2069,21 @@ class ProjectView:
         or another module it imports names the class or function holding the BCE): the loss or the
         model such a script hands this module's training step (disentangling-vae's main.py builds
         `loss_f = get_loss_f(...)` from disvae/models/losses.py and hands it to `Trainer`). The step
-        may run it; whether it does cannot be read here. Each with the entry script that reaches it."""
+        may run it; whether it does cannot be read here. Each with the entry script that reaches it
+        (the script itself when it builds the BCE)."""
         if self._bce_of_entry_scripts_found is None:
             own = self.path
             found: List[Tuple[Path, ModuleOutline, Path]] = []
+            #: scripts that build the BCE themselves and hand it in (Structured-Self-Attention's
+            #: classification.py: `loss = torch.nn.BCELoss()`, then `train(..., loss, optimizer)`)
+            building: List[Tuple[Path, ModuleOutline, Path]] = []
             for entry in self.entry_scripts():
                 reached = self.index.imported_closure(entry)
                 holding = [(path, outline) for path in reached if path != own
                            and (outline := self.index.outline(path)) is not None and outline.bce_calls]
+                outline = self.index.outline(entry)
+                if outline is not None and outline.bce_calls:
+                    building.append((entry, outline, entry))
                 if not holding:
                     continue
                 whole, names_from = ProjectView(self.index, entry)._imported_names()
@@ -2086,6 +2093,9 @@ class ProjectView:
                             self._names_a_holder(other, holders) for other in [entry, *reached] if other != path):
                         if all(path != known for known, _, _ in found):
                             found.append((path, outline, entry))
+            # named as reached by another script when one does (manifold_mixup's mugan.py, which
+            # task_launcher.py imports), else as the script's own
+            found += [item for item in building if all(item[0] != known for known, _, _ in found)]
             self._bce_of_entry_scripts_found = found
         return self._bce_of_entry_scripts_found
 
@@ -2103,14 +2113,17 @@ class ProjectView:
         names) for each BCE on probabilities of bce_modules(called)."""
         own = {path for path, _ in self._own_bce_outlines(called)}
         entries = {path: entry for path, _, entry in self._bce_of_entry_scripts() if path not in own}
-        return [(f"{self.where(path, line)} {name} in {'.'.join(owners)}(){self._reached_by(entries.get(path))}",
+        return [(f"{self.where(path, line)} {name} in {'.'.join(owners)}(){self._reached_by(entries.get(path), path)}",
                  owners)
                 for path, outline in self._bce_outlines(called) for line, name, owners in outline.bce_calls]
 
-    def _reached_by(self, entry: Optional[Path]) -> str:
-        """", reached by main.py, which runs this file" for a module only an entry script reaches."""
+    def _reached_by(self, entry: Optional[Path], path: Path) -> str:
+        """", reached by main.py, which runs this file" for a module only an entry script reaches
+        (", which runs this file" for the script itself)."""
         if entry is None:
             return ""
+        if entry == path:
+            return ", which runs this file"
         return f", reached by {self.where(entry, 0).rsplit(':', 1)[0]}, which runs this file"
 
     def _bce_outlines(self, called: Set[str]) -> List[Tuple[Path, ModuleOutline]]:
