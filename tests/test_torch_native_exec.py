@@ -1018,3 +1018,38 @@ def test_conditional_steps_each_with_its_update_train_as_fp32_whichever_branches
     assert (results["fp32"] - torch.cat([p.detach().flatten() for p in [
         *torch.nn.Linear(4, 1).parameters(), *torch.nn.Linear(4, 1).parameters()]])).abs().max() > 0.05 or not any(flags)
     assert torch.allclose(results["amp"], results["fp32"], atol=5e-3), (results["amp"] - results["fp32"]).abs().max()
+
+
+def test_a_rollout_before_a_training_helper_gets_its_own_region_and_trains_as_fp32(monkeypatch):
+    """RL-Adventure-2's GAIL: the rollout, then `ppo_update(...)` (a function that runs its own
+    backward and step), then the discriminator's loss on the rollout's states and actions. Converted,
+    the rollout and the discriminator's forward pass get a region each, and the call that trains sits
+    in neither (an outer autocast region would hold ppo_update's backward and step). Run on CPU
+    (float16 autocast, GradScaler("cpu") starting at scale 1), the policy and the discriminator move
+    as the float32 run's do."""
+    import functools
+
+    import torch
+
+    monkeypatch.setattr(torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=1.0))
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "torch_native" / \
+        "rollout_before_a_training_helper.in.py"
+    source = fixture.read_text()
+    conversion = convert_source(source, Options(), filename="train.py")
+    assert conversion.status is FileStatus.CHANGED, conversion.reason
+    region_lines = [line for line in conversion.converted.splitlines() if "torch.autocast(" in line]
+    assert len(region_lines) == 3
+    call = next(line for line in conversion.converted.splitlines() if "ppo_update(states, actions, returns)" in line
+                and "def " not in line)
+    assert call.startswith("            ppo_update(")  # the if's body in main's loop: outside any region
+    results = {}
+    for side, code in (("fp32", source), ("amp", conversion.converted)):
+        namespace = {"__name__": side}
+        exec(compile(code, f"{side}.py", "exec"), namespace)
+        model, discriminator = namespace["main"](torch.device("cpu"), updates=3)
+        results[side] = torch.cat([p.detach().flatten() for p in [*model.parameters(), *discriminator.parameters()]])
+    torch.manual_seed(0)
+    untrained = torch.cat([p.detach().flatten() for p in [
+        *namespace["ActorCritic"]().parameters(), *torch.nn.Linear(6, 1).parameters()]])
+    assert (results["fp32"] - untrained).abs().max() > 1e-2
+    assert torch.allclose(results["amp"], results["fp32"], atol=5e-3), (results["amp"] - results["fp32"]).abs().max()

@@ -45,6 +45,8 @@ class AutocastPlanner:
         self._data_helper_names: Optional[Set[str]] = None
         self._model_free_names: Optional[Dict[str, List[cst.FunctionDef]]] = None
         self._project_training_calls: Optional[List[cst.Call]] = None
+        #: ids of the statements that are barriers only because they call a helper that trains
+        self._helper_barriers: Set[int] = set()
         self._self_attributes: Optional[Set[str]] = None
         #: (object, method, id(scope)) -> is it a no_grad method of the object's class (computed once)
         self._no_grad_seen: Dict[Tuple[str, str, int], bool] = {}
@@ -150,12 +152,8 @@ class AutocastPlanner:
                     planned[k] = (a, before_barrier)
                     break
         if before_barrier is not None and not any(a <= before_barrier <= b for a, b in planned):
-            raise Unconvertible(
-                f"part of the forward pass for this loss (line {s.line(body[before_barrier])}) runs before "
-                "an earlier backward()/step(), outside any autocast region: put torch.autocast "
-                "around it by hand",
-                backward.call,
-            )
+            self._plan_region_before_helpers(block, body, before_barrier, start, barriers, by_block, backward)
+            planned = by_block[id(block)][1]
         saved = self._plan_saved_forwards(needed, backward, by_block)
         # a helper of this module that runs no model (REINFORCE's loss summed from log-probabilities
         # kept during the rollout) is no forward pass
@@ -185,6 +183,34 @@ class AutocastPlanner:
         start = self._stateful_forward_start(body, start, barriers)
         ranges = by_block.setdefault(id(block), (block, []))[1]
         ranges.append((start, end))
+
+    def _plan_region_before_helpers(self, block: Block, body: Sequence[cst.CSTNode], before_barrier: int, start: int,
+                                    barriers: Set[int], by_block, backward: BackwardCall) -> None:
+        """Part of the loss's forward pass (body[before_barrier]) runs before a call that trains
+        elsewhere, a helper of this file or a project module (RL-Adventure-2's GAIL: the rollout,
+        then `ppo_update(...)`, then the discriminator's loss on the rollout's states and actions):
+        that part gets an autocast region of its own, ending before the call. Unconvertible when
+        a backward() or step() of this file's own code sits in between, or when that part reaches
+        further back past one."""
+        s = self.structure
+        if any(id(body[index]) in barriers and id(body[index]) not in self._helper_barriers
+               for index in range(before_barrier + 1, start)):
+            raise Unconvertible(
+                f"part of the forward pass for this loss (line {s.line(body[before_barrier])}) runs before "
+                "an earlier backward()/step(), outside any autocast region: put torch.autocast "
+                "around it by hand",
+                backward.call,
+            )
+        first, further, _ = self._forward_start(body, before_barrier, barriers)
+        if further is not None:
+            raise Unconvertible(
+                f"part of the forward pass for this loss (line {s.line(body[further])}) runs before "
+                "an earlier backward()/step(), outside any autocast region: put torch.autocast "
+                "around it by hand",
+                backward.call,
+            )
+        first = self._stateful_forward_start(body, first, barriers)
+        by_block.setdefault(id(block), (block, []))[1].append((first, before_barrier))
 
     def _plan_branch_regions(self, statement: cst.If, outer_levels, loss_names: Set[str], barriers: Set[int],
                              by_block, backward: BackwardCall) -> None:
@@ -559,11 +585,35 @@ class AutocastPlanner:
         s = self.structure
         barrier_ids: Set[int] = set()
         calls = [b.call for b in s.backwards] + [st.call for st in s.steps] + list(s.delegated_sites)
-        calls += [call for call in self._calls_into_project_training() if s.contains(unit.owner, call)]
         for call in calls:
             for ancestor in s.ancestors(call):
                 barrier_ids.add(id(ancestor))
-        return barrier_ids
+        self._helper_barriers = set()
+        for call in self._calls_into_project_training() + self._calls_of_training_helpers():
+            if s.contains(unit.owner, call):
+                self._helper_barriers |= {id(ancestor) for ancestor in s.ancestors(call)} - barrier_ids
+        return barrier_ids | self._helper_barriers
+
+    def _calls_of_training_helpers(self) -> List[cst.Call]:
+        """Calls of a function or method of this file that runs a backward() or a step itself
+        (RL-Adventure-2's GAIL: `ppo_update(...)` between the rollout and the discriminator's loss):
+        an autocast region of the caller would hold that helper's backward and step."""
+        s = self.structure
+        functions = {id(f): f for call in [b.call for b in s.backwards] + [st.call for st in s.steps]
+                     if isinstance(f := s.scope_of(call), cst.FunctionDef)}
+        calls: List[cst.Call] = []
+        for function in functions.values():
+            helper = helper_calls(s, function)
+            if helper is not None:
+                calls += [call for call in helper[1] if not s.contains(function, call)]
+                continue
+            outer = s.scope_of(function)
+            if isinstance(outer, cst.FunctionDef) and sum(
+                    b.name == function.name.value and b.scope is outer for b in s.bindings) <= 1:
+                # a function nested in the one that calls it (`def ppo_update(...)` inside main())
+                calls += [call for call in statements.calls_within(outer) if isinstance(call.func, cst.Name)
+                          and call.func.value == function.name.value and not s.contains(function, call)]
+        return calls
 
     def _calls_into_project_training(self) -> List[cst.Call]:
         """Calls that run a training step of another project module: a function whose body calls
