@@ -182,7 +182,10 @@ class DeviceChoice:
                 called = binding.qualified_call or dotted_name(value.func) or ""
                 if called.startswith(("torch.nn.", "torchvision.models.")) or called in local_classes:
                     continue
-                place = self.project.host_model_class(called) if self.project is not None and "." not in called else None
+                # by the name it is bound to here (`Model` of `from model import Model`, which
+                # resolves to model.Model: Pytorch-DPPO's ppo.py)
+                local = dotted_name(value.func) or ""
+                place = self.project.host_model_class(local) if self.project is not None and "." not in local else None
                 if place is None:
                     return None
                 if place not in elsewhere:
