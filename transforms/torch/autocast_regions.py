@@ -457,7 +457,8 @@ class AutocastPlanner:
             if not isinstance(root, cst.Name):
                 continue
             bindings = s.bindings_visible(root.value, scope)
-            if not bindings or not all(b.qualified_call in names.TENSOR_FACTORIES for b in bindings):
+            if not bindings or not all(b.qualified_call in names.TENSOR_FACTORIES or self._made_by_a_factory(b.value)
+                                       for b in bindings):
                 continue
             value = assign.value
             outer = value.func if isinstance(value, cst.Call) else None
@@ -469,6 +470,23 @@ class AutocastPlanner:
                 continue
             found.append((assign, root.value))
         return found
+
+    def _made_by_a_factory(self, value: Optional[cst.BaseExpression]) -> bool:
+        """A tensor factory's result through Variable(...) and dtype or device moves:
+        Pytorch-Double-DQN's `V_next_state = Variable(torch.zeros(batch_size).type(Tensor))`."""
+        for _ in range(8):
+            if not isinstance(value, cst.Call):
+                return False
+            called = self.imports.resolve(value.func) or dotted_name(value.func) or ""
+            if called in names.TENSOR_FACTORIES:
+                return True
+            if called in ("torch.autograd.Variable", "torch.autograd.variable.Variable") and value.args:
+                value = value.args[0].value
+            elif isinstance(value.func, cst.Attribute) and value.func.attr.value in _FACTORY_RESULT_METHODS:
+                value = value.func.value
+            else:
+                return False
+        return False
 
     def _calls_model(self, statement: cst.CSTNode) -> bool:
         """Does the statement call something other than imported functions, tensor methods,
@@ -775,6 +793,10 @@ class AutocastPlanner:
         return found
 
     # scaler.update() -------------------------------------------------------------------
+
+
+#: methods that keep a fresh tensor a fresh tensor (its dtype or device changed, filled in place)
+_FACTORY_RESULT_METHODS = {"type", "cuda", "to", "float", "double", "detach", "fill_", "zero_", "requires_grad_"}
 
 
 def names_a_loss_function(dotted: str) -> bool:
