@@ -45,6 +45,7 @@ class AutocastPlanner:
         self._data_helper_names: Optional[Set[str]] = None
         self._model_free_names: Optional[Dict[str, List[cst.FunctionDef]]] = None
         self._project_training_calls: Optional[List[cst.Call]] = None
+        self._training_helper_calls: Optional[List[cst.Call]] = None
         #: ids of the statements that are barriers only because they call a helper that trains
         self._helper_barriers: Set[int] = set()
         self._self_attributes: Optional[Set[str]] = None
@@ -193,20 +194,14 @@ class AutocastPlanner:
         a backward() or step() of this file's own code sits in between, or when that part reaches
         further back past one."""
         s = self.structure
-        if any(id(body[index]) in barriers and id(body[index]) not in self._helper_barriers
-               for index in range(before_barrier + 1, start)):
-            raise Unconvertible(
-                f"part of the forward pass for this loss (line {s.line(body[before_barrier])}) runs before "
-                "an earlier backward()/step(), outside any autocast region: put torch.autocast "
-                "around it by hand",
-                backward.call,
-            )
+        own_step_between = any(id(body[index]) in barriers and id(body[index]) not in self._helper_barriers
+                               for index in range(before_barrier + 1, start))
         first, further, _ = self._forward_start(body, before_barrier, barriers)
-        if further is not None:
+        if own_step_between or further is not None:
+            line = s.line(body[before_barrier if own_step_between else further])
             raise Unconvertible(
-                f"part of the forward pass for this loss (line {s.line(body[further])}) runs before "
-                "an earlier backward()/step(), outside any autocast region: put torch.autocast "
-                "around it by hand",
+                f"part of the forward pass for this loss (line {line}) runs before an earlier backward()/step(), "
+                "outside any autocast region: put torch.autocast around it by hand",
                 backward.call,
             )
         first = self._stateful_forward_start(body, first, barriers)
@@ -615,11 +610,14 @@ class AutocastPlanner:
     def _calls_of_training_helpers(self) -> List[cst.Call]:
         """Calls of a function or method of this file that runs a backward() or a step itself
         (RL-Adventure-2's GAIL: `ppo_update(...)` between the rollout and the discriminator's loss):
-        an autocast region of the caller would hold that helper's backward and step."""
+        an autocast region of the caller would hold that helper's backward and step (computed once)."""
+        if self._training_helper_calls is not None:
+            return self._training_helper_calls
         s = self.structure
         functions = {id(f): f for call in [b.call for b in s.backwards] + [st.call for st in s.steps]
                      if isinstance(f := s.scope_of(call), cst.FunctionDef)}
         calls: List[cst.Call] = []
+        self._training_helper_calls = calls
         for function in functions.values():
             helper = helper_calls(s, function)
             if helper is not None:

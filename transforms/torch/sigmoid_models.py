@@ -24,7 +24,8 @@ imports, for repository.py's outline).
 A class counts when every return of its forward() is a probability: the result of a sigmoid
 function (`torch.sigmoid(h)`, `F.sigmoid(h)`, `torch.special.expit(h)`, `h.sigmoid()`), of a call
 of an attribute bound to `nn.Sigmoid()` or to an `nn.Sequential(...)` ending in one, through shape
-operations (`.view(-1)`, `.squeeze(1)`, later casts), or a name of forward() bound to one. A sigmoid
+operations (`.view(-1)`, `.squeeze(1)`, later casts), or a name of forward() bound to one; the call of an
+attribute bound to another such class of the module counts too (`self.decoder = Decoder(...)`). A sigmoid
 taken of a float32 or float64 copy (`self.sig(self.linear(h).double())`, locuslab/TCN's poly_music)
 is no hazard: it runs in that dtype under autocast, and is not counted.
 """
